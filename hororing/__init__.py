@@ -1,0 +1,29 @@
+"""hororing: a pip-installable, Horovod-compatible ring-allreduce library over MPI.
+
+``import hororing as hvd`` gives Horovod's API over numpy arrays;
+``import hororing.torch as hvd`` gives it over torch tensors.
+"""
+
+from .collectives import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                          allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                          broadcast_, broadcast_async, broadcast_async_, grouped_allreduce,
+                          grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                          join, poll, reducescatter, reducescatter_async, synchronize)
+from .config import Config
+from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
+                      shutdown, size)
+from .errors import HorovodInternalError
+from .objects import allgather_object, broadcast_object
+from .ops import Adasum, Average, Max, Min, Product, Sum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adasum", "Average", "Config", "HorovodInternalError", "Max", "Min", "Product", "Sum",
+    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
+    "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",
+    "cross_size", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
+    "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "synchronize",
+]

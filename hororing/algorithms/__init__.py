@@ -1,0 +1,1 @@
+"""Collective algorithms: plans (pure functions) and the code that executes them."""

@@ -1,0 +1,112 @@
+"""The pipelined ring: scatter-reduce then allgather over one flat host buffer, in place.
+
+Each chunk of the plan (``plan.ring_schedule``) is cut into sub-chunks ("pieces"). A piece
+is forwarded to the right neighbour as soon as it is reduced, so while one piece is being
+combined the next ones are already in flight, and the scatter-reduce flows into the
+allgather without a step boundary. Receives for step t+1 are posted at the start of step t
+into the other half of a double-buffered scratch area; nothing is allocated per step.
+"""
+
+import math
+
+import numpy as np
+
+from ..kernels import reduce_into
+
+from .. import transport
+from .plan import chunk_bounds, ring_schedule
+
+
+class Ring:
+    """Executes ring collectives on one communicator, reusing its scratch buffers."""
+
+    def __init__(self, comm, subchunk_bytes):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.subchunk_bytes = subchunk_bytes
+        self._schedules = {
+            True: ring_schedule(self.size, self.rank, allgather=True),
+            False: ring_schedule(self.size, self.rank, allgather=False),
+        }
+        self._scratch = np.empty(0, dtype=np.uint8)
+
+    def allreduce(self, buffer, op, finalize=None):
+        """Reduce the flat ``buffer`` over all ranks in place.
+
+        Args:
+            buffer: 1-D contiguous array, the same length and dtype on every rank.
+            op: kernel op name ("sum", "min", "max", "product").
+            finalize: optional function applied once to each fully reduced piece this rank
+                owns, before it is passed on (the Average division, postscale).
+        """
+        bounds = chunk_bounds(buffer.size, self.size)
+        self._run(buffer, op, bounds, self._schedules[True], finalize)
+
+    def reducescatter(self, buffer, op, bounds, finalize=None):
+        """Scatter-reduce the flat ``buffer``; on return ``buffer[bounds[rank]]`` is reduced.
+
+        Args:
+            bounds: one (start, stop) element range per rank, covering ``buffer``.
+        """
+        self._run(buffer, op, bounds, self._schedules[False], finalize)
+
+    def _run(self, buffer, op, bounds, schedule, finalize):
+        steps = schedule.steps
+        if not steps:
+            if finalize is not None:
+                finalize(buffer)
+            return
+        comm, left, right = self.comm, schedule.left, schedule.right
+        largest_chunk = max(stop - start for start, stop in bounds)
+        pieces_per_chunk = max(1, math.ceil(largest_chunk * buffer.itemsize / self.subchunk_bytes))
+        pieces = [_split(start, stop, pieces_per_chunk) for start, stop in bounds]
+        scratch = self._scratch_halves(buffer.dtype, largest_chunk)
+        pending_sends = {}  # chunk -> send requests still reading from it
+
+        def post_receives(index):
+            step = steps[index]
+            chunk_start = bounds[step.recv_chunk][0]
+            if step.reduce:
+                half = scratch[index % 2]
+                return [comm.Irecv(half[start - chunk_start:stop - chunk_start], left, tag)
+                        for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
+            # allgather writes straight into the buffer: first let earlier sends of it finish
+            transport.wait_all(pending_sends.pop(step.recv_chunk, []))
+            return [comm.Irecv(buffer[start:stop], left, tag)
+                    for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
+
+        first = steps[0].send_chunk
+        pending_sends[first] = [comm.Isend(buffer[start:stop], right, tag)
+                                for tag, (start, stop) in enumerate(pieces[first])]
+        receives = post_receives(0)
+        for index, step in enumerate(steps):
+            has_next = index + 1 < len(steps)
+            next_receives = post_receives(index + 1) if has_next else None
+            owned_now = step.reduce and (not has_next or not steps[index + 1].reduce)
+            chunk_start = bounds[step.recv_chunk][0]
+            half = scratch[index % 2]
+            forwarded = pending_sends.setdefault(step.recv_chunk, [])
+            for tag, (start, stop) in enumerate(pieces[step.recv_chunk]):
+                transport.wait(receives[tag])
+                if step.reduce:
+                    reduce_into(buffer[start:stop], half[start - chunk_start:stop - chunk_start], op)
+                    if owned_now and finalize is not None:
+                        finalize(buffer[start:stop])
+                if has_next:
+                    forwarded.append(comm.Isend(buffer[start:stop], right, tag))
+            receives = next_receives
+        for requests in pending_sends.values():
+            transport.wait_all(requests)
+
+    def _scratch_halves(self, dtype, count):
+        needed = 2 * count * dtype.itemsize
+        if self._scratch.nbytes < needed:
+            self._scratch = np.empty(needed, dtype=np.uint8)
+        flat = self._scratch[:needed].view(dtype)
+        return flat[:count], flat[count:]
+
+
+def _split(start, stop, parts):
+    return [(start + piece_start, start + piece_stop)
+            for piece_start, piece_stop in chunk_bounds(stop - start, parts)]

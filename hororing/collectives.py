@@ -1,0 +1,235 @@
+"""The collective verbs over numpy arrays, with Horovod's names and semantics.
+
+Every collective here must be called by every rank, in the same order (asynchronous calls
+may be submitted in any order: the engine matches them by name). ``x_`` works in place,
+``x_async`` returns a handle for ``synchronize``/``poll``; each verb is a thin wrapper over
+one private submit path.
+"""
+
+import numpy as np
+
+from . import ops
+from .context import current
+from .engine.negotiation import JOIN_NAME, Meta
+from .engine.request import GroupHandle, Handle, Request
+from .validate import (check_array, check_factor, check_name, check_root, check_splits,
+                       check_writable, resolve_op)
+
+
+def synchronize(handle):
+    """Wait for an asynchronous collective and return its result (raises its error).
+
+    Example:
+        >>> handle = hvd.allreduce_async(np.ones(4))
+        >>> hvd.synchronize(handle)
+    """
+    if isinstance(handle, GroupHandle):
+        return [synchronize(member) for member in handle.handles]
+    if not isinstance(handle, Handle):
+        raise TypeError(f"synchronize takes a handle from an *_async call, got {type(handle).__name__}")
+    return handle._engine.wait(handle)
+
+
+def poll(handle):
+    """Return True if the asynchronous collective has finished; never blocks."""
+    if not isinstance(handle, (Handle, GroupHandle)):
+        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
+    return handle.done()
+
+
+# ---- allreduce --------------------------------------------------------------------------
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``tensor`` over all ranks and return the result (a new array).
+
+    Every rank must call it, in the same order, with the same shape, dtype and op.
+
+    Args:
+        tensor: numpy array (non-contiguous arrays are copied).
+        average: deprecated Horovod flag; use ``op``.
+        name: optional name, matched across ranks; generated when None.
+        op: Average (default), Sum, Min, Max or Product. Integer Average truncates toward 0.
+        prescale_factor: multiply the input before reducing.
+        postscale_factor: multiply the result after reducing.
+
+    Returns:
+        numpy array with the same shape and dtype, identical on every rank.
+
+    Raises:
+        TypeError, ValueError: bad arguments. HorovodInternalError: ranks disagree.
+
+    Example:
+        >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)
+    """
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place allreduce: ``tensor`` receives the result, which is also returned."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0):
+    """Start an allreduce; return a handle (see ``allreduce``)."""
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace=False)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0):
+    """Start an in-place allreduce; return a handle (see ``allreduce``)."""
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace=True)
+
+
+def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0):
+    """Allreduce a list of arrays together; return the list of results."""
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0):
+    """In-place grouped allreduce."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0):
+    """Start a grouped allreduce; ``synchronize`` on the handle returns the list."""
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0):
+    """Start an in-place grouped allreduce."""
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=True)
+
+
+def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace):
+    op = resolve_op(op, average)
+    return _submit("allreduce", tensor, name, inplace=inplace, op=op,
+                   prescale=check_factor(prescale_factor, "prescale_factor"),
+                   postscale=check_factor(postscale_factor, "postscale_factor"))
+
+
+def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace):
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"grouped_allreduce takes a list of arrays, got {type(tensors).__name__}")
+    base = check_name(name) or current().auto_name("grouped_allreduce")
+    return GroupHandle(_allreduce(tensor, average, f"{base}.{index}", op, prescale_factor,
+                                  postscale_factor, inplace)
+                       for index, tensor in enumerate(tensors))
+
+
+# ---- allgather, broadcast, alltoall, reducescatter ----------------------------------------
+
+def allgather(tensor, name=None):
+    """Concatenate every rank's ``tensor`` along the first dimension (which may differ per rank).
+
+    Every rank must call it, in the same order; the other dimensions must agree.
+
+    Example:
+        >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))
+    """
+    return synchronize(allgather_async(tensor, name))
+
+
+def allgather_async(tensor, name=None):
+    """Start an allgather; return a handle."""
+    return _submit("allgather", tensor, name, min_ndim=1)
+
+
+def broadcast(tensor, root_rank, name=None):
+    """Return root_rank's ``tensor`` on every rank (a new array). Every rank must call it."""
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """In-place broadcast: ``tensor`` receives root_rank's values."""
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Start a broadcast; return a handle."""
+    return _submit("broadcast", tensor, name, root=check_root(root_rank, current().size))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """Start an in-place broadcast; return a handle."""
+    return _submit("broadcast", tensor, name, inplace=True,
+                   root=check_root(root_rank, current().size))
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Send ``splits[i]`` rows of ``tensor`` to rank i; return (received rows, received splits).
+
+    Every rank must call it. Without ``splits`` the first dimension is split evenly.
+    """
+    return synchronize(alltoall_async(tensor, splits, name))
+
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Start an alltoall; return a handle."""
+    check_array(tensor, min_ndim=1)
+    return _submit("alltoall", tensor, name, min_ndim=1,
+                   splits=check_splits(splits, tensor.shape[0], current().size))
+
+
+def reducescatter(tensor, name=None, op=ops.Average, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``tensor`` over all ranks and return this rank's block of rows.
+
+    The first ``dim0 % size`` ranks get one row more than the others. Every rank must call it.
+    """
+    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+
+
+def reducescatter_async(tensor, name=None, op=ops.Average, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Start a reducescatter; return a handle."""
+    op = resolve_op(op, allowed=(ops.Average, ops.Sum))
+    return _submit("reducescatter", tensor, name, min_ndim=1, op=op,
+                   prescale=check_factor(prescale_factor, "prescale_factor"),
+                   postscale=check_factor(postscale_factor, "postscale_factor"))
+
+
+# ---- synchronization ----------------------------------------------------------------------
+
+def barrier():
+    """Return once every rank has called barrier()."""
+    context = current()
+    handle = Handle("barrier", context.engine)
+    context.engine.submit(Request("barrier", Meta(kind="barrier"), None, None, handle))
+    return synchronize(handle)
+
+
+def join():
+    """Declare this rank out of data; return the rank that joined last (same on every rank).
+
+    Until every rank has joined, a joined rank contributes zeros to the other ranks'
+    allreduces (Average still divides by size), so ranks with fewer batches do not hang.
+    """
+    context = current()
+    handle = Handle(JOIN_NAME, context.engine)
+    context.engine.submit(Request(JOIN_NAME, Meta(kind="join"), None, None, handle))
+    return synchronize(handle)
+
+
+def _submit(kind, tensor, name, inplace=False, min_ndim=0, **fields):
+    context = current()
+    check_array(tensor, min_ndim=min_ndim)
+    name = check_name(name) or context.auto_name(kind)
+    output = writeback = None
+    if inplace:
+        check_writable(tensor)
+        if tensor.flags.c_contiguous:
+            output = tensor
+        else:
+            writeback = tensor
+            tensor = output = np.ascontiguousarray(tensor)
+    else:
+        tensor = np.ascontiguousarray(tensor)
+    meta = Meta(kind=kind, dtype=tensor.dtype.name, shape=tuple(tensor.shape), **fields)
+    handle = Handle(name, context.engine)
+    return context.engine.submit(Request(name, meta, tensor, output, handle, writeback))

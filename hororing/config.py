@@ -1,0 +1,111 @@
+"""Run-time settings: the one module that reads environment variables.
+
+Each setting accepts Horovod's name (``HOROVOD_*``) and hororing's (``HORORING_*``); the
+hororing name wins when both are set. Defaults that are performance choices name the
+benchmark that set them.
+"""
+
+import dataclasses
+import os
+
+MiB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings for one hororing context (see README, "Environment variables")."""
+
+    # Bytes of same-dtype allreduce tensors fused into one collective (Horovod's default).
+    fusion_threshold: int = 64 * MiB
+    # Milliseconds the background thread waits after the first asynchronous submission
+    # before it negotiates, so that tensors submitted together fuse (Horovod's default).
+    cycle_time_ms: float = 1.0
+    # Negotiated tensors remembered so a repeat costs one bit, not a metadata exchange.
+    cache_capacity: int = 1024
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float = 0.0  # 0: never end the job on a stall
+    stall_check_enabled: bool = True
+    timeline_path: str = ""
+    timeline_mark_cycles: bool = False
+    # Allreduces below this many bytes take the latency path (one MPI_Allgather, then a local
+    # reduction in rank order); from it up, the pipelined ring. Measured crossover:
+    # scripts/bench_allreduce.py --sweep-threshold, docs/benchmarks.md.
+    small_allreduce_bytes: int = 64 * 1024
+    # Ring sub-chunk: the unit that is in flight while the previous one is reduced.
+    # Measured: scripts/bench_allreduce.py --sweep-subchunk, docs/benchmarks.md.
+    ring_subchunk_bytes: int = 256 * 1024
+    log_level: str = "warning"
+
+    @classmethod
+    def from_environ(cls, environ=None, **overrides):
+        """Build a Config from ``environ`` (default ``os.environ``) and explicit overrides."""
+        env = os.environ if environ is None else environ
+        values = {}
+        for field, (names, parse) in _ENV_FIELDS.items():
+            raw = _lookup(env, names)
+            if raw is not None:
+                values[field] = _parse(field, names, raw, parse)
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self):
+        """Raise ValueError naming a setting that is out of range."""
+        if self.fusion_threshold < 0:
+            raise ValueError(f"fusion threshold must be >= 0 bytes, got {self.fusion_threshold}")
+        if self.cycle_time_ms < 0:
+            raise ValueError(f"cycle time must be >= 0 ms, got {self.cycle_time_ms}")
+        if self.cache_capacity < 0:
+            raise ValueError(f"cache capacity must be >= 0, got {self.cache_capacity}")
+        if self.ring_subchunk_bytes <= 0:
+            raise ValueError(f"ring sub-chunk must be > 0 bytes, got {self.ring_subchunk_bytes}")
+        if self.small_allreduce_bytes < 0:
+            raise ValueError(f"small allreduce threshold must be >= 0, got {self.small_allreduce_bytes}")
+
+
+def _flag(text):
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected 0/1/true/false, got {text!r}")
+
+
+def _not_flag(text):
+    return not _flag(text)
+
+
+def _names(suffix):
+    return ("HORORING_" + suffix, "HOROVOD_" + suffix)
+
+
+_ENV_FIELDS = {
+    "fusion_threshold": (_names("FUSION_THRESHOLD"), int),
+    "cycle_time_ms": (_names("CYCLE_TIME"), float),
+    "cache_capacity": (_names("CACHE_CAPACITY"), int),
+    "stall_check_seconds": (_names("STALL_CHECK_TIME_SECONDS"), float),
+    "stall_shutdown_seconds": (_names("STALL_SHUTDOWN_TIME_SECONDS"), float),
+    "stall_check_enabled": (_names("STALL_CHECK_DISABLE"), _not_flag),
+    "timeline_path": (_names("TIMELINE"), str),
+    "timeline_mark_cycles": (_names("TIMELINE_MARK_CYCLES"), _flag),
+    "small_allreduce_bytes": (("HORORING_SMALL_ALLREDUCE_BYTES",), int),
+    "ring_subchunk_bytes": (("HORORING_RING_SUBCHUNK_BYTES",), int),
+    "log_level": (_names("LOG_LEVEL"), str),
+}
+
+
+def _lookup(env, names):
+    for name in names:
+        if name in env:
+            return env[name]
+    return None
+
+
+def _parse(field, names, raw, parse):
+    try:
+        return parse(raw)
+    except ValueError as error:
+        raise ValueError(f"environment variable {names[0]} (or {names[-1]}) has an invalid value "
+                         f"{raw!r} for {field}: {error}") from None

@@ -1,0 +1,1 @@
+"""The engine: per-rank background progress, cross-rank negotiation, fused execution."""

@@ -1,0 +1,285 @@
+"""One engine per rank: announces submitted collectives, negotiates, executes, completes handles.
+
+Cycles are collective: in cycle k every rank contributes a small header (its newly
+submitted tensors' metadata, or one bit per already-negotiated tensor) to one
+MPI_Iallgather, and every rank then computes the same ready list (``negotiation``).
+A rank starts a cycle only when it has something to announce; it then sends a one-word
+wake-up to its peers, whose background threads answer by taking part. An idle job
+therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
+
+Whoever needs progress drives it under ``_drive_lock``: the background thread for
+asynchronous submissions (after a cycle time, so tensors submitted together fuse), or the
+caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-off).
+"""
+
+import logging
+import pickle
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import transport
+from ..errors import HorovodInternalError
+from .executor import Executor
+from .negotiation import (JOIN_NAME, Negotiator, decode_cache_ids, encode_header,
+                          header_words)
+
+log = logging.getLogger("hororing")
+
+WAKE_TAG = 1
+FLAG_FAILED = 1
+FLAG_SHUTDOWN = 2
+_POLL_ACTIVE_S = 0.0005    # background wake-up check while collectives are flowing
+_POLL_IDLE_S = 0.005       # ... and after a second without any
+_STALL_CHECK_EVERY_S = 1.0
+
+
+class Engine:
+    """The per-rank collective engine. Created by ``hororing.init``; not public API."""
+
+    def __init__(self, comm, config, timeline):
+        self.config = config
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self._comm_negotiate = comm.Dup()
+        self._comm_wake = comm.Dup()
+        self.executor = Executor(comm.Dup(), config, timeline)
+        self.timeline = timeline
+        self.negotiator = Negotiator(self.size, config.cache_capacity)
+        self._drive_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue = []          # submitted, not yet announced
+        self._pending = {}        # name -> Request, until completed
+        self._cycle = 0
+        self._last_cycle_at = 0.0
+        self._outgoing_flags = 0
+        self._outgoing_message = None
+        self._failure = None      # HorovodInternalError once the engine cannot go on
+        self._stopped = False
+        self._header = np.zeros(header_words(config.cache_capacity), dtype=np.int64)
+        self._headers = np.zeros((self.size, self._header.size), dtype=np.int64)
+        self._wake_in = np.zeros(1, dtype=np.int64)
+        self._wake_request = self._comm_wake.Irecv(self._wake_in, MPI.ANY_SOURCE, WAKE_TAG)
+        self._wake_sends = []
+        self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
+        self._work = threading.Event()
+        self._thread = threading.Thread(target=self._background, name="hororing-engine", daemon=True)
+        self._thread.start()
+
+    # ---- called from user threads -------------------------------------------------------
+
+    def submit(self, request):
+        """Queue a request; return its handle. Raises ValueError for a name in flight."""
+        with self._queue_lock:
+            if self._failure is not None:
+                raise HorovodInternalError(str(self._failure))
+            if request.name in self._pending:
+                raise ValueError(
+                    f"a collective named '{request.name}' is already in flight on this rank; "
+                    f"synchronize its handle before reusing the name, or pass a different name=")
+            self._pending[request.name] = request
+            self._queue.append(request)
+        request.submitted = time.monotonic()
+        self._work.set()
+        return request.handle
+
+    def wait(self, handle):
+        """Block until ``handle`` completes, driving cycles from this thread when useful."""
+        while not handle.done():
+            if self._queue and self._drive_lock.acquire(blocking=False):
+                try:
+                    self._progress()
+                finally:
+                    self._drive_lock.release()
+            else:
+                handle.wait(0.05)
+        return handle.result()
+
+    def pending_count(self):
+        return len(self._pending)
+
+    def stop(self, message=None, flags=FLAG_SHUTDOWN, deadline_s=30.0):
+        """Tell the peers this rank is leaving (shutdown, or failure with a message); stop.
+
+        Returns True if the peers were told within the deadline.
+        """
+        told = False
+        if self._failure is None and not self._stopped:
+            self._outgoing_flags |= flags
+            self._outgoing_message = message
+            if self._drive_lock.acquire(timeout=deadline_s):
+                try:
+                    if self._failure is None and not self._stopped:
+                        told = self._run_cycle(initiate=True, deadline=time.monotonic() + deadline_s)
+                finally:
+                    self._drive_lock.release()
+        self._halt(HorovodInternalError(
+            "hororing has been shut down on this rank; call hvd.init() again to use it"))
+        return told
+
+    # ---- progress -----------------------------------------------------------------------
+
+    def _background(self):
+        last_activity = time.monotonic()
+        try:
+            while not self._stopped:
+                now = time.monotonic()
+                interval = _POLL_ACTIVE_S if now - last_activity < 1.0 else _POLL_IDLE_S
+                if self._work.wait(interval):
+                    self._work.clear()
+                    # let tensors submitted together arrive, so they negotiate and fuse as one
+                    delay = self._last_cycle_at + self.config.cycle_time_ms / 1000.0 - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                with self._drive_lock:
+                    if self._stopped:
+                        return
+                    if self._progress():
+                        last_activity = time.monotonic()
+                    self._check_stalls()
+        except Exception as error:  # an engine bug must not leave callers waiting forever
+            log.exception("hororing engine thread failed")
+            self._halt(HorovodInternalError(f"hororing engine failed on rank {self.rank}: {error!r}"))
+
+    def _progress(self):
+        """Run one cycle if this rank has news or a peer asked for one; caller holds the lock."""
+        if self._stopped:
+            return False
+        woken_for = self._drain_wakes()
+        if woken_for > self._cycle or self._queue:
+            self._run_cycle(initiate=woken_for <= self._cycle)
+            return True
+        return False
+
+    def _drain_wakes(self):
+        latest = 0
+        while self._wake_request.Test():
+            latest = max(latest, int(self._wake_in[0]))
+            self._wake_request = self._comm_wake.Irecv(self._wake_in, MPI.ANY_SOURCE, WAKE_TAG)
+        return latest
+
+    def _run_cycle(self, initiate, deadline=None):
+        self._cycle += 1
+        self._last_cycle_at = time.monotonic()
+        if initiate:
+            self._send_wakes(self._cycle)
+        with self._queue_lock:
+            fresh, self._queue = self._queue, []
+        submissions = []
+        for request in fresh:
+            request.cache_id = self.negotiator.cache.lookup(request.name, request.meta)
+            request.announced = True
+            if request.cache_id is None:
+                submissions.append((request.name, request.meta))
+        cache_ids = [request.cache_id for request in self._pending.values()
+                     if request.announced and request.cache_id is not None]
+        payload = b""
+        if submissions or self._outgoing_flags:
+            payload = pickle.dumps((submissions, self._outgoing_message))
+        encode_header(self._header, self._cycle, len(payload), self._outgoing_flags, cache_ids)
+        if not transport.wait(self._comm_negotiate.Iallgather(self._header, self._headers),
+                              deadline=deadline):
+            return False
+        payloads = self._gather_payloads(payload, deadline)
+        if payloads is None:
+            return False
+        now = time.monotonic()
+        if self.timeline is not None:
+            self.timeline.cycle(self._cycle)
+        if self._headers[:, 2].any():
+            self._apply_flags(payloads)
+            return True
+        for rank in range(self.size):
+            submitted = payloads[rank][0] if payloads[rank] else ()
+            self.negotiator.absorb(rank, decode_cache_ids(self._headers[rank]), submitted, now)
+        responses = self.negotiator.ready()
+        if responses:
+            self.executor.execute(responses, self._take)
+        return True
+
+    def _gather_payloads(self, payload, deadline):
+        lengths = self._headers[:, 1]
+        if not lengths.any():
+            return [None] * self.size
+        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
+        offsets = np.zeros(self.size, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        request = self._comm_negotiate.Iallgatherv(
+            np.frombuffer(payload, dtype=np.uint8),
+            [gathered, lengths.tolist(), offsets.tolist(), MPI.BYTE])
+        if not transport.wait(request, deadline=deadline):
+            return None
+        return [pickle.loads(gathered[offsets[rank]:offsets[rank] + lengths[rank]].tobytes())
+                if lengths[rank] else None for rank in range(self.size)]
+
+    def _take(self, name):
+        """Remove and return this rank's request for ``name`` (None if it has none)."""
+        with self._queue_lock:
+            return self._pending.pop(name, None)
+
+    def _send_wakes(self, cycle):
+        self._wake_sends = [request for request in self._wake_sends if not request.Test()]
+        word = np.array([cycle], dtype=np.int64)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._wake_sends.append(self._comm_wake.Isend(word, peer, WAKE_TAG))
+
+    def _apply_flags(self, payloads):
+        reasons = []
+        for rank in range(self.size):
+            flags = int(self._headers[rank, 2])
+            message = payloads[rank][1] if payloads[rank] else None
+            if flags & FLAG_FAILED:
+                reasons.append(f"rank {rank} failed: {message}")
+            elif flags & FLAG_SHUTDOWN and rank != self.rank:
+                reasons.append(f"rank {rank} shut down hororing")
+        if reasons:
+            self._halt(HorovodInternalError("; ".join(reasons) + ". The job cannot continue: "
+                                            "every rank must take part in every collective."))
+
+    def _halt(self, error):
+        """Stop for good: fail every pending handle with ``error``."""
+        with self._queue_lock:
+            if self._failure is None:
+                self._failure = error
+            self._stopped = True
+            pending, self._pending, self._queue = self._pending, {}, []
+        for request in pending.values():
+            request.handle.set_error(HorovodInternalError(str(self._failure)))
+        self._work.set()
+
+    def close(self):
+        """Release MPI resources; call after ``stop``."""
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        if self._wake_request.Test() is False:
+            self._wake_request.Cancel()
+            self._wake_request.Wait()
+        MPI.Request.Waitall(self._wake_sends)
+        for comm in (self._comm_negotiate, self._comm_wake, self.executor.comm):
+            comm.Free()
+        if self.timeline is not None:
+            self.timeline.close()
+
+    def _check_stalls(self):
+        now = time.monotonic()
+        if not self.config.stall_check_enabled or now < self._next_stall_check:
+            return
+        self._next_stall_check = now + _STALL_CHECK_EVERY_S
+        shutdown_after = self.config.stall_shutdown_seconds
+        for name, missing, waited in self.negotiator.stalled(now, self.config.stall_check_seconds):
+            kind = "join" if name == JOIN_NAME else name
+            message = (f"hororing stall: tensor '{kind}' has been waiting {waited:.0f} s for "
+                       f"rank(s) {missing} to submit it. One or more ranks may have called a "
+                       f"different collective, or none; every rank must call the same "
+                       f"collectives in the same order.")
+            if self.rank == 0 or self.rank in missing:
+                log.warning(message)
+            if shutdown_after > 0 and waited >= shutdown_after:
+                sys.stderr.write(f"[rank {self.rank}] {message} Ending the job: stalled longer "
+                                 f"than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown_after:g}.\n")
+                sys.stderr.flush()
+                MPI.COMM_WORLD.Abort(1)

@@ -1,0 +1,239 @@
+"""Executes the negotiated responses of one cycle, the same way on every rank.
+
+Allreduces that share dtype, op and scale factors are fused into buckets of at most the
+fusion threshold; a bucket below the small-message threshold takes the gather-reduce
+latency path, a larger one the pipelined ring. The other collectives run one by one
+through MPI on byte views of contiguous buffers.
+"""
+
+import math
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms.plan import chunk_bounds
+from ..algorithms.ring import Ring
+from ..algorithms.small import GatherReduce
+from ..errors import HorovodInternalError
+from ..kernels import divide_trunc, pack, scale_into, unpack
+from ..ops import Average, KERNEL_OP
+from ..transport import byte_view
+
+
+class Executor:
+    """Runs responses on the data communicator; owns the fusion buffer and the algorithms."""
+
+    def __init__(self, comm, config, timeline):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.config = config
+        self.timeline = timeline
+        self.ring = Ring(comm, config.ring_subchunk_bytes)
+        self.small = GatherReduce(comm)
+        self._fusion = np.empty(0, dtype=np.uint8)
+
+    def execute(self, responses, take):
+        """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None."""
+        buckets = {}
+        ordered = []
+        now = time.monotonic()
+        for response in responses:
+            request = take(response.name)
+            if request is not None and self.timeline is not None:
+                self.timeline.span(response.name, "NEGOTIATE_" + response.meta.kind.upper(),
+                                   request.submitted, now)
+            if response.error is not None:
+                if request is not None:
+                    request.handle.set_error(HorovodInternalError(response.error))
+                continue
+            if response.meta.kind == "allreduce":
+                self._bucket(buckets, ordered, response, request)
+            else:
+                ordered.append((response, request))
+        for item in ordered:
+            if isinstance(item, list):
+                self._allreduce(item)
+            else:
+                self._run_other(*item)
+
+    # ---- allreduce ----------------------------------------------------------------------
+
+    def _bucket(self, buckets, ordered, response, request):
+        meta = response.meta
+        key = (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device)
+        nbytes = math.prod(meta.shape) * _wire_dtype(meta.dtype).itemsize
+        bucket = buckets.get(key)
+        if bucket is None or bucket[0] + nbytes > self.config.fusion_threshold:
+            bucket = buckets[key] = [0, []]
+            ordered.append(bucket[1])
+        bucket[0] += nbytes
+        bucket[1].append((response, request))
+
+    def _allreduce(self, items):
+        meta = items[0][0].meta
+        dtype = np.dtype(meta.dtype)
+        wire = _wire_dtype(meta.dtype)
+        names = [response.name for response, _ in items]
+        outputs = [_output_for(request, response.meta) for response, request in items]
+        inputs = [request.tensor if request is not None else np.zeros(response.meta.shape, dtype)
+                  for response, request in items]
+        started = time.monotonic()
+        if len(items) == 1 and wire == dtype:
+            buffer = outputs[0].reshape(-1)
+            if buffer is not None and inputs[0] is not outputs[0]:
+                buffer[...] = inputs[0].reshape(-1)
+            ranges = None
+        else:
+            total = sum(array.size for array in inputs)
+            buffer = self._fusion_view(wire, total)
+            ranges = pack(inputs, buffer)
+            self._span(names, "MEMCPY_IN_FUSION_BUFFER", started)
+        scale_into(buffer, meta.prescale)
+        algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
+        collective_started = time.monotonic()
+        algorithm.allreduce(buffer, KERNEL_OP[meta.op], _finalizer(meta, self.size))
+        self._span(names, "ALLREDUCE", collective_started)
+        if ranges is not None:
+            unpack_started = time.monotonic()
+            unpack(buffer, ranges, outputs)
+            self._span(names, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
+        for (response, request), output in zip(items, outputs):
+            _complete(request, output)
+
+    def _fusion_view(self, dtype, count):
+        needed = count * dtype.itemsize
+        if self._fusion.nbytes < needed:
+            self._fusion = np.empty(max(needed, min(self.config.fusion_threshold, 2 * needed)),
+                                    dtype=np.uint8)
+        return self._fusion[:needed].view(dtype)
+
+    # ---- everything else ----------------------------------------------------------------
+
+    def _run_other(self, response, request):
+        kind = response.meta.kind
+        started = time.monotonic()
+        if kind == "barrier":
+            _complete(request, None)
+        elif kind == "join":
+            _complete(request, response.last_joined)
+        elif kind == "broadcast":
+            self._broadcast(response, request)
+        elif kind == "allgather":
+            self._allgather(response, request)
+        elif kind == "alltoall":
+            self._alltoall(response, request)
+        elif kind == "reducescatter":
+            self._reducescatter(response, request)
+        else:
+            raise HorovodInternalError(f"unknown collective kind {kind!r}")
+        self._span([response.name], kind.upper(), started)
+
+    def _broadcast(self, response, request):
+        output = _output_for(request, response.meta)
+        if output is not request.tensor:
+            output[...] = request.tensor
+        self.comm.Bcast([byte_view(output), MPI.BYTE], root=response.meta.root)
+        _complete(request, output)
+
+    def _allgather(self, response, request):
+        meta = response.meta
+        dim0s = [response.metas[rank].shape[0] for rank in range(self.size)]
+        rest = tuple(meta.shape[1:])
+        row_bytes = math.prod(rest) * np.dtype(meta.dtype).itemsize
+        output = np.empty((sum(dim0s),) + rest, dtype=meta.dtype)
+        counts = [dim0 * row_bytes for dim0 in dim0s]
+        self.comm.Allgatherv([byte_view(request.tensor), MPI.BYTE],
+                             [byte_view(output), counts, _displacements(counts), MPI.BYTE])
+        _complete(request, output)
+
+    def _alltoall(self, response, request):
+        meta = response.meta
+        rest = tuple(meta.shape[1:])
+        row_bytes = math.prod(rest) * np.dtype(meta.dtype).itemsize
+        sent_rows = [_splits_of(response.metas[rank], self.size) for rank in range(self.size)]
+        received = [sent_rows[rank][self.rank] for rank in range(self.size)]
+        output = np.empty((sum(received),) + rest, dtype=meta.dtype)
+        send_counts = [rows * row_bytes for rows in sent_rows[self.rank]]
+        recv_counts = [rows * row_bytes for rows in received]
+        self.comm.Alltoallv(
+            [byte_view(request.tensor), (send_counts, _displacements(send_counts)), MPI.BYTE],
+            [byte_view(output), (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+        _complete(request, (output, np.array(received, dtype=np.int64)))
+
+    def _reducescatter(self, response, request):
+        meta = response.meta
+        rest = tuple(meta.shape[1:])
+        row_elems = math.prod(rest)
+        row_bounds = chunk_bounds(meta.shape[0], self.size)
+        bounds = [(start * row_elems, stop * row_elems) for start, stop in row_bounds]
+        buffer = np.array(request.tensor, dtype=_wire_dtype(meta.dtype)).reshape(-1)
+        scale_into(buffer, meta.prescale)
+        self.ring.reducescatter(buffer, KERNEL_OP[meta.op], bounds, _finalizer(meta, self.size))
+        start, stop = bounds[self.rank]
+        rows = row_bounds[self.rank][1] - row_bounds[self.rank][0]
+        output = buffer[start:stop].reshape((rows,) + rest).astype(meta.dtype, copy=True)
+        _complete(request, output)
+
+    def _span(self, names, activity, started):
+        if self.timeline is not None:
+            ended = time.monotonic()
+            for name in names:
+                self.timeline.span(name, activity, started, ended)
+
+
+def _wire_dtype(dtype_name):
+    # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
+    dtype = np.dtype(dtype_name)
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _finalizer(meta, size):
+    postscale = meta.postscale
+    if meta.op == Average:
+        if np.dtype(meta.dtype).kind == "f":
+            factor = postscale / size
+
+            def finalize(piece):
+                scale_into(piece, factor)
+            return finalize
+
+        def finalize_integer(piece):
+            divide_trunc(piece, size)
+            scale_into(piece, postscale)
+        return finalize_integer
+    if postscale == 1.0:
+        return None
+
+    def finalize_scaled(piece):
+        scale_into(piece, postscale)
+    return finalize_scaled
+
+
+def _output_for(request, meta):
+    if request is not None and request.output is not None:
+        return request.output
+    return np.empty(meta.shape, dtype=meta.dtype)
+
+
+def _complete(request, result):
+    if request is None:
+        return
+    if request.writeback is not None:
+        request.writeback[...] = result
+        result = request.writeback
+    request.handle.set_result(result)
+
+
+def _splits_of(meta, size):
+    if meta.splits is not None:
+        return list(meta.splits)
+    return [meta.shape[0] // size] * size
+
+
+def _displacements(counts):
+    displacements = [0] * len(counts)
+    for index in range(1, len(counts)):
+        displacements[index] = displacements[index - 1] + counts[index - 1]
+    return displacements

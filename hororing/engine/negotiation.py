@@ -1,0 +1,250 @@
+"""Cross-rank agreement on which named tensors are ready, with what metadata, in what order.
+
+This module is pure: the engine feeds it what every rank announced in a cycle (identical
+input on every rank), and every rank computes the identical answer, so no coordinator rank
+is needed. A tensor is ready when every rank has submitted it (a rank that called
+``join()`` counts as submitting zeros to an allreduce). Before any data moves, the ranks'
+metadata is compared and a mismatch becomes an error, worded as Horovod words it, for that
+tensor on every rank.
+
+A tensor negotiated once is remembered (the response cache): a rank that submits it again
+with the same metadata announces one bit instead of its metadata.
+"""
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from ..ops import op_name
+
+JOIN_NAME = "__join__"
+UNCACHED_KINDS = ("join",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """What one rank says about one named collective; the ranks must agree on it."""
+
+    kind: str
+    dtype: str = ""
+    shape: tuple = ()
+    op: int = 1
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    splits: tuple = None
+    device: str = "cpu"
+
+
+@dataclasses.dataclass
+class Response:
+    """A tensor every rank has agreed on (``error`` is None) or failed on (``error`` set)."""
+
+    name: str
+    meta: Meta                      # the lowest present rank's metadata
+    metas: dict                     # rank -> Meta, for per-rank shapes and splits
+    joined: frozenset = frozenset()  # ranks that contribute zeros (allreduce after join)
+    error: str = None
+    last_joined: int = -1           # for join: the last rank to join
+
+
+@dataclasses.dataclass
+class _Entry:
+    order: int
+    first_seen: float
+    metas: dict
+    warned_at: float = None
+
+
+class ResponseCache:
+    """Negotiated (name, metadata) pairs by id; the same ids on every rank."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self._entries = []
+        self._ids = {}
+
+    def lookup(self, name, meta):
+        """Return the id of (name, meta) if cached with exactly this metadata, else None."""
+        cache_id = self._ids.get(name)
+        if cache_id is not None and self._entries[cache_id][1] == meta:
+            return cache_id
+        return None
+
+    def resolve(self, cache_id):
+        return self._entries[cache_id]
+
+    def record(self, name, meta):
+        """Remember a successful negotiation; a known name gets its metadata updated."""
+        if meta.kind in UNCACHED_KINDS:
+            return
+        cache_id = self._ids.get(name)
+        if cache_id is not None:
+            self._entries[cache_id] = (name, meta)
+        elif len(self._entries) < self.capacity:
+            self._ids[name] = len(self._entries)
+            self._entries.append((name, meta))
+
+
+class Negotiator:
+    """The table of tensors announced by some ranks, identical on every rank."""
+
+    def __init__(self, size, cache_capacity):
+        self.size = size
+        self.cache = ResponseCache(cache_capacity)
+        self._table = {}
+        self._counter = itertools.count()
+
+    def absorb(self, rank, cache_ids, submissions, now):
+        """Record what ``rank`` announced this cycle: cached ids and (name, Meta) pairs."""
+        for cache_id in cache_ids:
+            name, meta = self.cache.resolve(cache_id)
+            self._add(rank, name, meta, now)
+        for name, meta in submissions:
+            self._add(rank, name, meta, now)
+
+    def ready(self):
+        """Return the responses this cycle, in the same order on every rank, and drop them."""
+        join_entry = self._table.get(JOIN_NAME)
+        joined = frozenset(join_entry.metas) if join_entry else frozenset()
+        everyone = frozenset(range(self.size))
+        responses = []
+        for name, entry in list(self._table.items()):
+            if name == JOIN_NAME:
+                continue
+            present = frozenset(entry.metas)
+            kind = entry.metas[min(present)].kind
+            needed = everyone - joined if kind == "allreduce" else everyone
+            if not present >= needed:
+                if joined and present | joined == everyone:
+                    responses.append(self._pop(name, error=(
+                        f"{kind.upper()} of tensor '{name}' cannot complete: rank(s) "
+                        f"{sorted(joined - present)} called join(); only allreduce may run "
+                        f"while ranks are joined")))
+                continue
+            error = mismatch(name, entry.metas)
+            response = self._pop(name, error=error)
+            if kind == "allreduce":
+                response.joined = joined - present
+            if error is None:
+                self.cache.record(name, response.meta)
+            responses.append(response)
+        if join_entry is not None and len(join_entry.metas) == self.size:
+            response = self._pop(JOIN_NAME)
+            response.last_joined = max(join_entry.metas, key=lambda rank: join_entry.metas[rank].root)
+            responses.append(response)
+        return responses
+
+    def stalled(self, now, after_seconds):
+        """Yield (name, missing ranks, seconds waiting) for entries older than the threshold.
+
+        Each entry is reported once per ``after_seconds`` interval.
+        """
+        everyone = set(range(self.size))
+        for name, entry in self._table.items():
+            waited = now - entry.first_seen
+            if waited < after_seconds:
+                continue
+            if entry.warned_at is None or now - entry.warned_at >= after_seconds:
+                entry.warned_at = now
+                yield name, sorted(everyone - set(entry.metas)), waited
+
+    def pending_names(self):
+        return list(self._table)
+
+    def _add(self, rank, name, meta, now):
+        entry = self._table.get(name)
+        if entry is None:
+            entry = self._table[name] = _Entry(next(self._counter), now, {})
+        if name == JOIN_NAME:
+            # the join order decides the "last rank to join": keep it in root
+            meta = dataclasses.replace(meta, root=next(self._counter))
+        entry.metas.setdefault(rank, meta)
+
+    def _pop(self, name, error=None):
+        entry = self._table.pop(name)
+        first_rank = min(entry.metas)
+        return Response(name=name, meta=entry.metas[first_rank], metas=entry.metas, error=error)
+
+
+def mismatch(name, metas):
+    """Return Horovod's message for the first disagreement among ``metas``, or None."""
+    ranks = sorted(metas)
+    first_rank = ranks[0]
+    first = metas[first_rank]
+    for rank in ranks[1:]:
+        message = _compare(first, metas[rank])
+        if message is not None:
+            return f"{message} (tensor '{name}': rank {first_rank} vs rank {rank})"
+    return None
+
+
+def _compare(a, b):
+    kind = a.kind.upper()
+    if a.kind != b.kind:
+        return (f"Mismatched MPI operations: One rank did an {kind}, but another rank did an "
+                f"{b.kind.upper()}.")
+    if a.dtype != b.dtype:
+        return f"Mismatched data types: One rank had type {a.dtype}, but another rank had type {b.dtype}."
+    if a.device != b.device:
+        return (f"Mismatched {kind} CPU/GPU device selection: One rank specified device {a.device}, "
+                f"but another rank specified device {b.device}.")
+    if a.kind in ("allgather", "alltoall"):
+        if len(a.shape) != len(b.shape):
+            return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of rank "
+                    f"{len(a.shape)}, but another rank sent a tensor of rank {len(b.shape)}.")
+        for dim in range(1, len(a.shape)):
+            if a.shape[dim] != b.shape[dim]:
+                return (f"Mismatched {kind} tensor shapes: One rank sent a tensor with dimension "
+                        f"{dim} equal to {a.shape[dim]}, but another rank sent a tensor with "
+                        f"dimension {dim} equal to {b.shape[dim]}.")
+    elif a.shape != b.shape:
+        return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape "
+                f"{list(a.shape)}, but another rank sent a tensor of shape {list(b.shape)}.")
+    if a.op != b.op:
+        return (f"Mismatched {kind} reduction operations: One rank specified {op_name(a.op)}, "
+                f"but another rank specified {op_name(b.op)}.")
+    if a.root != b.root and a.kind == "broadcast":
+        return (f"Mismatched {kind} root ranks: One rank specified root rank {a.root}, but another "
+                f"rank specified root rank {b.root}.")
+    if a.prescale != b.prescale:
+        return (f"Mismatched prescale factors: One rank sent factor {a.prescale}, but another rank "
+                f"sent factor {b.prescale}.")
+    if a.postscale != b.postscale:
+        return (f"Mismatched postscale factors: One rank sent factor {a.postscale}, but another "
+                f"rank sent factor {b.postscale}.")
+    return None
+
+
+HEADER_FIELDS = 3  # cycle, payload bytes, flags
+
+
+def header_words(cache_capacity):
+    """Length in int64 words of a cycle header: fields, then one bit per cache id."""
+    return HEADER_FIELDS + (cache_capacity + 63) // 64
+
+
+def encode_header(header, cycle, payload_bytes, flags, cache_ids):
+    """Fill the int64 ``header`` in place."""
+    header[:] = 0
+    header[0] = cycle
+    header[1] = payload_bytes
+    header[2] = flags
+    bits = header[HEADER_FIELDS:].view(np.uint64)
+    for cache_id in cache_ids:
+        bits[cache_id // 64] |= np.uint64(1) << np.uint64(cache_id % 64)
+
+
+def decode_cache_ids(header):
+    """Return the cache ids whose bits are set in ``header``, ascending."""
+    bits = header[HEADER_FIELDS:].view(np.uint64)
+    words = np.flatnonzero(bits)
+    ids = []
+    for word in words:
+        value = int(bits[word])
+        while value:
+            low = value & -value
+            ids.append(int(word) * 64 + low.bit_length() - 1)
+            value ^= low
+    return ids

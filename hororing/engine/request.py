@@ -1,0 +1,76 @@
+"""A submitted collective (Request) and what the caller holds while it runs (Handle)."""
+
+import threading
+
+
+class Handle:
+    """Completion of one asynchronous collective; pass it to ``synchronize`` or ``poll``."""
+
+    __slots__ = ("name", "_event", "_result", "_error", "_engine")
+
+    def __init__(self, name, engine):
+        self.name = name
+        self._event = threading.Event()
+        self._result = None
+        self._error = None
+        self._engine = engine
+
+    def done(self):
+        """Return True once the result (or an error) is available; never blocks."""
+        return self._event.is_set()
+
+    def wait(self, timeout=None):
+        return self._event.wait(timeout)
+
+    def set_result(self, result):
+        self._result = result
+        self._event.set()
+
+    def set_error(self, error):
+        self._error = error
+        self._event.set()
+
+    def result(self):
+        """Return the result of a finished handle, or raise its error."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self):
+        state = "done" if self.done() else "pending"
+        return f"<hororing Handle {self.name!r} {state}>"
+
+
+class GroupHandle:
+    """One handle over several (grouped_allreduce): its result is the list of results."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles):
+        self.handles = list(handles)
+
+    def done(self):
+        return all(handle.done() for handle in self.handles)
+
+
+class Request:
+    """What the engine needs to run one collective on this rank.
+
+    ``tensor`` is the contiguous input; ``output`` is where an in-place or preallocated
+    result goes (None: the engine allocates); ``writeback`` is a non-contiguous array that
+    receives the result at the end.
+    """
+
+    __slots__ = ("name", "meta", "tensor", "output", "writeback", "handle", "submitted", "cache_id",
+                 "announced")
+
+    def __init__(self, name, meta, tensor, output, handle, writeback=None):
+        self.name = name
+        self.meta = meta
+        self.tensor = tensor
+        self.output = output
+        self.writeback = writeback
+        self.handle = handle
+        self.submitted = 0.0
+        self.cache_id = None
+        self.announced = False

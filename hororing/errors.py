@@ -1,0 +1,16 @@
+"""Exception types shared by the engine and the bindings."""
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed on every rank: a cross-rank mismatch, a stall, or a failed peer.
+
+    Named as in Horovod so that ``except hvd.HorovodInternalError`` keeps working. The library
+    stays usable after a mismatch; after a peer failure every later call raises this again.
+    """
+
+
+class NotInitializedError(ValueError):
+    """A call needs ``hvd.init()`` first (ValueError, as Horovod raises)."""
+
+    def __init__(self, what="hororing"):
+        super().__init__(f"{what} has not been initialized; run hvd.init() first.")

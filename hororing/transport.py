@@ -1,0 +1,57 @@
+"""Moving bytes over MPI on host buffers, and waiting on requests without hogging a core.
+
+MPICH busy-polls inside blocking calls; with more ranks than cores that starves the very
+peers a rank is waiting for. Every wait in hororing goes through ``wait`` below: it polls
+the request, spins briefly (lowest latency when each rank has a core), then yields the CPU,
+then sleeps with a growing interval, so an oversubscribed job still moves forward.
+"""
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+_SPIN_TESTS = 50
+_YIELD_TESTS = 2000
+_MAX_SLEEP_S = 0.001
+
+
+def wait(request, deadline=None):
+    """Block until ``request`` completes, polling with back-off.
+
+    Args:
+        deadline: optional ``time.monotonic()`` value; past it, give up.
+
+    Returns:
+        True when the request completed, False when the deadline passed first.
+    """
+    return _wait_until(request.Test, deadline)
+
+
+def wait_all(requests):
+    """Block until every request in the list completes, polling with back-off."""
+    if requests:
+        _wait_until(lambda: MPI.Request.Testall(requests))
+
+
+def _wait_until(done, deadline=None):
+    tests = 0
+    sleep_s = 1e-5
+    while not done():
+        tests += 1
+        if deadline is not None and tests % 64 == 0 and time.monotonic() > deadline:
+            return False
+        if tests < _SPIN_TESTS:
+            continue
+        if tests < _YIELD_TESTS:
+            os.sched_yield()
+            continue
+        time.sleep(sleep_s)
+        sleep_s = min(sleep_s * 2, _MAX_SLEEP_S)
+    return True
+
+
+def byte_view(array):
+    """Return a contiguous array as a flat uint8 view (for byte-counted MPI calls)."""
+    return array.reshape(-1).view(np.uint8)

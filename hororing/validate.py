@@ -1,0 +1,92 @@
+"""Checks at the door: public calls reject bad arguments here, before anything is queued."""
+
+import numbers
+
+import numpy as np
+
+from . import ops
+
+SUPPORTED_DTYPES = tuple(np.dtype(name) for name in (
+    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+    "float16", "float32", "float64"))
+_SUPPORTED_NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
+REDUCE_OPS = (ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product)
+
+
+def check_array(tensor, argument="tensor", min_ndim=0):
+    """Return ``tensor`` if it is a numpy array of a supported dtype; raise otherwise."""
+    if not isinstance(tensor, np.ndarray):
+        got = "None" if tensor is None else type(tensor).__name__
+        raise TypeError(f"{argument} must be a numpy array, got {got}; convert it with "
+                        f"numpy.asarray(...) (hororing.torch takes torch tensors)")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{argument} has unsupported dtype {tensor.dtype}; supported dtypes: "
+                        f"{_SUPPORTED_NAMES}. Convert it with .astype(...)")
+    if tensor.ndim < min_ndim:
+        raise ValueError(f"{argument} must have at least {min_ndim} dimension(s), got a "
+                         f"{tensor.ndim}-d array of shape {tensor.shape}; reshape it, e.g. "
+                         f"{argument}.reshape(1, -1)")
+    return tensor
+
+
+def check_writable(tensor, argument="tensor"):
+    if not tensor.flags.writeable:
+        raise ValueError(f"{argument} is read-only, so an in-place collective cannot write its "
+                         f"result; use the out-of-place form or pass a writable copy")
+
+
+def check_name(name):
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+    if name == "":
+        raise ValueError("name must not be empty; pass None to have one generated")
+    return name
+
+
+def check_root(root_rank, size):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    if not 0 <= root_rank < size:
+        raise ValueError(f"root_rank must be in [0, {size}) (the job has {size} ranks), "
+                         f"got {root_rank}")
+    return int(root_rank)
+
+
+def check_factor(value, argument):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{argument} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def resolve_op(op, average=None, allowed=REDUCE_OPS):
+    """Return the reduction op from Horovod's ``op``/``average`` arguments."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is None:
+        op = ops.Sum if average is False else ops.Average
+    if op == ops.Adasum:
+        raise ValueError("op=Adasum is not supported by hororing; use Average or Sum")
+    if op not in allowed:
+        names = ", ".join(ops.op_name(allowed_op) for allowed_op in allowed)
+        raise ValueError(f"op must be one of {names}, got {op!r}")
+    return op
+
+
+def check_splits(splits, dim0, size):
+    """Return alltoall ``splits`` as a tuple of ints (or None); raise on bad values."""
+    if splits is None:
+        if dim0 % size:
+            raise ValueError(f"alltoall without splits needs the first dimension ({dim0}) to be "
+                             f"divisible by the number of ranks ({size}); pass splits=")
+        return None
+    values = np.asarray(splits)
+    if values.ndim != 1 or values.dtype.kind not in "iu":
+        raise TypeError(f"splits must be a 1-d sequence of ints, got {splits!r}")
+    if values.size != size:
+        raise ValueError(f"splits must have one entry per rank ({size}), got {values.size}")
+    if (values < 0).any():
+        raise ValueError(f"splits must be non-negative, got {values.tolist()}")
+    if int(values.sum()) != dim0:
+        raise ValueError(f"splits must add up to the first dimension of the tensor ({dim0}), "
+                         f"got sum {int(values.sum())} from {values.tolist()}")
+    return tuple(int(value) for value in values)

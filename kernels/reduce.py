@@ -1,0 +1,31 @@
+"""Element-wise reduction of one buffer into another: ``target = target (op) source``."""
+
+from ._xp import array_module
+
+# Reduction names are the ones the engine uses on the wire; Average is a Sum followed by
+# a scale, so it never reaches a kernel.
+REDUCE_UFUNCS = {
+    "sum": "add",
+    "min": "minimum",
+    "max": "maximum",
+    "product": "multiply",
+}
+
+
+def reduce_into(target, source, op):
+    """Combine ``source`` into ``target`` in place.
+
+    Args:
+        target: contiguous array, overwritten with ``target (op) source``.
+        source: array of the same shape and dtype as ``target``.
+        op: one of ``"sum"``, ``"min"``, ``"max"``, ``"product"``.
+
+    Raises:
+        ValueError: for an unknown op.
+    """
+    try:
+        ufunc_name = REDUCE_UFUNCS[op]
+    except KeyError:
+        raise ValueError(f"unknown reduction {op!r}; expected one of {sorted(REDUCE_UFUNCS)}") from None
+    ufunc = getattr(array_module(target), ufunc_name)
+    ufunc(target, source, out=target)

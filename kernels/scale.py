@@ -1,0 +1,34 @@
+"""Scaling kernels: multiply by a factor, and integer division that truncates toward zero."""
+
+from ._xp import array_module
+
+
+def scale_into(buffer, factor):
+    """Multiply ``buffer`` by ``factor`` in place.
+
+    Floating buffers are multiplied in their own precision. Integer buffers are multiplied
+    in float64 and truncated toward zero, as Horovod's core scales integer tensors.
+    """
+    if factor == 1.0:
+        return
+    xp = array_module(buffer)
+    if buffer.dtype.kind == "f":
+        xp.multiply(buffer, buffer.dtype.type(factor), out=buffer)
+        return
+    scaled = xp.trunc(buffer.astype(xp.float64) * float(factor))
+    buffer[...] = scaled.astype(buffer.dtype)
+
+
+def divide_trunc(buffer, divisor):
+    """Divide an integer ``buffer`` by a positive integer in place, rounding toward zero.
+
+    This is integer Average: C's ``/`` on the summed values, exact for every int64.
+    """
+    xp = array_module(buffer)
+    if buffer.dtype.kind == "u":
+        xp.floor_divide(buffer, divisor, out=buffer)
+        return
+    negative = buffer < 0
+    xp.abs(buffer, out=buffer)
+    xp.floor_divide(buffer, divisor, out=buffer)
+    xp.negative(buffer, out=buffer, where=negative)

@@ -1,0 +1,21 @@
+from setuptools import setup
+
+setup(
+    name="hororing",
+    version="0.1.0",
+    description="A pip-installable, Horovod-compatible ring-allreduce data-parallel library over MPI",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=["hororing", "hororing.algorithms", "hororing.engine", "hororing.kernels"],
+    package_dir={"hororing.kernels": "kernels"},
+    install_requires=["numpy>=1.22", "mpi4py>=3.1"],
+    extras_require={
+        "mpi": ["mpich"],
+        "torch": ["torch>=2.0"],
+        "cuda": ["cupy>=13", "numba>=0.59"],
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "hypothesis>=6",
+                 "scikit-learn>=1.0"],
+        "bench": ["matplotlib>=3.5"],
+    },
+)
