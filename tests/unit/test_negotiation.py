@@ -1,0 +1,138 @@
+"""Negotiation is pure: feed it what the ranks announced and check what every rank decides."""
+
+import numpy as np
+import pytest
+
+from hororing import ops
+from hororing.engine.negotiation import (JOIN_NAME, Meta, Negotiator, decode_cache_ids,
+                                         encode_header, header_words)
+
+
+def allreduce_meta(shape=(5,), dtype="float32", op=ops.Average, **fields):
+    return Meta(kind="allreduce", dtype=dtype, shape=shape, op=op, **fields)
+
+
+def test_ready_only_when_every_rank_submitted_in_first_seen_order():
+    negotiator = Negotiator(size=3, cache_capacity=8)
+    negotiator.absorb(0, [], [("b", allreduce_meta()), ("a", allreduce_meta())], now=0.0)
+    negotiator.absorb(1, [], [("a", allreduce_meta()), ("b", allreduce_meta())], now=0.0)
+    assert negotiator.ready() == []
+    negotiator.absorb(2, [], [("a", allreduce_meta()), ("b", allreduce_meta())], now=1.0)
+    assert [response.name for response in negotiator.ready()] == ["b", "a"]
+    assert negotiator.pending_names() == []
+
+
+@pytest.mark.parametrize("other,message", [
+    (allreduce_meta(shape=(6,)), r"Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of "
+                                 r"shape \[5\], but another rank sent a tensor of shape \[6\]\."),
+    (allreduce_meta(dtype="int32"), "Mismatched data types: One rank had type float32, but "
+                                    "another rank had type int32."),
+    (allreduce_meta(op=ops.Sum), "Mismatched ALLREDUCE reduction operations: One rank specified "
+                                 "Average, but another rank specified Sum."),
+    (Meta(kind="allgather", dtype="float32", shape=(5,)),
+     "Mismatched MPI operations: One rank did an ALLREDUCE, but another rank did an ALLGATHER."),
+    (allreduce_meta(prescale=2.0), "Mismatched prescale factors"),
+    (allreduce_meta(postscale=2.0), "Mismatched postscale factors"),
+])
+def test_mismatches_are_errors_naming_tensor_and_ranks(other, message):
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    negotiator.absorb(0, [], [("grad", allreduce_meta())], now=0.0)
+    negotiator.absorb(1, [], [("grad", other)], now=0.0)
+    (response,) = negotiator.ready()
+    assert response.error is not None
+    assert pytest.importorskip("re").search(message, response.error)
+    assert "tensor 'grad': rank 0 vs rank 1" in response.error
+
+
+def test_broadcast_root_and_allgather_trailing_dims_are_checked():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    negotiator.absorb(0, [], [("b", Meta(kind="broadcast", dtype="int64", shape=(2,), root=0)),
+                              ("g", Meta(kind="allgather", dtype="int64", shape=(2, 3)))], 0.0)
+    negotiator.absorb(1, [], [("b", Meta(kind="broadcast", dtype="int64", shape=(2,), root=1)),
+                              ("g", Meta(kind="allgather", dtype="int64", shape=(4, 4)))], 0.0)
+    broadcast, gather = negotiator.ready()
+    assert broadcast.error.startswith("Mismatched BROADCAST root ranks: One rank specified root "
+                                      "rank 0, but another rank specified root rank 1.")
+    assert gather.error.startswith("Mismatched ALLGATHER tensor shapes: One rank sent a tensor "
+                                   "with dimension 1 equal to 3, but another rank sent a tensor "
+                                   "with dimension 1 equal to 4.")
+
+
+def test_allgather_first_dimension_may_differ():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    negotiator.absorb(0, [], [("g", Meta(kind="allgather", dtype="int64", shape=(1, 3)))], 0.0)
+    negotiator.absorb(1, [], [("g", Meta(kind="allgather", dtype="int64", shape=(4, 3)))], 0.0)
+    (response,) = negotiator.ready()
+    assert response.error is None
+    assert [response.metas[rank].shape[0] for rank in (0, 1)] == [1, 4]
+
+
+def test_cache_turns_a_repeat_into_a_bit():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    meta = allreduce_meta()
+    for rank in (0, 1):
+        negotiator.absorb(rank, [], [("grad", meta)], 0.0)
+    negotiator.ready()
+    cache_id = negotiator.cache.lookup("grad", meta)
+    assert cache_id == 0
+    assert negotiator.cache.lookup("grad", allreduce_meta(shape=(6,))) is None
+    negotiator.absorb(0, [cache_id], [], 1.0)
+    assert negotiator.ready() == []
+    negotiator.absorb(1, [cache_id], [], 1.0)
+    (response,) = negotiator.ready()
+    assert response.name == "grad" and response.error is None
+
+
+def test_cached_and_full_announcements_of_one_name_are_compared():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    for rank in (0, 1):
+        negotiator.absorb(rank, [], [("grad", allreduce_meta())], 0.0)
+    negotiator.ready()
+    negotiator.absorb(0, [0], [], 1.0)
+    negotiator.absorb(1, [], [("grad", allreduce_meta(shape=(7,)))], 1.0)
+    (response,) = negotiator.ready()
+    assert "tensor of shape [5], but another rank sent a tensor of shape [7]" in response.error
+
+
+def test_cache_capacity_is_respected():
+    negotiator = Negotiator(size=1, cache_capacity=1)
+    negotiator.absorb(0, [], [("a", allreduce_meta()), ("b", allreduce_meta())], 0.0)
+    negotiator.ready()
+    assert negotiator.cache.lookup("a", allreduce_meta()) == 0
+    assert negotiator.cache.lookup("b", allreduce_meta()) is None
+
+
+def test_joined_ranks_count_as_zero_contributors_for_allreduce_only():
+    negotiator = Negotiator(size=3, cache_capacity=8)
+    negotiator.absorb(2, [], [(JOIN_NAME, Meta(kind="join"))], 0.0)
+    negotiator.absorb(0, [], [("grad", allreduce_meta()),
+                              ("gather", Meta(kind="allgather", dtype="int64", shape=(1,)))], 0.0)
+    negotiator.absorb(1, [], [("grad", allreduce_meta()),
+                              ("gather", Meta(kind="allgather", dtype="int64", shape=(1,)))], 0.0)
+    grad, gather = negotiator.ready()
+    assert grad.error is None and grad.joined == frozenset({2})
+    assert "rank(s) [2] called join()" in gather.error
+    negotiator.absorb(1, [], [(JOIN_NAME, Meta(kind="join"))], 1.0)
+    assert negotiator.ready() == []
+    negotiator.absorb(0, [], [(JOIN_NAME, Meta(kind="join"))], 2.0)
+    (join,) = negotiator.ready()
+    assert join.name == JOIN_NAME and join.last_joined == 0
+
+
+def test_stalled_entries_name_the_missing_ranks_once_per_interval():
+    negotiator = Negotiator(size=4, cache_capacity=8)
+    negotiator.absorb(0, [], [("grad", allreduce_meta())], now=0.0)
+    negotiator.absorb(2, [], [("grad", allreduce_meta())], now=0.0)
+    assert list(negotiator.stalled(now=59.0, after_seconds=60.0)) == []
+    assert list(negotiator.stalled(now=61.0, after_seconds=60.0)) == [("grad", [1, 3], 61.0)]
+    assert list(negotiator.stalled(now=62.0, after_seconds=60.0)) == []
+    assert [name for name, _, _ in negotiator.stalled(now=125.0, after_seconds=60.0)] == ["grad"]
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 64, 65, 1024])
+def test_header_bits_roundtrip(capacity):
+    header = np.zeros(header_words(capacity), dtype=np.int64)
+    ids = sorted({0, 63, capacity - 1, capacity // 2} & set(range(capacity)))
+    encode_header(header, cycle=7, payload_bytes=12, flags=2, cache_ids=ids)
+    assert header[:3].tolist() == [7, 12, 2]
+    assert decode_cache_ids(header) == ids

@@ -1,0 +1,31 @@
+"""The package installs from a built wheel with hororing.kernels, and imports lightly."""
+
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_import_does_not_pull_in_frameworks():
+    code = ("import sys, hororing, hororing.kernels; "
+            "print(sorted(m for m in ('torch', 'cupy', 'numba') if m in sys.modules))")
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert output.stdout.strip() == "[]"
+
+
+def test_wheel_contains_kernels_and_imports(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True)
+    (wheel,) = tmp_path.glob("hororing-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hororing/kernels/reduce.py" in names
+    assert not any(name.startswith("kernels/") for name in names)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel)], check=True)
+    code = "import hororing, hororing.kernels; print(hororing.__file__)"
+    output = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+                            check=True, capture_output=True, text=True, cwd=tmp_path)
+    assert output.stdout.strip().startswith(str(target))
