@@ -45,12 +45,12 @@ class Context:
         counter = self._name_counters.setdefault(kind, itertools.count())
         return f"{kind}.noname.{next(counter)}"
 
-    def close(self, message=None, failed=False):
-        flags = FLAG_FAILED if failed else None
-        if flags:
-            self.engine.stop(message=message, flags=flags, deadline_s=10.0)
-        else:
+    def close(self, failure=None):
+        """Leave the job: tell the peers (shutdown, or ``failure``, a message) and free MPI state."""
+        if failure is None:
             self.engine.stop()
+        else:
+            self.engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)
         self.engine.close()
         for comm in (self.local_comm, self.cross_comm, self.comm):
             comm.Free()
@@ -182,8 +182,7 @@ def _install_exit_hooks():
         if context is not None:
             _State.context = None
             try:
-                context.engine.stop(message=f"{kind.__name__}: {value}", flags=FLAG_FAILED,
-                                    deadline_s=10.0)
+                context.close(failure=f"{kind.__name__}: {value}")
             except Exception:  # reporting must never hide the original error
                 pass
         previous(kind, value, traceback)

@@ -1,0 +1,20 @@
+"""Every kind of collective once, checked, at any size; prints one line per rank."""
+import numpy as np
+
+import hororing as hvd
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+total = size * (size - 1) // 2
+assert hvd.allreduce(np.full(1001, float(rank)), op=hvd.Sum)[0] == total
+big = hvd.allreduce(np.full(300_001, float(rank), dtype=np.float32), op=hvd.Sum)
+assert np.all(big == total)
+handles = [hvd.allreduce_async(np.full(i + 1, rank), name=f"a{i}", op=hvd.Sum) for i in range(32)]
+assert all(np.all(hvd.synchronize(h) == total) for h in handles)
+assert hvd.allgather(np.array([rank])).tolist() == list(range(size))
+assert hvd.broadcast(np.array([rank]), size - 1)[0] == size - 1
+received, splits = hvd.alltoall(np.arange(size) + 10 * rank)
+assert received.tolist() == [10 * peer + rank for peer in range(size)]
+assert hvd.reducescatter(np.ones((size + 1, 2)), op=hvd.Sum).sum() == 2 * size * (2 if rank == 0 else 1)
+hvd.barrier()
+print(f"smoke ok rank {rank} of {size}", flush=True)

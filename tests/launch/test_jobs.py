@@ -1,0 +1,61 @@
+"""Whole jobs under mpiexec: failures, stalls, timeline, size 16, subsets of ranks."""
+
+import json
+import re
+
+import pytest
+
+
+def test_an_exception_on_one_rank_fails_the_others_with_its_reason(launch):
+    job = launch(3, "rank_fails.py", timeout=60)
+    assert job.returncode != 0
+    assert "KeyError: 'missing batch 17'" in job.stderr
+    # the surviving ranks were told why instead of waiting forever (lines may interleave)
+    assert job.stdout.count("rank 1 failed: KeyError: 'missing batch 17'") >= 1
+    assert "waiting" not in job.stderr
+
+
+def test_stall_warning_names_the_missing_rank_and_tensor(launch):
+    job = launch(3, "stall.py", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=60)
+    assert job.returncode == 0, job.stderr
+    assert "tensor 'late.tensor' has been waiting" in job.stderr
+    assert "rank(s) [2]" in job.stderr
+    assert job.stdout.count("result 3.0") == 3
+
+
+def test_stall_shutdown_ends_the_job(launch):
+    job = launch(2, "stall.py", "never", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                                               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"},
+                 timeout=50)
+    assert job.returncode != 0
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2" in job.stderr
+
+
+def test_timeline_is_a_chrome_trace_with_every_phase(launch, tmp_path):
+    path = tmp_path / "timeline.json"
+    job = launch(2, "timeline.py", env={"HOROVOD_TIMELINE": str(path), "HOROVOD_CYCLE_TIME": "20"})
+    assert job.returncode == 0, job.stderr
+    events = json.loads(path.read_text())
+    rows = {event["pid"]: event["args"]["name"] for event in events
+            if event.get("name") == "process_name"}
+    assert {"layer0.weight", "layer7.weight", "gathered"} <= set(rows.values())
+    activities = {event["name"] for event in events if event.get("ph") == "X"}
+    assert {"NEGOTIATE_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
+            "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_ALLGATHER", "ALLGATHER"} <= activities
+
+
+@pytest.mark.parametrize("ranks", [5, 16])
+def test_smoke_at_odd_and_oversubscribed_sizes(launch, ranks):
+    job = launch(ranks, "smoke.py", timeout=240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    # ranks' lines may interleave on the shared stdout: find them, do not split on newlines
+    reported = sorted(int(rank) for rank in re.findall(rf"smoke ok rank (\d+) of {ranks}", job.stdout))
+    assert reported == list(range(ranks))
+
+
+def test_init_with_a_list_of_ranks(launch):
+    job = launch(3, "subset.py", timeout=60)
+    assert job.returncode == 0, job.stderr
+    assert "world 0 rank 0 size 2 sum 2" in job.stdout
+    assert "world 2 rank 1 size 2 sum 2" in job.stdout
+    assert "world 1 refused: this process (world rank 1) is not in the ranks" in job.stdout

@@ -1,0 +1,82 @@
+"""Inputs every rank can regenerate for every other rank, and numpy references over them.
+
+Each rank's input comes from a generator seeded by (test seed, rank), so any rank builds
+all ranks' inputs locally and computes the expected result without MPI.
+"""
+
+import numpy as np
+
+import hororing as hvd
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+ALL_DTYPES = ("uint8", "int8", "int16", "int32", "int64") + FLOAT_DTYPES
+
+
+def rank_input(rank, shape, dtype, seed=0, op=None):
+    """Deterministic input of ``rank``: small values, kept positive and tiny for Product."""
+    rng = np.random.default_rng([seed, rank])
+    dtype = np.dtype(dtype)
+    if op == hvd.Product:
+        return rng.integers(1, 3, size=shape).astype(dtype)
+    if dtype.kind == "f":
+        return rng.uniform(-20, 20, size=shape).astype(dtype)
+    low = 0 if dtype.kind == "u" else -20
+    return rng.integers(low, 21, size=shape).astype(dtype)
+
+
+def all_inputs(size, shape, dtype, seed=0, op=None):
+    return [rank_input(rank, shape, dtype, seed, op) for rank in range(size)]
+
+
+def reference_allreduce(inputs, op, prescale=1.0, postscale=1.0):
+    """The expected allreduce in float64 / Python integers, then cast to the input dtype."""
+    dtype = inputs[0].dtype
+    wide = np.float64 if dtype.kind == "f" else object
+    stacked = np.stack([np.asarray(array, dtype=wide) for array in inputs])
+    if dtype.kind == "f":
+        stacked = stacked * prescale
+    elif prescale != 1.0:
+        stacked = np.trunc(stacked.astype(np.float64) * prescale).astype(object)
+    if op in (hvd.Sum, hvd.Average):
+        result = stacked.sum(axis=0)
+    elif op == hvd.Min:
+        result = stacked.min(axis=0)
+    elif op == hvd.Max:
+        result = stacked.max(axis=0)
+    else:
+        result = stacked.prod(axis=0)
+    size = len(inputs)
+    if op == hvd.Average:
+        if dtype.kind == "f":
+            result = result / size
+        else:  # C integer division: toward zero
+            result = np.array([(abs(v) // size) * (1 if v >= 0 else -1) for v in result.ravel()],
+                              dtype=object).reshape(result.shape)
+    if dtype.kind == "f":
+        result = result * postscale
+    elif postscale != 1.0:
+        result = np.trunc(result.astype(np.float64) * postscale)
+    return np.asarray(result).astype(dtype)
+
+
+def tolerance(dtype):
+    return {"float16": 2e-3, "float32": 1e-5, "float64": 1e-12}.get(np.dtype(dtype).name, 0)
+
+
+def assert_close(actual, expected):
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    rtol = tolerance(expected.dtype)
+    if rtol == 0:
+        np.testing.assert_array_equal(actual, expected)
+    else:
+        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
+                                   rtol=rtol, atol=rtol * 40)
+
+
+def assert_identical_on_every_rank(array):
+    """Gather the bytes of ``array`` from every rank and require them to be equal."""
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    gathered = hvd.allgather(raw.reshape(1, -1))
+    for row in gathered[1:]:
+        assert row.tobytes() == gathered[0].tobytes(), "ranks hold different bytes"

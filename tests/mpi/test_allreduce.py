@@ -1,0 +1,123 @@
+"""Allreduce on every dtype and op, any length, against numpy on the regenerated inputs."""
+
+import numpy as np
+import pytest
+
+import hororing as hvd
+from reference import (ALL_DTYPES, all_inputs, assert_close, assert_identical_on_every_rank,
+                       rank_input, reference_allreduce)
+
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+
+
+def lengths():
+    size = hvd.size() if hvd.is_initialized() else 4
+    # empty, one, shorter than the ring, not divisible, the small path, several ring pieces
+    return [0, 1, max(size - 1, 1), 7, 1000, 150_001]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("op", OPS, ids=lambda op: hvd.ops.op_name(op))
+@pytest.mark.parametrize("length_index", range(6))
+def test_allreduce_matches_numpy(dtype, op, length_index):
+    length = lengths()[length_index]
+    seed = 1000 * length_index + op
+    mine = rank_input(hvd.rank(), (length,), dtype, seed, op)
+    result = hvd.allreduce(mine, op=op, name=f"ar.{dtype}.{op}.{length}")
+    expected = reference_allreduce(all_inputs(hvd.size(), (length,), dtype, seed, op), op)
+    assert_close(result, expected)
+    assert_identical_on_every_rank(result)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_multidimensional_and_scaled(dtype):
+    shape = (3, 5, 2)
+    mine = rank_input(hvd.rank(), shape, dtype, seed=7)
+    result = hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    expected = reference_allreduce(all_inputs(hvd.size(), shape, dtype, 7), hvd.Sum, 0.5, 3.0)
+    assert_close(result, expected)
+
+
+def test_large_buffer_through_the_pipelined_ring_is_deterministic():
+    count = 1_500_007  # ~6 MB of float32: many sub-chunks, not divisible by any size here
+    mine = rank_input(hvd.rank(), (count,), "float32", seed=11)
+    first = hvd.allreduce(mine, name="big")
+    second = hvd.allreduce(mine, name="big")
+    assert first.tobytes() == second.tobytes(), "same inputs gave different bits run to run"
+    expected = reference_allreduce(all_inputs(hvd.size(), (count,), "float32", 11), hvd.Average)
+    assert_close(first, expected)
+    assert_identical_on_every_rank(first)
+
+
+def test_in_place_writes_into_the_argument_and_returns_it():
+    tensor = np.full(10, float(hvd.rank()))
+    returned = hvd.allreduce_(tensor, op=hvd.Sum)
+    assert returned is tensor
+    np.testing.assert_array_equal(tensor, np.full(10, sum(range(hvd.size())), dtype=float))
+
+
+def test_non_contiguous_inputs_are_copied_and_written_back():
+    base = np.arange(40, dtype=np.float64).reshape(5, 8) + hvd.rank()
+    view = base[:, ::2]
+    result = hvd.allreduce(view, op=hvd.Sum)
+    expected = sum(np.arange(40, dtype=np.float64).reshape(5, 8)[:, ::2] + rank
+                   for rank in range(hvd.size()))
+    np.testing.assert_array_equal(result, expected)
+    hvd.allreduce_(view, op=hvd.Sum)
+    np.testing.assert_array_equal(base[:, ::2], expected)
+    np.testing.assert_array_equal(base[:, 1::2], np.arange(40.0).reshape(5, 8)[:, 1::2] + hvd.rank())
+
+
+def test_float16_accumulates_in_float32():
+    # 2048 + 1 + ... in fp16 steps would round every 1 away; fp32 accumulation keeps them
+    mine = np.array([2048.0 if hvd.rank() == 0 else 1.0], dtype=np.float16)
+    result = hvd.allreduce(mine, op=hvd.Sum)
+    expected = np.float16(np.float32(2048.0) + (hvd.size() - 1))
+    assert result.dtype == np.float16 and result[0] == expected
+
+
+def test_integer_average_truncates_toward_zero():
+    mine = np.array([-(hvd.rank() + 1), hvd.rank() + 1], dtype=np.int64)
+    result = hvd.allreduce(mine)
+    total = sum(range(1, hvd.size() + 1))
+    assert result.tolist() == [-(total // hvd.size()), total // hvd.size()]
+
+
+def test_async_handles_complete_in_any_submission_order():
+    names = [f"grad.{index}" for index in range(24)]
+    order = list(range(24))
+    np.random.default_rng(hvd.rank()).shuffle(order)  # each rank submits in its own order
+    handles = {index: hvd.allreduce_async(np.full(index + 1, float(hvd.rank() + index)),
+                                          name=names[index], op=hvd.Sum) for index in order}
+    for index in range(24):
+        expected = sum(rank + index for rank in range(hvd.size()))
+        np.testing.assert_array_equal(hvd.synchronize(handles[index]), np.full(index + 1, float(expected)))
+
+
+def test_poll_becomes_true_without_synchronize():
+    handle = hvd.allreduce_async(np.ones(3), name="polled")
+    while not hvd.poll(handle):
+        pass
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.ones(3))
+
+
+def test_fused_mixed_dtypes_and_ops():
+    handles = []
+    for index in range(40):
+        dtype = ("float32", "int64", "float64", "float16")[index % 4]
+        op = (hvd.Sum, hvd.Average, hvd.Max)[index % 3]
+        mine = rank_input(hvd.rank(), (index + 3,), dtype, seed=index)
+        handles.append((hvd.allreduce_async(mine, op=op, name=f"fuse.{index}"), dtype, op, index))
+    for handle, dtype, op, index in handles:
+        expected = reference_allreduce(all_inputs(hvd.size(), (index + 3,), dtype, index), op)
+        assert_close(hvd.synchronize(handle), expected)
+
+
+def test_grouped_allreduce():
+    tensors = [np.full(3, float(hvd.rank())), np.full((2, 2), 2.0 * hvd.rank())]
+    first, second = hvd.grouped_allreduce(tensors, op=hvd.Sum)
+    total = sum(range(hvd.size()))
+    np.testing.assert_array_equal(first, np.full(3, float(total)))
+    np.testing.assert_array_equal(second, np.full((2, 2), 2.0 * total))
+    hvd.grouped_allreduce_(tensors, op=hvd.Max)
+    np.testing.assert_array_equal(tensors[0], np.full(3, float(hvd.size() - 1)))

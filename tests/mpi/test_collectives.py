@@ -1,0 +1,104 @@
+"""allgather, broadcast, alltoall, reducescatter, barrier, join and the object helpers."""
+
+import numpy as np
+import pytest
+
+import hororing as hvd
+from reference import ALL_DTYPES, all_inputs, assert_close, rank_input, reference_allreduce
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_allgather_with_a_different_first_dimension_per_rank(dtype):
+    rows = lambda rank: (rank * 2) % 3  # some ranks send no rows at all
+    mine = rank_input(hvd.rank(), (rows(hvd.rank()), 3), dtype, seed=5)
+    result = hvd.allgather(mine, name=f"gather.{dtype}")
+    expected = np.concatenate([rank_input(rank, (rows(rank), 3), dtype, seed=5)
+                               for rank in range(hvd.size())])
+    np.testing.assert_array_equal(result, expected)
+    assert result.dtype == np.dtype(dtype)
+
+
+def test_allgather_async():
+    handle = hvd.allgather_async(np.array([hvd.rank()], dtype=np.int32))
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.arange(hvd.size(), dtype=np.int32))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "int64", "float64"])
+def test_broadcast_from_every_root(dtype):
+    for root in range(hvd.size()):
+        mine = rank_input(hvd.rank(), (4, 3), dtype, seed=root)
+        result = hvd.broadcast(mine, root_rank=root, name=f"bcast.{dtype}.{root}")
+        np.testing.assert_array_equal(result, rank_input(root, (4, 3), dtype, seed=root))
+        if hvd.rank() != root:
+            np.testing.assert_array_equal(mine, rank_input(hvd.rank(), (4, 3), dtype, seed=root))
+
+
+def test_broadcast_in_place():
+    tensor = np.full(5, hvd.rank(), dtype=np.int32)
+    root = hvd.size() - 1
+    assert hvd.broadcast_(tensor, root) is tensor
+    np.testing.assert_array_equal(tensor, np.full(5, root, dtype=np.int32))
+    handle = hvd.broadcast_async_(np.full(2, float(hvd.rank())), 0)
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.zeros(2))
+
+
+def test_alltoall_even_split():
+    size = hvd.size()
+    mine = np.arange(2 * size) + 100 * hvd.rank()
+    received, splits = hvd.alltoall(mine)
+    expected = np.concatenate([np.arange(2 * size)[2 * hvd.rank():2 * hvd.rank() + 2] + 100 * rank
+                               for rank in range(size)])
+    np.testing.assert_array_equal(received, expected)
+    np.testing.assert_array_equal(splits, np.full(size, 2))
+
+
+def test_alltoall_uneven_splits_with_zeros():
+    size = hvd.size()
+    splits_of = lambda rank: [(rank + peer) % 3 for peer in range(size)]
+    def block(rank):
+        return np.arange(sum(splits_of(rank)) * 2, dtype=np.float32).reshape(-1, 2) + 1000 * rank
+    received, splits = hvd.alltoall(block(hvd.rank()), splits=splits_of(hvd.rank()))
+    pieces = []
+    for rank in range(size):
+        start = sum(splits_of(rank)[:hvd.rank()])
+        pieces.append(block(rank)[start:start + splits_of(rank)[hvd.rank()]])
+    np.testing.assert_array_equal(received, np.concatenate(pieces))
+    np.testing.assert_array_equal(splits, [splits_of(rank)[hvd.rank()] for rank in range(size)])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 16, 1001])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["Sum", "Average"])
+@pytest.mark.parametrize("dtype", ["int32", "float32", "float16"])
+def test_reducescatter_gives_extra_rows_to_the_first_ranks(rows, op, dtype):
+    size, rank = hvd.size(), hvd.rank()
+    mine = rank_input(rank, (rows, 2), dtype, seed=rows)
+    result = hvd.reducescatter(mine, op=op, name=f"rs.{rows}.{op}.{dtype}")
+    full = reference_allreduce(all_inputs(size, (rows, 2), dtype, rows), op)
+    base, extra = divmod(rows, size)
+    start = rank * base + min(rank, extra)
+    mine_rows = base + (1 if rank < extra else 0)
+    assert_close(result, full[start:start + mine_rows])
+
+
+def test_barrier_and_join_return_the_last_rank_everywhere():
+    hvd.barrier()
+    # rank r has r + 1 batches; joined ranks contribute zeros and Average still divides by size
+    for step in range(hvd.rank() + 1):
+        averaged = hvd.allreduce(np.ones(3), name="uneven")
+        active = hvd.size() - step
+        np.testing.assert_allclose(averaged, np.full(3, active / hvd.size()))
+    assert hvd.join() == hvd.size() - 1
+
+
+def test_broadcast_and_allgather_objects():
+    payload = {"rank": hvd.rank(), "data": list(range(hvd.rank()))}
+    assert hvd.broadcast_object(payload, root_rank=hvd.size() - 1) == {
+        "rank": hvd.size() - 1, "data": list(range(hvd.size() - 1))}
+    gathered = hvd.allgather_object(payload)
+    assert gathered == [{"rank": rank, "data": list(range(rank))} for rank in range(hvd.size())]
+
+
+def test_topology():
+    assert 0 <= hvd.local_rank() < hvd.local_size() <= hvd.size()
+    assert 0 <= hvd.cross_rank() < hvd.cross_size()
+    assert hvd.allreduce(np.array([1]), op=hvd.Sum)[0] == hvd.size()
