@@ -61,12 +61,14 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
     Example:
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)
     """
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+    return synchronize(_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
+                                  inplace=False, blocking=True))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce: ``tensor`` receives the result, which is also returned."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+    return synchronize(_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
+                                  inplace=True, blocking=True))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -107,9 +109,10 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=True)
 
 
-def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace):
+def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace,
+               blocking=False):
     op = resolve_op(op, average)
-    return _submit("allreduce", tensor, name, inplace=inplace, op=op,
+    return _submit("allreduce", tensor, name, inplace=inplace, blocking=blocking, op=op,
                    prescale=check_factor(prescale_factor, "prescale_factor"),
                    postscale=check_factor(postscale_factor, "postscale_factor"))
 
@@ -133,7 +136,7 @@ def allgather(tensor, name=None):
     Example:
         >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))
     """
-    return synchronize(allgather_async(tensor, name))
+    return synchronize(_submit("allgather", tensor, name, min_ndim=1, blocking=True))
 
 
 def allgather_async(tensor, name=None):
@@ -143,12 +146,14 @@ def allgather_async(tensor, name=None):
 
 def broadcast(tensor, root_rank, name=None):
     """Return root_rank's ``tensor`` on every rank (a new array). Every rank must call it."""
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return synchronize(_submit("broadcast", tensor, name, blocking=True,
+                               root=check_root(root_rank, current().size)))
 
 
 def broadcast_(tensor, root_rank, name=None):
     """In-place broadcast: ``tensor`` receives root_rank's values."""
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(_submit("broadcast", tensor, name, inplace=True, blocking=True,
+                               root=check_root(root_rank, current().size)))
 
 
 def broadcast_async(tensor, root_rank, name=None):
@@ -200,7 +205,7 @@ def barrier():
     """Return once every rank has called barrier()."""
     context = current()
     handle = Handle("barrier", context.engine)
-    context.engine.submit(Request("barrier", Meta(kind="barrier"), None, None, handle))
+    context.engine.submit(Request("barrier", Meta(kind="barrier"), None, None, handle), blocking=True)
     return synchronize(handle)
 
 
@@ -212,11 +217,11 @@ def join():
     """
     context = current()
     handle = Handle(JOIN_NAME, context.engine)
-    context.engine.submit(Request(JOIN_NAME, Meta(kind="join"), None, None, handle))
+    context.engine.submit(Request(JOIN_NAME, Meta(kind="join"), None, None, handle), blocking=True)
     return synchronize(handle)
 
 
-def _submit(kind, tensor, name, inplace=False, min_ndim=0, **fields):
+def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fields):
     context = current()
     check_array(tensor, min_ndim=min_ndim)
     name = check_name(name) or context.auto_name(kind)
@@ -232,4 +237,4 @@ def _submit(kind, tensor, name, inplace=False, min_ndim=0, **fields):
         tensor = np.ascontiguousarray(tensor)
     meta = Meta(kind=kind, dtype=tensor.dtype.name, shape=tuple(tensor.shape), **fields)
     handle = Handle(name, context.engine)
-    return context.engine.submit(Request(name, meta, tensor, output, handle, writeback))
+    return context.engine.submit(Request(name, meta, tensor, output, handle, writeback), blocking)

@@ -6,7 +6,10 @@ identical everywhere (MPI_Allreduce does not promise that), in one collective's 
 
 import numpy as np
 
-from ..kernels import reduce_into
+from ..kernels import REDUCE_UFUNCS
+
+
+REDUCE_BY_NAME = {name: getattr(np, ufunc) for name, ufunc in REDUCE_UFUNCS.items()}
 
 
 class GatherReduce:
@@ -22,9 +25,8 @@ class GatherReduce:
         if self.size > 1:
             rows = self._rows_for(buffer)
             self.comm.Allgather(buffer, rows)
-            buffer[...] = rows[0]
-            for row in rows[1:]:
-                reduce_into(buffer, row, op)
+            # one ufunc.reduce over the rows: the same row order on every rank
+            REDUCE_BY_NAME[op].reduce(rows, axis=0, out=buffer)
         if finalize is not None:
             finalize(buffer)
 

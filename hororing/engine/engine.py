@@ -24,8 +24,7 @@ from mpi4py import MPI
 from .. import transport
 from ..errors import HorovodInternalError
 from .executor import Executor
-from .negotiation import (JOIN_NAME, Negotiator, decode_cache_ids, encode_header,
-                          header_words)
+from .negotiation import JOIN_NAME, Negotiator, encode_header, header_words
 
 log = logging.getLogger("hororing")
 
@@ -52,6 +51,7 @@ class Engine:
         self._drive_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queue = []          # submitted, not yet announced
+        self._async_waiting = False  # the queue holds a submission nobody is driving
         self._pending = {}        # name -> Request, until completed
         self._cycle = 0
         self._last_cycle_at = 0.0
@@ -71,8 +71,13 @@ class Engine:
 
     # ---- called from user threads -------------------------------------------------------
 
-    def submit(self, request):
-        """Queue a request; return its handle. Raises ValueError for a name in flight."""
+    def submit(self, request, blocking=False):
+        """Queue a request; return its handle. Raises ValueError for a name in flight.
+
+        Args:
+            blocking: the caller will ``wait`` on the handle at once and drive the cycle
+                itself, so the background thread is not woken for it.
+        """
         with self._queue_lock:
             if self._failure is not None:
                 raise HorovodInternalError(str(self._failure))
@@ -83,19 +88,26 @@ class Engine:
             self._pending[request.name] = request
             self._queue.append(request)
         request.submitted = time.monotonic()
-        self._work.set()
+        if not blocking:
+            self._async_waiting = True
+            self._work.set()
         return request.handle
 
     def wait(self, handle):
         """Block until ``handle`` completes, driving cycles from this thread when useful."""
+        idle_wait = 1e-4
         while not handle.done():
-            if self._queue and self._drive_lock.acquire(blocking=False):
+            progressed = False
+            if self._drive_lock.acquire(blocking=False) or self._drive_lock.acquire(timeout=0.001):
                 try:
-                    self._progress()
+                    progressed = self._progress(include_queue=True)
                 finally:
                     self._drive_lock.release()
-            else:
-                handle.wait(0.05)
+            if progressed:
+                idle_wait = 1e-4
+            else:  # the peers are not there yet: poll for their wake-ups, backing off
+                handle.wait(idle_wait)
+                idle_wait = min(idle_wait * 2, 0.01)
         return handle.result()
 
     def pending_count(self):
@@ -137,19 +149,22 @@ class Engine:
                 with self._drive_lock:
                     if self._stopped:
                         return
-                    if self._progress():
+                    if self._progress(include_queue=self._async_waiting):
                         last_activity = time.monotonic()
                     self._check_stalls()
         except Exception as error:  # an engine bug must not leave callers waiting forever
             log.exception("hororing engine thread failed")
             self._halt(HorovodInternalError(f"hororing engine failed on rank {self.rank}: {error!r}"))
 
-    def _progress(self):
-        """Run one cycle if this rank has news or a peer asked for one; caller holds the lock."""
+    def _progress(self, include_queue):
+        """Run one cycle if a peer asked for one, or (include_queue) this rank has news.
+
+        The caller holds the drive lock.
+        """
         if self._stopped:
             return False
         woken_for = self._drain_wakes()
-        if woken_for > self._cycle or self._queue:
+        if woken_for > self._cycle or (include_queue and self._queue):
             self._run_cycle(initiate=woken_for <= self._cycle)
             return True
         return False
@@ -168,6 +183,7 @@ class Engine:
             self._send_wakes(self._cycle)
         with self._queue_lock:
             fresh, self._queue = self._queue, []
+            self._async_waiting = False
         submissions = []
         for request in fresh:
             request.cache_id = self.negotiator.cache.lookup(request.name, request.meta)
@@ -192,10 +208,10 @@ class Engine:
         if self._headers[:, 2].any():
             self._apply_flags(payloads)
             return True
-        for rank in range(self.size):
-            submitted = payloads[rank][0] if payloads[rank] else ()
-            self.negotiator.absorb(rank, decode_cache_ids(self._headers[rank]), submitted, now)
-        responses = self.negotiator.ready()
+        submissions = [payload[0] if payload else None for payload in payloads]
+        responses = self.negotiator.absorb_cycle(self._headers, submissions, now)
+        if responses is None:
+            responses = self.negotiator.ready()
         if responses:
             self.executor.execute(responses, self._take)
         return True

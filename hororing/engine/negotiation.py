@@ -13,6 +13,7 @@ with the same metadata announces one bit instead of its metadata.
 
 import dataclasses
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,9 +23,11 @@ JOIN_NAME = "__join__"
 UNCACHED_KINDS = ("join",)
 
 
-@dataclasses.dataclass(frozen=True)
-class Meta:
-    """What one rank says about one named collective; the ranks must agree on it."""
+class Meta(NamedTuple):
+    """What one rank says about one named collective; the ranks must agree on it.
+
+    A NamedTuple: built on every call and compared on every cycle, so it must be cheap.
+    """
 
     kind: str
     dtype: str = ""
@@ -63,6 +66,7 @@ class ResponseCache:
     def __init__(self, capacity):
         self.capacity = capacity
         self._entries = []
+        self._responses = []  # the agreed Response for each id, reused in the steady state
         self._ids = {}
 
     def lookup(self, name, meta):
@@ -75,16 +79,23 @@ class ResponseCache:
     def resolve(self, cache_id):
         return self._entries[cache_id]
 
+    def response(self, cache_id):
+        """The Response every rank agrees on when all announce ``cache_id`` together."""
+        return self._responses[cache_id]
+
     def record(self, name, meta):
         """Remember a successful negotiation; a known name gets its metadata updated."""
         if meta.kind in UNCACHED_KINDS:
             return
+        response = Response(name=name, meta=meta, metas=_SameForEveryRank(meta))
         cache_id = self._ids.get(name)
         if cache_id is not None:
             self._entries[cache_id] = (name, meta)
+            self._responses[cache_id] = response
         elif len(self._entries) < self.capacity:
             self._ids[name] = len(self._entries)
             self._entries.append((name, meta))
+            self._responses.append(response)
 
 
 class Negotiator:
@@ -103,6 +114,21 @@ class Negotiator:
             self._add(rank, name, meta, now)
         for name, meta in submissions:
             self._add(rank, name, meta, now)
+
+    def absorb_cycle(self, headers, submissions, now):
+        """Record a whole cycle: every rank's header row and its (name, Meta) submissions.
+
+        Returns the responses that need no table work, or None. In the steady state
+        (every rank announces the same cached tensors and nothing else is pending) the
+        ready set is read straight off the headers, with no per-tensor bookkeeping.
+        """
+        if not self._table and not any(submissions):
+            first = headers[0, HEADER_FIELDS:].tobytes()
+            if all(headers[rank, HEADER_FIELDS:].tobytes() == first for rank in range(1, self.size)):
+                return [self.cache.response(cache_id) for cache_id in decode_cache_ids(headers[0])]
+        for rank in range(self.size):
+            self.absorb(rank, decode_cache_ids(headers[rank]), submissions[rank] or (), now)
+        return None
 
     def ready(self):
         """Return the responses this cycle, in the same order on every rank, and drop them."""
@@ -159,13 +185,24 @@ class Negotiator:
             entry = self._table[name] = _Entry(next(self._counter), now, {})
         if name == JOIN_NAME:
             # the join order decides the "last rank to join": keep it in root
-            meta = dataclasses.replace(meta, root=next(self._counter))
+            meta = meta._replace(root=next(self._counter))
         entry.metas.setdefault(rank, meta)
 
     def _pop(self, name, error=None):
         entry = self._table.pop(name)
         first_rank = min(entry.metas)
         return Response(name=name, meta=entry.metas[first_rank], metas=entry.metas, error=error)
+
+
+class _SameForEveryRank(dict):
+    """rank -> Meta where every rank sent the same metadata (the cached steady state)."""
+
+    def __init__(self, meta):
+        super().__init__()
+        self._meta = meta
+
+    def __missing__(self, rank):
+        return self._meta
 
 
 def mismatch(name, metas):
@@ -231,20 +268,23 @@ def encode_header(header, cycle, payload_bytes, flags, cache_ids):
     header[0] = cycle
     header[1] = payload_bytes
     header[2] = flags
-    bits = header[HEADER_FIELDS:].view(np.uint64)
+    words = {}
     for cache_id in cache_ids:
-        bits[cache_id // 64] |= np.uint64(1) << np.uint64(cache_id % 64)
+        words[cache_id >> 6] = words.get(cache_id >> 6, 0) | (1 << (cache_id & 63))
+    if words:
+        bits = header[HEADER_FIELDS:].view(np.uint64)
+        for word, value in words.items():
+            bits[word] = value
 
 
 def decode_cache_ids(header):
     """Return the cache ids whose bits are set in ``header``, ascending."""
     bits = header[HEADER_FIELDS:].view(np.uint64)
-    words = np.flatnonzero(bits)
     ids = []
-    for word in words:
+    for word in np.flatnonzero(bits).tolist():
         value = int(bits[word])
         while value:
             low = value & -value
-            ids.append(int(word) * 64 + low.bit_length() - 1)
+            ids.append(word * 64 + low.bit_length() - 1)
             value ^= low
     return ids

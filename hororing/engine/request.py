@@ -3,32 +3,54 @@
 import threading
 
 
-class Handle:
-    """Completion of one asynchronous collective; pass it to ``synchronize`` or ``poll``."""
+_EVENT_LOCK = threading.Lock()
 
-    __slots__ = ("name", "_event", "_result", "_error", "_engine")
+
+class Handle:
+    """Completion of one asynchronous collective; pass it to ``synchronize`` or ``poll``.
+
+    The Event behind ``wait`` is made only when a thread actually has to sleep on it: a
+    blocking call whose own thread drives the cycle never needs one.
+    """
+
+    __slots__ = ("name", "_done", "_event", "_result", "_error", "_engine")
 
     def __init__(self, name, engine):
         self.name = name
-        self._event = threading.Event()
+        self._done = False
+        self._event = None
         self._result = None
         self._error = None
         self._engine = engine
 
     def done(self):
         """Return True once the result (or an error) is available; never blocks."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout=None):
+        if self._done:
+            return True
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+            if self._done:  # finished while the event was being made
+                return True
         return self._event.wait(timeout)
 
     def set_result(self, result):
         self._result = result
-        self._event.set()
+        self._finish()
 
     def set_error(self, error):
         self._error = error
-        self._event.set()
+        self._finish()
+
+    def _finish(self):
+        with _EVENT_LOCK:
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def result(self):
         """Return the result of a finished handle, or raise its error."""

@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Allreduce benchmark in the nccl-tests format: hororing's ring against its peers.
+
+Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_allreduce.py --json results/ar2.json
+
+Algorithms, all on the same buffers in the same run:
+  ring    hororing.allreduce_ (the whole library path: negotiation, fusion, the ring)
+  native  MPI_Allreduce through mpi4py
+  plain   a 20-line Python ring: blocking Sendrecv + np.add, no sub-chunks (the baseline)
+  gloo    torch.distributed's gloo all_reduce (when torch is installed)
+
+Columns: size (B), count, dtype, time (us, mean per call, slowest rank), algbw and busbw
+(GB/s; busbw = algbw * 2(n-1)/n), #wrong (elements differing from an exact reference, from a
+separate untimed call), and the ring cost model's prediction with measured/predicted.
+
+The model's constants come from this run: alpha is half a 8-byte Sendrecv round trip,
+beta is the per-byte time of a 16 MiB Sendrecv exchange, gamma the per-byte time of np.add
+on 16 MiB. The memory-bound reference is the single-core copy bandwidth measured with
+np.copyto on 64 MiB (one read and one write per byte): on one host every ring step is
+memory copies and adds, so busbw is bounded by a small multiple of it.
+"""
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hororing as hvd
+from hororing.costmodel import Machine, bus_bandwidth, ring_time
+
+COMM = MPI.COMM_WORLD
+WARMUP = 6  # MPICH switches MPI_Allreduce to its shared-memory algorithm after the 5th call
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    rank, size = COMM.Get_rank(), COMM.Get_size()
+    machine, copy_bw = calibrate()
+    algorithms = {name: ALGORITHMS[name] for name in args.algorithms}
+    if "gloo" in algorithms and not setup_gloo():
+        del algorithms["gloo"]
+    if rank == 0:
+        print(header(size, copy_bw, machine))
+        print(f"{'size(B)':>12} {'count':>10} {'dtype':>7} {'algorithm':>9} {'time(us)':>10} "
+              f"{'algbw':>7} {'busbw':>7} {'#wrong':>6} {'model(us)':>10} {'meas/model':>10}")
+    rows = []
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        count = nbytes // 4
+        for name, run in algorithms.items():
+            wrong = check(run, count)
+            seconds = timed(run, count, args)
+            predicted = ring_time(machine, size, count * 4)
+            row = {"bytes": count * 4, "count": count, "dtype": "float32", "algorithm": name,
+                   "time_us": seconds * 1e6, "algbw_GBs": count * 4 / seconds / 1e9,
+                   "busbw_GBs": bus_bandwidth(size, count * 4, seconds) / 1e9, "wrong": wrong,
+                   "model_us": predicted * 1e6,
+                   "measured_over_model": seconds / predicted if predicted else None}
+            rows.append(row)
+            if rank == 0:
+                print(f"{row['bytes']:>12} {count:>10} {'float32':>7} {name:>9} "
+                      f"{row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} {row['busbw_GBs']:>7.2f} "
+                      f"{wrong:>6} {row['model_us']:>10.1f} "
+                      f"{(row['measured_over_model'] or 0):>10.2f}", flush=True)
+    fusion = fusion_benchmark() if args.fusion else None
+    if rank == 0:
+        if fusion:
+            print(f"\nfusion: 64 x 16 KiB allreduces: blocking {fusion['blocking_us']:.0f} us, "
+                  f"async + synchronize {fusion['async_us']:.0f} us, "
+                  f"speed-up {fusion['speedup']:.2f}x")
+        report = {"ranks": size, "host": socket.gethostname(), "machine": machine_info(),
+                  "copy_bandwidth_GBs": copy_bw / 1e9, "model": machine.__dict__,
+                  "rows": rows, "fusion": fusion}
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as handle:
+                json.dump(report, handle, indent=1)
+        if args.plot:
+            plot(rows, size, copy_bw, args.plot)
+    hvd.shutdown()
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--min-bytes", type=int, default=8)
+    parser.add_argument("--max-bytes", type=int, default=256 * 1024 * 1024)
+    parser.add_argument("--algorithms", nargs="+", default=["ring", "native", "plain", "gloo"],
+                        choices=sorted(ALGORITHMS))
+    parser.add_argument("--seconds", type=float, default=0.3,
+                        help="target timed seconds per size and algorithm")
+    parser.add_argument("--fusion", action="store_true", help="also time 64 x 16 KiB async vs blocking")
+    parser.add_argument("--json", help="write results as JSON (rank 0)")
+    parser.add_argument("--plot", help="write a PNG of busbw against size (rank 0)")
+    return parser.parse_args()
+
+
+def sizes(low, high):
+    nbytes = max(low, 4)
+    while nbytes <= high:
+        yield nbytes
+        nbytes *= 4 if nbytes < 1024 * 1024 else 2
+
+
+# ---- the algorithms -----------------------------------------------------------------------
+
+class Buffers:
+    """One reusable buffer per element count, so every algorithm runs on the same memory."""
+    cache = {}
+
+    @classmethod
+    def get(cls, count):
+        if count not in cls.cache:
+            cls.cache.clear()
+            cls.cache[count] = np.zeros(count, dtype=np.float32)  # sums stay finite
+        return cls.cache[count]
+
+
+def run_ring(buffer):
+    hvd.allreduce_(buffer, op=hvd.Sum, name="bench")
+
+
+def run_native(buffer):
+    COMM.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+
+def run_plain(buffer):
+    """The baseline: a textbook ring with blocking Sendrecv and np.add, no pipelining."""
+    size, rank = COMM.Get_size(), COMM.Get_rank()
+    bounds = np.linspace(0, buffer.size, size + 1).astype(int)
+    chunk = lambda index: buffer[bounds[index % size]:bounds[index % size + 1]]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    scratch = np.empty(bounds[1] - bounds[0] + 1, dtype=buffer.dtype)
+    for step in range(size - 1):
+        incoming = chunk(rank - step - 1)
+        COMM.Sendrecv(chunk(rank - step), right, recvbuf=scratch[:incoming.size], source=left)
+        np.add(incoming, scratch[:incoming.size], out=incoming)
+    for step in range(size - 1):
+        COMM.Sendrecv(chunk(rank - step + 1), right, recvbuf=chunk(rank - step), source=left)
+
+
+def run_gloo(buffer):
+    import torch
+    import torch.distributed as dist
+    dist.all_reduce(torch.from_numpy(buffer))
+
+
+def setup_gloo():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    port = COMM.bcast(_free_port() if COMM.Get_rank() == 0 else None, root=0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=COMM.Get_rank(), world_size=COMM.Get_size())
+    return True
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+ALGORITHMS = {"ring": run_ring, "native": run_native, "plain": run_plain, "gloo": run_gloo}
+
+
+# ---- measuring ----------------------------------------------------------------------------
+
+def check(run, count):
+    """Count elements that differ from the exact sum (integer-valued floats sum exactly)."""
+    rank, size = COMM.Get_rank(), COMM.Get_size()
+    values = (np.arange(count) % 7 + rank).astype(np.float32)
+    expected = (np.arange(count) % 7 * size + size * (size - 1) // 2).astype(np.float32)
+    run(values)
+    wrong = int(np.count_nonzero(values != expected))
+    return COMM.allreduce(wrong, op=MPI.SUM)
+
+
+def timed(run, count, args):
+    buffer = Buffers.get(count)
+    for _ in range(WARMUP):
+        run(buffer)
+    COMM.Barrier()
+    started = time.perf_counter()
+    run(buffer)
+    once = COMM.allreduce(time.perf_counter() - started, op=MPI.MAX)
+    iterations = int(min(max(args.seconds / max(once, 1e-7), 5), 20000))
+    COMM.Barrier()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        run(buffer)
+    elapsed = time.perf_counter() - started
+    return COMM.allreduce(elapsed, op=MPI.MAX) / iterations
+
+
+def calibrate():
+    """Measure alpha, beta, gamma and the single-core copy bandwidth on this machine."""
+    rank, size = COMM.Get_rank(), COMM.Get_size()
+    peer = rank ^ 1 if (rank ^ 1) < size else rank
+    small, small_in = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    big, big_in = np.ones(4 << 20, np.float32), np.empty(4 << 20, np.float32)
+    alpha = _per_call(lambda: COMM.Sendrecv(small, peer, recvbuf=small_in, source=peer), 2000) / 2
+    exchange = _per_call(lambda: COMM.Sendrecv(big, peer, recvbuf=big_in, source=peer), 20)
+    beta = max(exchange - alpha, 0) / big.nbytes
+    gamma = _per_call(lambda: np.add(big, big_in, out=big_in), 20) / big.nbytes
+    src, dst = np.ones(16 << 20, np.float32), np.empty(16 << 20, np.float32)
+    copy = _per_call(lambda: np.copyto(dst, src), 20)
+    values = COMM.allreduce(np.array([alpha, beta, gamma, copy]), op=MPI.SUM) / size
+    return Machine(*values[:3].tolist()), src.nbytes / values[3]
+
+
+def _per_call(function, iterations):
+    for _ in range(3):
+        function()
+    COMM.Barrier()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        function()
+    return (time.perf_counter() - started) / iterations
+
+
+def fusion_benchmark():
+    """64 async allreduces of 16 KiB then synchronize, against 64 blocking calls."""
+    tensors = [np.ones(4096, np.float32) for _ in range(64)]
+
+    def blocking():
+        for index, tensor in enumerate(tensors):
+            hvd.allreduce_(tensor, name=f"fusion.{index}")
+
+    def asynchronous():
+        handles = [hvd.allreduce_async_(tensor, name=f"fusion.{index}")
+                   for index, tensor in enumerate(tensors)]
+        for handle in handles:
+            hvd.synchronize(handle)
+
+    result = {}
+    for label, function in (("blocking_us", blocking), ("async_us", asynchronous)):
+        seconds = _per_call(function, 30)
+        result[label] = COMM.allreduce(seconds, op=MPI.MAX) * 1e6
+    result["speedup"] = result["blocking_us"] / result["async_us"]
+    return result
+
+
+# ---- reporting ----------------------------------------------------------------------------
+
+def machine_info():
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
+            "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def header(size, copy_bw, machine):
+    info = machine_info()
+    return (f"# hororing allreduce benchmark: {size} ranks on {socket.gethostname()}\n"
+            f"# CPU {info['cpu']}, {info['cores']} cores; {info['mpi']}; mpi4py {info['mpi4py']}, "
+            f"numpy {info['numpy']}, Python {info['python']}\n"
+            f"# single-core copy bandwidth (np.copyto, 64 MiB): {copy_bw / 1e9:.2f} GB/s\n"
+            f"# ring model: alpha {machine.alpha * 1e6:.2f} us, beta {1 / machine.beta / 1e9:.2f} GB/s, "
+            f"gamma {1 / machine.gamma / 1e9:.2f} GB/s (np.add)")
+
+
+def plot(rows, size, copy_bw, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for name in dict.fromkeys(row["algorithm"] for row in rows):
+        mine = [row for row in rows if row["algorithm"] == name]
+        axes.plot([row["bytes"] for row in mine], [row["busbw_GBs"] for row in mine], marker="o",
+                  label=name)
+    axes.axhline(copy_bw / 1e9, linestyle="--", color="gray", label="single-core copy bandwidth")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("bytes per rank")
+    axes.set_ylabel("busbw (GB/s)")
+    axes.set_title(f"allreduce busbw, {size} ranks")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
