@@ -33,7 +33,7 @@ class Config:
     small_allreduce_bytes: int = 64 * 1024
     # Ring sub-chunk: the unit that is in flight while the previous one is reduced.
     # Measured: scripts/bench_allreduce.py --sweep-subchunk, docs/benchmarks.md.
-    ring_subchunk_bytes: int = 256 * 1024
+    ring_subchunk_bytes: int = 1024 * 1024
     log_level: str = "warning"
 
     @classmethod

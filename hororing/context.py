@@ -151,6 +151,18 @@ def cross_rank():
     return current().cross_rank
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Start writing a Chrome trace of the collectives to ``file_path`` (rank 0 writes it)."""
+    context = current()
+    timeline = Timeline(file_path, mark_cycles) if context.rank == 0 else None
+    context.engine.set_timeline(timeline)
+
+
+def stop_timeline():
+    """Stop and close the timeline started by ``start_timeline`` or HOROVOD_TIMELINE."""
+    current().engine.set_timeline(None)
+
+
 def _resolve_comm(comm):
     if comm is None:
         return MPI.COMM_WORLD

@@ -3,8 +3,9 @@
 Each chunk of the plan (``plan.ring_schedule``) is cut into sub-chunks ("pieces"). A piece
 is forwarded to the right neighbour as soon as it is reduced, so while one piece is being
 combined the next ones are already in flight, and the scatter-reduce flows into the
-allgather without a step boundary. Receives for step t+1 are posted at the start of step t
-into the other half of a double-buffered scratch area; nothing is allocated per step.
+allgather without a step boundary. Scatter-reduce receives for step t+1 are posted at the
+start of step t into the other half of a double-buffered scratch area; nothing is allocated
+per step.
 """
 
 import math
@@ -82,7 +83,10 @@ class Ring:
         receives = post_receives(0)
         for index, step in enumerate(steps):
             has_next = index + 1 < len(steps)
-            next_receives = post_receives(index + 1) if has_next else None
+            # a scratch receive can be posted a step early; a receive into the buffer waits
+            # for this rank's sends of that chunk, so it is posted once this step is done
+            early = has_next and steps[index + 1].reduce
+            next_receives = post_receives(index + 1) if early else None
             owned_now = step.reduce and (not has_next or not steps[index + 1].reduce)
             chunk_start = bounds[step.recv_chunk][0]
             half = scratch[index % 2]
@@ -95,7 +99,7 @@ class Ring:
                         finalize(buffer[start:stop])
                 if has_next:
                     forwarded.append(comm.Isend(buffer[start:stop], right, tag))
-            receives = next_receives
+            receives = next_receives if early else (post_receives(index + 1) if has_next else None)
         for requests in pending_sends.values():
             transport.wait_all(requests)
 

@@ -110,6 +110,14 @@ class Engine:
                 idle_wait = min(idle_wait * 2, 0.01)
         return handle.result()
 
+    def set_timeline(self, timeline):
+        """Replace the timeline (None stops it); the old one is closed."""
+        with self._drive_lock:
+            old, self.timeline = self.timeline, timeline
+            self.executor.timeline = timeline
+        if old is not None:
+            old.close()
+
     def pending_count(self):
         return len(self._pending)
 

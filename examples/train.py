@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Data-parallel training of a small MLP on scikit-learn's bundled digits data set.
+
+    mpirun -np 4 python examples/train.py
+
+Each rank trains on its own shard of the training set; gradients are averaged by
+hororing's ring. The learning rate is
+scaled by the number of ranks, rank 0 shows progress and writes a checkpoint every epoch,
+and a restarted job resumes from it (--resume), every rank starting from rank 0's state.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import hororing.torch as hvd
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by size")
+    parser.add_argument("--checkpoint", default=os.path.join("results", "digits-checkpoint.pt"))
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def load_data(seed):
+    digits = load_digits()
+    features = (digits.data / 16.0).astype(np.float32)
+    train_x, test_x, train_y, test_y = train_test_split(
+        features, digits.target, test_size=0.2, random_state=seed, stratify=digits.target)
+    return ((torch.from_numpy(train_x), torch.from_numpy(train_y)),
+            (torch.from_numpy(test_x), torch.from_numpy(test_y)))
+
+
+def shard(tensors, rank, size):
+    """This rank's rows: every size-th sample, starting at rank."""
+    return tuple(tensor[rank::size] for tensor in tensors)
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                               torch.nn.Linear(128, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 10))
+
+
+def averaged(values):
+    """Sum (loss, correct, count) over ranks: every rank gets the same epoch metrics."""
+    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name="metrics").tolist()
+
+
+def progress(epoch, step, steps, loss):
+    width = 30
+    done = int(width * step / steps)
+    sys.stdout.write(f"\repoch {epoch:>3} [{'#' * done}{'.' * (width - done)}] "
+                     f"{step}/{steps} loss {loss:.4f}")
+    sys.stdout.flush()
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(args.seed)
+    (train_x, train_y), (test_x, test_y) = load_data(args.seed)
+    train_x, train_y = shard((train_x, train_y), rank, size)
+    test_x, test_y = shard((test_x, test_y), rank, size)
+
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+    first_epoch = 0
+    if args.resume and rank == 0 and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        first_epoch = saved["epoch"] + 1
+    # every rank starts from rank 0's weights, optimizer state and epoch
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    first_epoch = hvd.broadcast_object(first_epoch, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    # the same number of steps on every rank, so no rank waits for a collective that never comes
+    steps = int(hvd.allreduce(torch.tensor([len(train_x) // args.batch_size]), op=hvd.Min)[0])
+    loss_fn = torch.nn.CrossEntropyLoss()
+    started = time.time()
+    for epoch in range(first_epoch, args.epochs):
+        model.train()
+        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch + 1000 * rank))
+        totals = [0.0, 0.0, 0.0]
+        for step in range(steps):
+            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+            optimizer.zero_grad()
+            logits = model(train_x[batch])
+            loss = loss_fn(logits, train_y[batch])
+            loss.backward()
+            optimizer.step()
+            totals[0] += loss.item() * len(batch)
+            totals[1] += (logits.argmax(1) == train_y[batch]).sum().item()
+            totals[2] += len(batch)
+            if rank == 0:
+                progress(epoch, step + 1, steps, loss.item())
+        loss_sum, correct, count = averaged(totals)
+        if rank == 0:
+            print(f"  train loss {loss_sum / count:.4f} acc {correct / count:.3f}")
+            os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "epoch": epoch}, args.checkpoint)
+
+    model.eval()
+    with torch.no_grad():
+        correct = (model(test_x).argmax(1) == test_y).sum().item()
+    _, correct, count = averaged([0.0, correct, len(test_x)])
+    if rank == 0:
+        print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits "
+              f"({size} ranks, {time.time() - started:.1f} s of training)")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

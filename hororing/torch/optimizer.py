@@ -1,0 +1,212 @@
+"""DistributedOptimizer: averages gradients across ranks while backward() runs.
+
+A hook on every parameter starts that parameter's asynchronous, in-place allreduce as soon
+as its gradient is accumulated, so communication overlaps the rest of the backward pass;
+``step()`` waits for them and then steps the wrapped optimizer. The wrapper is a
+``torch.optim.Optimizer`` that shares the wrapped optimizer's ``param_groups`` and
+``state``, so LR schedulers and checkpoints see one optimizer; no class is built at run time.
+"""
+
+import contextlib
+
+import torch
+
+from .. import ops
+from ..context import current
+from . import mpi_ops
+from .compression import Compression
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=ops.Average,
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False):
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
+
+    Args:
+        optimizer: any torch.optim.Optimizer.
+        named_parameters: (name, parameter) pairs, e.g. ``model.named_parameters()``; names
+            must be unique and cover every parameter. Without them, names are generated from
+            the parameter's position, which matches across ranks for the same model.
+        compression: Compression.none, Compression.fp16 or Compression.bf16.
+        backward_passes_per_step: backward passes accumulated locally per allreduce.
+        op: Average (default), Sum or Adasum-free Horovod ops.
+        gradient_predivide_factor: divide by this before the sum and by size/this after.
+        groups: accepted for Horovod compatibility; hororing fuses ready gradients anyway.
+        sparse_as_dense: sparse gradients are always reduced densely here.
+
+    Returns:
+        a torch.optim.Optimizer.
+
+    Example:
+        >>> optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters())
+    """
+    return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                                 op, gradient_predivide_factor, groups)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """The wrapper (see ``DistributedOptimizer``)."""
+
+    def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups):
+        # Optimizer.__init__ is not called: the wrapped optimizer's groups and state are used
+        # as they are, shared, not rebuilt.
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}")
+        if backward_passes_per_step <= 0:
+            raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+        if gradient_predivide_factor != 1.0 and op != ops.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if groups is not None and not isinstance(groups, (int, list)):
+            raise ValueError(f"groups must be an int or a list of lists of parameters, got "
+                             f"{type(groups).__name__}")
+        self._optimizer = optimizer
+        self.defaults = optimizer.defaults
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
+        self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
+        self._compression = compression
+        self._passes = backward_passes_per_step
+        self._op = op
+        self._prescale = 1.0 / gradient_predivide_factor
+        self._postscale = gradient_predivide_factor
+        self._names = _parameter_names(optimizer, named_parameters)
+        self._handles = {}        # parameter -> (handle, compression ctx, wire tensor)
+        self._pass_counts = {}
+        self._should_synchronize = True
+        self._synchronized = False
+        self._hooks = []
+        if current().size > 1:
+            self._register_hooks()
+
+    # ---- what torch.optim.Optimizer users call ----------------------------------------------
+
+    def step(self, closure=None):
+        """Wait for the gradients' allreduces (unless skipped), then step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                raise RuntimeError(
+                    "optimizer.step() was called after optimizer.synchronize() without "
+                    "'with optimizer.skip_synchronize():'; wrap step() in it to avoid "
+                    "reducing the gradients twice")
+            self.synchronize()
+        self._synchronized = False
+        return self._optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        """Clear gradients; refuses while their allreduces are still running."""
+        if self._handles:
+            raise RuntimeError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can cause "
+                "a race condition; call optimizer.step() (or synchronize()) first.")
+        return self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        self._optimizer.add_param_group(param_group)
+        self._names.update(_generated_names(self._optimizer, skip=self._names))
+        if current().size > 1:
+            for parameter in param_group["params"]:
+                self._hook(parameter)
+
+    def __repr__(self):
+        return f"DistributedOptimizer({self._optimizer!r})"
+
+    # ---- Horovod's extras ---------------------------------------------------------------
+
+    def synchronize(self):
+        """Finish every gradient's allreduce and write the averages into ``.grad``."""
+        if current().size == 1:
+            self._synchronized = True
+            return
+        for parameter in self._names:
+            if parameter.requires_grad and parameter not in self._handles:
+                # no gradient here (unused branch, or too few passes): still take part
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+                self._start(parameter)
+        for parameter, (handle, ctx, wire) in self._handles.items():
+            mpi_ops.synchronize(handle)
+            if wire is not parameter.grad:
+                parameter.grad.copy_(self._compression.decompress(wire, ctx))
+        self._handles.clear()
+        self._pass_counts.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Use around step() after an explicit synchronize() (e.g. for gradient clipping)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    # ---- hooks --------------------------------------------------------------------------
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                self._hook(parameter)
+
+    def _hook(self, parameter):
+        if parameter.requires_grad:
+            self._hooks.append(parameter.register_post_accumulate_grad_hook(self._on_gradient))
+
+    def _on_gradient(self, parameter):
+        if parameter in self._handles:
+            raise RuntimeError(
+                f"gradient for '{self._names[parameter]}' was computed twice before step(); "
+                f"increase backward_passes_per_step or call step() between backward passes")
+        count = self._pass_counts.get(parameter, 0) + 1
+        self._pass_counts[parameter] = count
+        if count == self._passes:
+            self._start(parameter)
+
+    def _start(self, parameter):
+        grad = parameter.grad
+        if grad.is_sparse:
+            grad = parameter.grad = grad.to_dense()
+        wire, ctx = self._compression.compress(grad)
+        handle = mpi_ops.allreduce_async_(wire, name=self._names[parameter], op=self._op,
+                                          prescale_factor=self._prescale,
+                                          postscale_factor=self._postscale)
+        self._handles[parameter] = (handle, ctx, wire)
+
+
+def _parameter_names(optimizer, named_parameters):
+    if named_parameters is None:
+        return _generated_names(optimizer)
+    pairs = list(named_parameters)
+    if any(not isinstance(pair, tuple) or len(pair) != 2 for pair in pairs):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [name for name, _ in pairs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                         f"{', '.join(duplicates)}")
+    by_parameter = {parameter: name for name, parameter in pairs}
+    unnamed = [parameter for group in optimizer.param_groups for parameter in group["params"]
+               if parameter not in by_parameter]
+    if unnamed:
+        raise ValueError(f"named_parameters was specified, but one or more model parameters were "
+                         f"not named. Python object ids: {', '.join(str(id(p)) for p in unnamed)}")
+    return by_parameter
+
+
+def _generated_names(optimizer, skip=()):
+    names = {}
+    for group_index, group in enumerate(optimizer.param_groups):
+        for index, parameter in enumerate(group["params"]):
+            if parameter not in skip:
+                names[parameter] = f"allreduce.noname.{group_index}.{index}"
+    return names

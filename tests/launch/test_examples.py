@@ -1,0 +1,37 @@
+"""The README's main job: the digits training example under mpiexec."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import mpiexec
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+def run(ranks, *args, timeout=300):
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(EXAMPLE), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_training_reaches_95_percent(ranks, tmp_path):
+    job = run(ranks, "--checkpoint", str(tmp_path / "checkpoint.pt"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+    assert accuracy >= 0.95
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    checkpoint = str(tmp_path / "checkpoint.pt")
+    assert run(2, "--checkpoint", checkpoint, "--epochs", "2").returncode == 0
+    job = run(2, "--checkpoint", checkpoint, "--epochs", "4", "--resume")
+    assert job.returncode == 0, job.stderr[-3000:]
+    epochs = [int(epoch) for epoch in re.findall(r"epoch\s+(\d+) \[#+\] \d+/\d+ loss [0-9.]+  train",
+                                                 job.stdout)]
+    assert epochs == [2, 3]

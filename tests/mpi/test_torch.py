@@ -1,0 +1,211 @@
+"""hororing.torch: verbs on tensors, autograd, DistributedOptimizer, helpers, SyncBatchNorm."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hororing.torch as hvd  # noqa: E402
+
+
+def rank_tensor(rank, shape, seed=0):
+    generator = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randn(*shape, generator=generator)
+
+
+def test_allreduce_verbs_on_tensors():
+    size, rank = hvd.size(), hvd.rank()
+    total = sum(range(size))
+    assert torch.equal(hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum), torch.full((3,), float(total)))
+    tensor = torch.full((2, 2), float(rank))
+    assert hvd.allreduce_(tensor, op=hvd.Max) is tensor
+    assert torch.equal(tensor, torch.full((2, 2), float(size - 1)))
+    handle = hvd.allreduce_async(torch.ones(4, dtype=torch.int32), op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(handle), torch.full((4,), size, dtype=torch.int32))
+    bf16 = hvd.allreduce(torch.full((5,), 1.5, dtype=torch.bfloat16))
+    assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, torch.full((5,), 1.5, dtype=torch.bfloat16))
+    in_place_bf16 = torch.full((3,), float(rank), dtype=torch.bfloat16)
+    hvd.allreduce_(in_place_bf16, op=hvd.Sum)
+    assert torch.equal(in_place_bf16, torch.full((3,), float(total), dtype=torch.bfloat16))
+    first, second = hvd.grouped_allreduce([torch.ones(2), torch.ones(3)], op=hvd.Sum)
+    assert torch.equal(first, torch.full((2,), float(size))) and second.shape == (3,)
+
+
+def test_other_verbs_on_tensors():
+    size, rank = hvd.size(), hvd.rank()
+    gathered = hvd.allgather(torch.full((rank + 1, 2), float(rank)))
+    assert gathered.shape == (size * (size + 1) // 2, 2)
+    assert torch.equal(hvd.broadcast(torch.tensor([rank]), size - 1), torch.tensor([size - 1]))
+    received, splits = hvd.alltoall(torch.arange(size) + 10 * rank)
+    assert received.tolist() == [10 * peer + rank for peer in range(size)]
+    assert splits.tolist() == [1] * size
+    part = hvd.reducescatter(torch.ones(size * 2, 3), op=hvd.Sum)
+    assert torch.equal(part, torch.full((2, 3), float(size)))
+
+
+def test_autograd_through_allreduce_allgather_broadcast():
+    size, rank = hvd.size(), hvd.rank()
+    x = torch.ones(3, requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), float(size)))  # allreduce(Sum) of ones
+    x = torch.ones(2, 3, requires_grad=True)
+    hvd.allreduce(x.t()).sum().backward()  # non-contiguous input and gradient
+    assert torch.equal(x.grad, torch.ones(2, 3))
+    rows = torch.full((rank + 1, 2), 1.0, requires_grad=True)
+    gathered = hvd.allgather(rows)
+    weights = torch.arange(gathered.shape[0], dtype=torch.float32).unsqueeze(1)
+    (gathered * weights).sum().backward()
+    offset = rank * (rank + 1) // 2
+    expected = torch.arange(offset, offset + rank + 1, dtype=torch.float32).unsqueeze(1).expand(-1, 2)
+    assert torch.equal(rows.grad, expected)  # every rank's gradient is the same: average = itself
+    y = torch.ones(4, requires_grad=True)
+    hvd.broadcast(y, root_rank=0).sum().backward()
+    assert torch.equal(y.grad, torch.ones(4) if rank == 0 else torch.zeros(4))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def local_loss(model, rank):
+    data = rank_tensor(rank, (5, 4), seed=3)
+    return model(data).pow(2).mean()
+
+
+def expected_step(lr):
+    """One SGD step with the gradient averaged over every rank's data, computed locally."""
+    model = make_model()
+    grads = None
+    for rank in range(hvd.size()):
+        model.zero_grad()
+        local_loss(model, rank).backward()
+        current = [p.grad.clone() for p in model.parameters()]
+        grads = current if grads is None else [g + c for g, c in zip(grads, current)]
+    with torch.no_grad():
+        for parameter, grad in zip(model.parameters(), grads):
+            parameter -= lr * grad / hvd.size()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])
+def test_distributed_optimizer_averages_gradients(compression):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=getattr(hvd.Compression, compression))
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    local_loss(model, hvd.rank()).backward()
+    optimizer.step()
+    tolerance = {"none": 1e-6, "fp16": 1e-3, "bf16": 1e-2}[compression]
+    for got, want in zip(model.parameters(), expected_step(0.1)):
+        torch.testing.assert_close(got.detach(), want, atol=tolerance, rtol=tolerance)
+
+
+def test_backward_passes_and_unnamed_parameters_and_scheduler():
+    model = make_model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.2)
+    optimizer = hvd.DistributedOptimizer(inner, backward_passes_per_step=2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(2):
+        (local_loss(model, hvd.rank()) / 2).backward()
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1) == inner.param_groups[0]["lr"]
+    for got, want in zip(model.parameters(), expected_step(0.2)):
+        torch.testing.assert_close(got.detach(), want, atol=1e-6, rtol=1e-6)
+    restored = torch.optim.SGD(make_model().parameters(), lr=1.0)
+    restored.load_state_dict(optimizer.state_dict())
+    assert restored.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_parameter_without_gradient_on_some_ranks_takes_part():
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                         named_parameters=model.named_parameters())
+    if hvd.rank() == 0:
+        model[0](torch.ones(1, 4)).sum().backward()  # the last layer gets no gradient here
+    else:
+        model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()  # must not hang
+    if hvd.size() > 1:  # zeros took part for the missing gradient (size 1 reduces nothing)
+        assert all(p.grad is not None for p in model.parameters())
+
+
+def test_zero_grad_while_pending_and_skip_synchronize():
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    local_loss(model, hvd.rank()).backward()
+    if hvd.size() > 1:
+        with pytest.raises(RuntimeError, match=r"optimizer.zero_grad\(\) was called after "
+                                               r"loss.backward\(\) but before optimizer.step\(\)"):
+            optimizer.zero_grad()
+    optimizer.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    for got, want in zip(model.parameters(), expected_step(0.1)):
+        torch.testing.assert_close(got.detach(), want, atol=1e-6, rtol=1e-6)
+    optimizer.zero_grad()
+
+
+def test_named_parameters_errors():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="Parameter names in named_parameters must be unique. "
+                                         "Found duplicates: 0.weight"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named + [named[0]])
+    with pytest.raises(ValueError, match="named_parameters was specified, but one or more model "
+                                         "parameters were not named"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named[:1])
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0, got 0"):
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
+
+
+def test_broadcast_parameters_and_optimizer_state():
+    rank = hvd.rank()
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.fill_(rank)
+        model.bias.fill_(-rank)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    assert torch.equal(model.weight, torch.zeros(2, 3)) and torch.equal(model.bias, torch.zeros(2))
+    hvd.broadcast_parameters(list(model.named_parameters()), root_rank=hvd.size() - 1)
+    with pytest.raises(ValueError, match="invalid params of type"):
+        hvd.broadcast_parameters(model, root_rank=0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1), betas=(0.9, 0.99))
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    group = optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(0.01) and isinstance(group["lr"], float)
+    assert isinstance(group["betas"], tuple)
+    with pytest.raises(ValueError, match="cannot broadcast torch.optim.LBFGS state"):
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS(model.parameters()), root_rank=0)
+
+
+def test_sync_batch_norm_matches_batch_norm_on_the_global_batch():
+    size, rank = hvd.size(), hvd.rank()
+    inputs = [rank_tensor(r, (4, 3, 5), seed=9) for r in range(size)]
+    sync = hvd.SyncBatchNorm(3)
+    local_input = inputs[rank].clone().requires_grad_(True)
+    output = sync(local_input)
+    (output * torch.arange(5.0)).sum().backward()
+    reference = torch.nn.BatchNorm1d(3)
+    global_input = torch.cat(inputs).requires_grad_(True)
+    expected = reference(global_input)
+    (expected * torch.arange(5.0)).sum().backward()
+    torch.testing.assert_close(output, expected[4 * rank:4 * rank + 4], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(local_input.grad, global_input.grad[4 * rank:4 * rank + 4],
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sync.running_mean, reference.running_mean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(sync.running_var, reference.running_var, atol=1e-6, rtol=1e-5)
+
+
+def test_torch_bad_input():
+    with pytest.raises(TypeError, match="tensor must be a torch.Tensor, got list"):
+        hvd.allreduce_async([1.0])
+    with pytest.raises(TypeError, match="synchronize takes a handle"):
+        hvd.synchronize(None)
+    assert hvd.mpi_built() and not hvd.gloo_built()
