@@ -15,11 +15,12 @@ from .context import (cross_rank, cross_size, init, is_initialized, local_rank, 
 from .errors import HorovodInternalError
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
+from .optim import SGD, DistributedOptimizer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "Average", "Config", "HorovodInternalError", "Max", "Min", "Product", "Sum",
+    "Adasum", "Average", "Config", "DistributedOptimizer", "HorovodInternalError", "SGD", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",

@@ -101,10 +101,11 @@ def parse_args():
 
 
 def sizes(low, high):
+    """8 B, x4 up to 512 KiB, then every power of two from 1 MiB."""
     nbytes = max(low, 4)
     while nbytes <= high:
         yield nbytes
-        nbytes *= 4 if nbytes < 1024 * 1024 else 2
+        nbytes = nbytes * 4 if nbytes * 4 <= 1024 * 1024 else nbytes * 2
 
 
 # ---- the algorithms -----------------------------------------------------------------------

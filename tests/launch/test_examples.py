@@ -35,3 +35,21 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
     epochs = [int(epoch) for epoch in re.findall(r"epoch\s+(\d+) \[#+\] \d+/\d+ loss [0-9.]+  train",
                                                  job.stdout)]
     assert epochs == [2, 3]
+
+
+def test_numpy_example_trains_without_torch(tmp_path):
+    example = EXAMPLE.parent / "train_numpy.py"
+    # torch made unimportable, as on a machine without it
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "import runpy\n"
+            f"runpy.run_path({str(example)!r}, run_name='__main__')\n")
+    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+    assert accuracy >= 0.95

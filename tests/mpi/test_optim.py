@@ -1,0 +1,55 @@
+"""hororing.DistributedOptimizer over numpy parameters, against a locally computed step."""
+
+import numpy as np
+import pytest
+
+import hororing as hvd
+from reference import rank_input
+
+
+def make_params():
+    return {"w": np.arange(6, dtype=np.float64).reshape(2, 3), "b": np.ones(3)}
+
+
+def rank_grads(rank, seed=0):
+    return {"w": rank_input(rank, (2, 3), "float64", seed), "b": rank_input(rank, (3,), "float64", seed + 1)}
+
+
+@pytest.mark.parametrize("compression", [None, "fp16"])
+def test_one_step_uses_the_average_gradient(compression):
+    optimizer = hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.5), compression=compression)
+    for name, grad in rank_grads(hvd.rank()).items():
+        optimizer.grads[name][...] = grad
+    optimizer.grad_ready("b")
+    assert optimizer.step()
+    tolerance = 1e-12 if compression is None else 2e-2
+    for name, start in make_params().items():
+        mean = np.mean([rank_grads(rank)[name] for rank in range(hvd.size())], axis=0)
+        np.testing.assert_allclose(optimizer.params[name], start - 0.5 * mean, atol=tolerance)
+
+
+def test_backward_passes_are_summed_locally_then_averaged():
+    optimizer = hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=1.0), backward_passes_per_step=2)
+    for seed in (0, 10):
+        for name, grad in rank_grads(hvd.rank(), seed).items():
+            optimizer.grads[name][...] = grad
+        if seed == 10:
+            optimizer.grad_ready("w")
+        stepped = optimizer.step()
+        assert stepped == (seed == 10)
+    for name, start in make_params().items():
+        total = sum(rank_grads(rank, seed)[name] for rank in range(hvd.size()) for seed in (0, 10))
+        np.testing.assert_allclose(optimizer.params[name], start - total / hvd.size(), atol=1e-12)
+
+
+def test_momentum_and_bad_arguments():
+    with pytest.raises(ValueError, match="lr must be > 0, got 0"):
+        hvd.SGD(make_params(), lr=0)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\), got 1.5"):
+        hvd.SGD(make_params(), lr=0.1, momentum=1.5)
+    with pytest.raises(TypeError, match="optimizer must have .params, .grads and .step"):
+        hvd.DistributedOptimizer(object())
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0, got 0"):
+        hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.1), backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="compression must be None or 'fp16'"):
+        hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.1), compression="int8")
