@@ -4,13 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$python" -m venv .venv
-fi
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[mpi,torch,test]"
-export PATH="$PWD/.venv/bin:$PATH"
+source scripts/install.sh
 
 ranks=${RANKS:-4}
 timeout 600 mpiexec -n "$ranks" python examples/train.py "$@"

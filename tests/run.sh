@@ -5,14 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$python" -m venv .venv
-fi
-# torch is pinned to the CPU build available here; the package itself accepts any torch >= 2.0
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[mpi,test,torch]"
-export PATH="$PWD/.venv/bin:$PATH"
+source scripts/install.sh
 
 python -m pytest -q -p no:cacheprovider tests/unit tests/launch
 

@@ -118,9 +118,6 @@ class Engine:
         if old is not None:
             old.close()
 
-    def pending_count(self):
-        return len(self._pending)
-
     def stop(self, message=None, flags=FLAG_SHUTDOWN, deadline_s=30.0):
         """Tell the peers this rank is leaving (shutdown, or failure with a message); stop.
 
