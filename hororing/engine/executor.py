@@ -82,7 +82,7 @@ class Executor:
         started = time.monotonic()
         if len(items) == 1 and wire == dtype:
             buffer = outputs[0].reshape(-1)
-            if buffer is not None and inputs[0] is not outputs[0]:
+            if inputs[0] is not outputs[0]:
                 buffer[...] = inputs[0].reshape(-1)
             ranges = None
         else:

@@ -11,6 +11,7 @@ from .. import collectives as core
 from .. import ops
 from ..context import current
 from ..engine.request import GroupHandle
+from ..validate import resolve_op
 
 _NUMPY_FREE = (torch.bfloat16,)
 
@@ -101,7 +102,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     """
     from .compression import Compression
     compression = compression or Compression.none
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     payload, ctx = compression.compress(tensor)
     result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor)
     return compression.decompress(result, ctx)
@@ -203,11 +204,6 @@ def reducescatter_async(tensor, name=None, op=ops.Average, prescale_factor=1.0, 
 def reducescatter(tensor, name=None, op=ops.Average, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over all ranks and return this rank's block of rows. Every rank must call it."""
     return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
-
-
-def _resolve_op(op, average):
-    from ..validate import resolve_op
-    return resolve_op(op, average)
 
 
 # ---- autograd ---------------------------------------------------------------------------
