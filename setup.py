@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["hororing", "hororing.algorithms", "hororing.engine", "hororing.kernels",
+    packages=["hororing", "hororing.algorithms", "hororing.data", "hororing.engine", "hororing.kernels",
               "hororing.torch"],
     package_dir={"hororing.kernels": "kernels"},
     install_requires=["numpy>=1.22", "mpi4py>=3.1"],

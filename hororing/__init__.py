@@ -9,6 +9,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           broadcast_, broadcast_async, broadcast_async_, grouped_allreduce,
                           grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                           join, poll, reducescatter, reducescatter_async, synchronize)
+from . import data
 from .config import Config
 from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
                       shutdown, size, start_timeline, stop_timeline)
@@ -24,7 +25,7 @@ __all__ = [
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",
-    "cross_size", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "cross_size", "data", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
     "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize",

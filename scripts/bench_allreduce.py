@@ -23,7 +23,6 @@ memory copies and adds, so busbw is bounded by a small multiple of it.
 import argparse
 import json
 import os
-import platform
 import socket
 import sys
 import time
@@ -32,6 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hororing as hvd
+from benchinfo import machine_info, machine_line
 from hororing.costmodel import Machine, bus_bandwidth, ring_time
 
 COMM = MPI.COMM_WORLD
@@ -250,23 +250,9 @@ def fusion_benchmark():
 
 # ---- reporting ----------------------------------------------------------------------------
 
-def machine_info():
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
-            "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
-            "python": platform.python_version()}
-
-
 def header(size, copy_bw, machine):
-    info = machine_info()
     return (f"# hororing allreduce benchmark: {size} ranks on {socket.gethostname()}\n"
-            f"# CPU {info['cpu']}, {info['cores']} cores; {info['mpi']}; mpi4py {info['mpi4py']}, "
-            f"numpy {info['numpy']}, Python {info['python']}\n"
+            f"{machine_line(machine_info())}\n"
             f"# single-core copy bandwidth (np.copyto, 64 MiB): {copy_bw / 1e9:.2f} GB/s\n"
             f"# ring model: alpha {machine.alpha * 1e6:.2f} us, beta {1 / machine.beta / 1e9:.2f} GB/s, "
             f"gamma {1 / machine.gamma / 1e9:.2f} GB/s (np.add)")

@@ -6,6 +6,7 @@ The only package of hororing that imports torch.
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, barrier,
                 cross_rank, cross_size, init, is_initialized, join, local_rank, local_size, rank,
                 shutdown, size)
+from .. import data
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)

@@ -53,3 +53,24 @@ def test_numpy_example_trains_without_torch(tmp_path):
     assert job.returncode == 0, job.stderr[-3000:]
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
     assert accuracy >= 0.95
+
+
+SHARDED = EXAMPLE.parent / "sharded_files.py"
+
+
+def test_sharded_files_example_trains_through_per_rank_channels():
+    job = subprocess.run([mpiexec(), "-n", "4", sys.executable, str(SHARDED)], capture_output=True,
+                         text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "every one of the 16 files was read by exactly one rank" in job.stdout
+    assert len(re.findall(r"rank +\d reads digits-\d\d\.rec, ", job.stdout)) == 4
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+    assert accuracy >= 0.95
+
+
+def test_sharded_files_example_runs_one_file_per_rank_at_16_ranks():
+    job = subprocess.run([mpiexec(), "-n", "16", sys.executable, str(SHARDED), "--epochs", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "every one of the 16 files was read by exactly one rank" in job.stdout
+    assert len(re.findall(r"rank +\d+ reads digits-\d\d\.rec \(", job.stdout)) == 16

@@ -1,0 +1,133 @@
+"""A channel's producer: streams one rank's files into that rank's FIFO, then an END frame.
+
+Run as a script in a child process (``python producer.py SPEC``), never imported by the
+library: importing hororing would initialize MPI in the child. It needs only the standard
+library, numpy and the sibling ``records`` module. The END frame carries the number of bytes sent before it, so the reader can tell that nothing
+was lost. SPEC is a JSON file with ``fifo``,
+``format`` (``records`` or ``npy``), ``files`` and ``block_bytes``.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import sys
+import zlib
+
+if __package__:
+    from .records import (END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, npy_layout,
+                          read_npy_blocks)
+else:  # run as a script: the sibling module is importable by name
+    from records import END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, npy_layout, read_npy_blocks
+
+F_SETPIPE_SZ = 1031  # Linux fcntl: grow the pipe so each write moves a large block
+
+
+def main(spec_path):
+    with open(spec_path) as file:
+        spec = json.load(file)
+    # O_NONBLOCK open fails (ENXIO) instead of blocking forever when the reader is gone
+    fd = os.open(spec["fifo"], os.O_WRONLY | os.O_NONBLOCK)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, spec["block_bytes"])
+    except OSError:
+        pass  # above /proc/sys/fs/pipe-max-size: keep the default size
+    try:
+        if spec["format"] == "npy":
+            _stream_npy(fd, spec["files"], spec["block_bytes"])
+        else:
+            _stream_records(fd, spec["files"], spec["block_bytes"])
+    except BrokenPipeError:
+        return 3  # the reader closed the channel early: nothing left to do
+    except Exception as error:  # report any failure to the reader, then fail
+        message = f"{type(error).__name__}: {error}".encode("utf-8", "replace")
+        try:
+            _write_all(fd, FRAME.pack(ERROR, len(message)) + message)
+        except OSError:
+            pass
+        print(message.decode(), file=sys.stderr)
+        return 1
+    try:
+        os.write(fd, FRAME.pack(END, _sent & 0xFFFFFFFF))  # 8 bytes: one atomic pipe write
+    except BrokenPipeError:
+        return 3
+    os.close(fd)
+    return 0
+
+
+def _stream_records(fd, files, block_bytes):
+    """Copy each record file's frames into the pipe in large blocks.
+
+    The file body is already in the channel's frame format, so the producer only copies. A FILE
+    frame goes before each file: a truncated file then fails the reader's CRC check on its last
+    record, and the reader's error names the file.
+    """
+    for index, path in enumerate(files):
+        with open(path, "rb", buffering=0) as file:
+            header = file.read(len(MAGIC))
+            if header != MAGIC:
+                raise RecordFormatError(f"{path!r} is not a hororing record file")
+            _write_all(fd, FRAME.pack(FILE, index))
+            _copy_to_pipe(file.fileno(), fd, os.fstat(file.fileno()).st_size - len(MAGIC),
+                          block_bytes)
+
+
+def _stream_npy(fd, files, block_bytes):
+    """Send each .npy file's rows as frames of whole rows."""
+    for index, path in enumerate(files):
+        dtype, row_shape, _, _ = npy_layout(path)
+        row_bytes = dtype.itemsize
+        for extent in row_shape:
+            row_bytes *= extent
+        _write_all(fd, FRAME.pack(FILE, index))
+        for block in read_npy_blocks(path, block_rows=max(block_bytes // max(row_bytes, 1), 1)):
+            _write_all(fd, FRAME.pack(len(block), zlib.crc32(block)))
+            _write_all(fd, block)
+
+
+def _copy_to_pipe(source, fd, size, block_bytes):
+    """Move ``size`` bytes from the file's position into the pipe, by splice where available.
+
+    splice hands page-cache pages to the pipe without copying them through this process, so
+    the producer costs the rank's core almost nothing.
+    """
+    global _sent
+    splice = getattr(os, "splice", None)
+    remaining = size
+    while remaining > 0:
+        if splice is not None:
+            try:
+                moved = splice(source, fd, min(block_bytes, remaining))
+            except OSError as error:
+                if error.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise
+                splice = None
+                continue
+        else:
+            block = os.read(source, min(block_bytes, remaining))
+            moved = len(block)
+            _write_all(fd, block)
+            _sent -= moved  # _write_all counted it; counted once below
+        if moved == 0:
+            raise RecordFormatError("a record file shrank while it was being sent")
+        remaining -= moved
+        _sent += moved
+
+
+def _write_all(fd, data):
+    """Write all of ``data``; count it for the END frame's byte total."""
+    global _sent
+    view = memoryview(data)
+    _sent += view.nbytes
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+_sent = 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,29 @@
+"""What every benchmark prints about the machine it ran on (imported by the bench scripts)."""
+
+import os
+import platform
+import socket
+
+import numpy as np
+
+
+def machine_info():
+    """Return the CPU, core count, MPI library and package versions of this host."""
+    from mpi4py import MPI
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(line.split(":", 1)[1].strip() for line in handle
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
+            "mpi": MPI.Get_library_version().splitlines()[0],
+            "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def machine_line(info):
+    """One header line naming the CPU, cores, MPI and versions."""
+    return (f"# CPU {info['cpu']}, {info['cores']} cores; {info['mpi']}; mpi4py "
+            f"{info['mpi4py']}, numpy {info['numpy']}, Python {info['python']}")
