@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import tempfile
 
 import numpy as np
@@ -110,3 +111,24 @@ def test_equal_steps_arguments_must_match(shared_files):
     with pytest.raises(ValueError, match=r"local_samples must be an int >= 0|equal_steps failed "
                                          r"on rank 1"):
         hvd.data.equal_steps(bad, batch_size=8)
+
+
+def test_a_rank_reading_another_ranks_channel_is_refused(shared_files):
+    mine = hvd.data.shard_files(shared_files)
+    with hvd.data.open_channel(mine) as channel:
+        paths = hvd.allgather_object(channel.path)
+        neighbour = paths[(hvd.rank() + 1) % hvd.size()]
+        with pytest.raises(hvd.data.ChannelBusyError, match="already has a reader"):
+            hvd.data.attach_channel(neighbour)
+        hvd.barrier()  # every refusal done before anyone reads: the refused took nothing
+        assert list(channel) == every_record(mine)
+
+
+def test_a_dying_producer_is_reported_on_its_rank(shared_files):
+    mine = hvd.data.shard_files(shared_files)
+    channel = hvd.data.open_channel(mine)
+    os.kill(channel.producer_pid, signal.SIGKILL)
+    with pytest.raises(hvd.data.ChannelError, match="killed by signal SIGKILL"):
+        list(channel)
+    assert not os.path.exists(os.path.dirname(channel.path))
+    hvd.barrier()
