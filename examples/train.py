@@ -30,6 +30,13 @@ def parse_args():
     parser.add_argument("--checkpoint", default=os.path.join("results", "digits-checkpoint.pt"))
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", choices=["ring", "ps"],
+                        help="how gradients are averaged (default: HORORING_MODE, else ring)")
+    parser.add_argument("--ps-servers", help="PS mode: dedicated server ranks (the last k), "
+                                             "or 'colocated' (default: HORORING_PS_SERVERS, else 1)")
+    parser.add_argument("--placement", choices=["round_robin", "greedy_bytes", "partitioned"],
+                        help="PS mode: which server holds which tensor")
+    parser.add_argument("--save-params", help="write the final parameters here (.npz)")
     return parser.parse_args()
 
 
@@ -68,7 +75,11 @@ def progress(epoch, step, steps, loss):
 
 def main():
     args = parse_args()
-    hvd.init()
+    servers = args.ps_servers
+    if servers is not None and servers != "colocated":
+        servers = int(servers)
+    # in PS mode the server ranks serve inside init() and exit there when training is done
+    hvd.init(mode=args.mode, num_servers=servers, placement=args.placement)
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(args.seed)
     (train_x, train_y), (test_x, test_y) = load_data(args.seed)
@@ -120,9 +131,15 @@ def main():
     with torch.no_grad():
         correct = (model(test_x).argmax(1) == test_y).sum().item()
     _, correct, count = averaged([0.0, correct, len(test_x)])
+    stats = hvd.ps_stats()
+    mode = "ring" if stats is None else (
+        f"PS, {stats['servers']} server(s) holding {stats['held_bytes']} B, {stats['placement']}")
     if rank == 0:
         print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits "
-              f"({size} ranks, {time.time() - started:.1f} s of training)")
+              f"({size} ranks, {mode}, {time.time() - started:.1f} s of training)")
+        if args.save_params:
+            np.savez(args.save_params, **{name: value.detach().numpy()
+                                          for name, value in model.state_dict().items()})
     hvd.shutdown()
 
 

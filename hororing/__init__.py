@@ -11,8 +11,8 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           join, poll, reducescatter, reducescatter_async, synchronize)
 from . import data
 from .config import Config
-from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
-                      shutdown, size, start_timeline, stop_timeline)
+from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+                      ps_stats, rank, shutdown, size, start_timeline, stop_timeline)
 from .errors import HorovodInternalError
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
@@ -27,6 +27,6 @@ __all__ = [
     "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",
     "cross_size", "data", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
-    "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
+    "poll", "ps_stats", "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize",
 ]

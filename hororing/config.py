@@ -9,6 +9,8 @@ import dataclasses
 import os
 
 MiB = 1024 * 1024
+MODES = ("ring", "ps")
+PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see algorithms/placement.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,13 @@ class Config:
     # Measured: scripts/bench_allreduce.py --sweep-subchunk, docs/benchmarks.md.
     ring_subchunk_bytes: int = 1024 * 1024
     log_level: str = "warning"
+    # "ring", or "ps": allreduce through parameter servers (the baseline the ring is
+    # compared with; README, "Parameter-server mode").
+    mode: str = "ring"
+    ps_servers: int = 1  # the last k ranks serve; 0 = colocated (every rank holds a shard)
+    ps_placement: str = "round_robin"
+    ps_partition_bytes: int = 1024 * 1024  # "partitioned" splits tensors from this size up
+    ps_replicas: int = 0  # pushes aggregated per step (replicas_to_aggregate); 0 = all workers
 
     @classmethod
     def from_environ(cls, environ=None, **overrides):
@@ -62,6 +71,19 @@ class Config:
             raise ValueError(f"ring sub-chunk must be > 0 bytes, got {self.ring_subchunk_bytes}")
         if self.small_allreduce_bytes < 0:
             raise ValueError(f"small allreduce threshold must be >= 0, got {self.small_allreduce_bytes}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES} (HORORING_MODE), got {self.mode!r}")
+        if self.ps_servers < 0:
+            raise ValueError(f"the number of PS servers must be >= 0 (0: colocated), got "
+                             f"{self.ps_servers} (HORORING_PS_SERVERS)")
+        if self.ps_placement not in PLACEMENTS:
+            raise ValueError(f"PS placement must be one of {PLACEMENTS} (HORORING_PS_PLACEMENT), "
+                             f"got {self.ps_placement!r}")
+        if self.ps_partition_bytes <= 0:
+            raise ValueError(f"PS partition size must be > 0 bytes, got {self.ps_partition_bytes}")
+        if self.ps_replicas < 0:
+            raise ValueError(f"replicas_to_aggregate must be >= 1 (or 0 for all workers), got "
+                             f"{self.ps_replicas}")
 
 
 def _flag(text):
@@ -71,6 +93,12 @@ def _flag(text):
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"expected 0/1/true/false, got {text!r}")
+
+
+def _servers(text):
+    if text.strip().lower() == "colocated":
+        return 0
+    return int(text)
 
 
 def _not_flag(text):
@@ -93,6 +121,11 @@ _ENV_FIELDS = {
     "small_allreduce_bytes": (("HORORING_SMALL_ALLREDUCE_BYTES",), int),
     "ring_subchunk_bytes": (("HORORING_RING_SUBCHUNK_BYTES",), int),
     "log_level": (_names("LOG_LEVEL"), str),
+    "mode": (("HORORING_MODE",), str.lower),
+    "ps_servers": (("HORORING_PS_SERVERS",), _servers),
+    "ps_placement": (("HORORING_PS_PLACEMENT",), str),
+    "ps_partition_bytes": (("HORORING_PS_PARTITION_BYTES",), int),
+    "ps_replicas": (("HORORING_PS_REPLICAS_TO_AGGREGATE",), int),
 }
 
 

@@ -12,6 +12,7 @@ import threading
 
 from mpi4py import MPI
 
+from .algorithms import ps
 from .config import Config
 from .engine.engine import FLAG_FAILED, Engine
 from .errors import NotInitializedError
@@ -23,8 +24,10 @@ log = logging.getLogger("hororing")
 class Context:
     """Topology and engine of one initialized job."""
 
-    def __init__(self, comm, config):
+    def __init__(self, comm, config, reducer=None, ps_comm=None):
         self.config = config
+        self.reducer = reducer  # PS mode: the allreduce through parameter servers
+        self._ps_comm = ps_comm
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -37,7 +40,7 @@ class Context:
         timeline = None
         if config.timeline_path and self.rank == 0:
             timeline = Timeline(config.timeline_path, config.timeline_mark_cycles)
-        self.engine = Engine(comm, config, timeline)
+        self.engine = Engine(comm, config, timeline, reducer)
         self._name_counters = {}
 
     def auto_name(self, kind):
@@ -51,9 +54,12 @@ class Context:
             self.engine.stop()
         else:
             self.engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)
+        if self.reducer is not None:
+            self.reducer.close(failure)  # dedicated servers exit when every worker is done
         self.engine.close()
-        for comm in (self.local_comm, self.cross_comm, self.comm):
-            comm.Free()
+        for comm in (self.local_comm, self.cross_comm, self.comm, self._ps_comm):
+            if comm is not None:
+                comm.Free()
 
 
 class _State:
@@ -64,13 +70,22 @@ class _State:
     hooks_installed = False
 
 
-def init(comm=None, **config_overrides):
+def init(comm=None, *, mode=None, num_servers=None, placement=None, replicas_to_aggregate=None,
+         **config_overrides):
     """Initialize hororing: every rank of ``comm`` must call it.
+
+    In PS mode with k dedicated servers, the last k ranks run the server loop inside this call
+    and exit the process (status 0) once every worker has shut down; on the workers ``size()``
+    counts the workers only.
 
     Args:
         comm: an mpi4py communicator, a list of world ranks that take part, or None for
             MPI.COMM_WORLD. hororing works on its own duplicate, so its messages never match
             the user's.
+        mode: ``"ring"`` (default) or ``"ps"`` (HORORING_MODE).
+        num_servers: PS servers k, or ``"colocated"``/0 (HORORING_PS_SERVERS).
+        placement: ``"round_robin"``, ``"greedy_bytes"`` or ``"partitioned"``.
+        replicas_to_aggregate: pushes a PS server aggregates per step (default: all workers).
         **config_overrides: Config fields that take precedence over the environment.
 
     Raises:
@@ -85,7 +100,10 @@ def init(comm=None, **config_overrides):
     with _State.lock:
         if _State.context is not None:
             return
-        config = Config.from_environ(**config_overrides)
+        if num_servers == "colocated":
+            num_servers = 0
+        config = Config.from_environ(mode=mode, ps_servers=num_servers, ps_placement=placement,
+                                     ps_replicas=replicas_to_aggregate, **config_overrides)
         logging.basicConfig(format="[%(levelname)s hororing] %(message)s")
         log.setLevel(config.log_level.upper())
         provided = MPI.Query_thread()
@@ -94,7 +112,10 @@ def init(comm=None, **config_overrides):
                 f"hororing needs MPI_THREAD_MULTIPLE, but MPI was initialized with thread level "
                 f"{provided}; do not set mpi4py.rc.thread_level to a lower level")
         user_comm = _resolve_comm(comm)
-        _State.context = Context(user_comm.Dup(), config)
+        if config.mode == "ps":
+            _State.context = _ps_context(user_comm.Dup(), config)
+        else:
+            _State.context = Context(user_comm.Dup(), config)
         if not _State.hooks_installed:
             _install_exit_hooks()
             _State.hooks_installed = True
@@ -158,9 +179,74 @@ def start_timeline(file_path, mark_cycles=False):
     context.engine.set_timeline(timeline)
 
 
+def ps_stats():
+    """Return this worker's view of PS mode: bytes each server holds and was pushed, or None.
+
+    ``held_bytes[s]``: bytes of the tensors placed on server s; ``pushed_bytes[s]``: bytes this
+    worker has pushed to it so far; ``contributors``: pushes aggregated per step. None in ring
+    mode.
+    """
+    reducer = current().reducer
+    if reducer is None:
+        return None
+    return {"servers": len(reducer.placement.held_bytes),
+            "placement": reducer.placement.strategy,
+            "held_bytes": list(reducer.placement.held_bytes),
+            "pushed_bytes": list(reducer.pushed_bytes), "contributors": reducer.contributors}
+
+
 def stop_timeline():
     """Stop and close the timeline started by ``start_timeline`` or HOROVOD_TIMELINE."""
     current().engine.set_timeline(None)
+
+
+def _ps_context(base, config):
+    """Split ``base`` into workers and servers; serve here (and exit) or return a worker context."""
+    total = base.Get_size()
+    servers = config.ps_servers
+    if servers >= total:
+        raise ValueError(
+            f"PS mode with {servers} server(s) needs more than {servers} ranks, but the job has "
+            f"{total}: no rank would be a worker. Run more ranks or set HORORING_PS_SERVERS "
+            f"(num_servers) below {total}")
+    workers = total - servers
+    replicas = config.ps_replicas or workers
+    if not 1 <= replicas <= workers:
+        raise ValueError(f"replicas_to_aggregate must be in [1, {workers}] (the number of "
+                         f"workers), got {config.ps_replicas}")
+    if servers == 0:
+        if replicas != workers:
+            raise ValueError("replicas_to_aggregate needs dedicated servers (HORORING_PS_SERVERS"
+                             " >= 1): with colocated shards every rank aggregates every step")
+        ps_comm = base.Dup()
+        reducer = ps.Colocated(ps_comm, ps.new_placement(config, total))
+        return Context(base, config, reducer, ps_comm)
+    rank = base.Get_rank()
+    is_server = rank >= workers
+    role_comm = base.Split(color=int(is_server), key=rank)
+    ps_comm = base.Dup()
+    if is_server:
+        failure, stats = ps.serve(ps_comm, list(range(workers)), replicas, rank - workers)
+        for comm in (role_comm, ps_comm, base):
+            comm.Free()
+        _serve_exit(failure, stats, workers)
+    reducer = ps.ServerClient(ps_comm, range(workers, total), ps.new_placement(config, servers),
+                              workers, config.ps_replicas)
+    return Context(role_comm, config, reducer, ps_comm)
+
+
+def _serve_exit(failure, stats, workers):
+    """End a server process: status 0 after a clean shutdown, 1 after a worker failed."""
+    steps = max(stats["steps"], 1)
+    print(f"[hororing PS server {stats['server']}] {stats['steps']} steps from {workers} workers; "
+          f"moved per step {stats['received_bytes'] // steps} B in, "
+          f"{stats['sent_bytes'] // steps} B out; late pushes dropped: {stats['dropped']}",
+          flush=True)
+    if failure is not None:
+        sys.stderr.write(f"[hororing PS server {stats['server']}] ending the job: {failure}\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+    sys.exit(0)
 
 
 def _resolve_comm(comm):

@@ -26,16 +26,17 @@ def wait(request, deadline=None):
     Returns:
         True when the request completed, False when the deadline passed first.
     """
-    return _wait_until(request.Test, deadline)
+    return wait_until(request.Test, deadline)
 
 
 def wait_all(requests):
     """Block until every request in the list completes, polling with back-off."""
     if requests:
-        _wait_until(lambda: MPI.Request.Testall(requests))
+        wait_until(lambda: MPI.Request.Testall(requests))
 
 
-def _wait_until(done, deadline=None):
+def wait_until(done, deadline=None):
+    """Poll ``done()`` with the same back-off until it is true (or the deadline passes)."""
     tests = 0
     sleep_s = 1e-5
     while not done():

@@ -31,8 +31,9 @@ class Ring:
             False: ring_schedule(self.size, self.rank, allgather=False),
         }
         self._scratch = np.empty(0, dtype=np.uint8)
+        self.contributors = self.size  # ranks whose data is in a reduced result
 
-    def allreduce(self, buffer, op, finalize=None):
+    def allreduce(self, buffer, op, finalize=None, segments=None):
         """Reduce the flat ``buffer`` over all ranks in place.
 
         Args:
@@ -40,6 +41,8 @@ class Ring:
             op: kernel op name ("sum", "min", "max", "product").
             finalize: optional function applied once to each fully reduced piece this rank
                 owns, before it is passed on (the Average division, postscale).
+            segments: the bucket's tensors as ``(name, start, stop)``; unused, the ring splits
+                by position (the parameter servers place by tensor).
         """
         bounds = chunk_bounds(buffer.size, self.size)
         self._run(buffer, op, bounds, self._schedules[True], finalize)

@@ -18,9 +18,10 @@ class GatherReduce:
     def __init__(self, comm):
         self.comm = comm
         self.size = comm.Get_size()
+        self.contributors = self.size
         self._rows = np.empty(0, dtype=np.uint8)
 
-    def allreduce(self, buffer, op, finalize=None):
+    def allreduce(self, buffer, op, finalize=None, segments=None):
         """Reduce the flat ``buffer`` over all ranks in place (see Ring.allreduce)."""
         if self.size > 1:
             rows = self._rows_for(buffer)

@@ -39,13 +39,13 @@ _STALL_CHECK_EVERY_S = 1.0
 class Engine:
     """The per-rank collective engine. Created by ``hororing.init``; not public API."""
 
-    def __init__(self, comm, config, timeline):
+    def __init__(self, comm, config, timeline, reducer=None):
         self.config = config
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._comm_negotiate = comm.Dup()
         self._comm_wake = comm.Dup()
-        self.executor = Executor(comm.Dup(), config, timeline)
+        self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.timeline = timeline
         self.negotiator = Negotiator(self.size, config.cache_capacity)
         self._drive_lock = threading.Lock()

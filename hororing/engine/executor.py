@@ -2,7 +2,8 @@
 
 Allreduces that share dtype, op and scale factors are fused into buckets of at most the
 fusion threshold; a bucket below the small-message threshold takes the gather-reduce
-latency path, a larger one the pipelined ring. The other collectives run one by one
+latency path, a larger one the pipelined ring (in PS mode, every bucket goes through the
+parameter servers). The other collectives run one by one
 through MPI on byte views of contiguous buffers.
 """
 
@@ -24,7 +25,7 @@ from ..transport import byte_view
 class Executor:
     """Runs responses on the data communicator; owns the fusion buffer and the algorithms."""
 
-    def __init__(self, comm, config, timeline):
+    def __init__(self, comm, config, timeline, reducer=None):
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
@@ -32,6 +33,8 @@ class Executor:
         self.timeline = timeline
         self.ring = Ring(comm, config.ring_subchunk_bytes)
         self.small = GatherReduce(comm)
+        # PS mode: every allreduce bucket goes through the parameter servers
+        self.reducer = reducer
         self._fusion = np.empty(0, dtype=np.uint8)
 
     def execute(self, responses, take):
@@ -91,9 +94,13 @@ class Executor:
             ranges = pack(inputs, buffer)
             self._span(names, "MEMCPY_IN_FUSION_BUFFER", started)
         scale_into(buffer, meta.prescale)
-        algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
+        algorithm = self.reducer
+        if algorithm is None:
+            algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
+        segments = list(zip(names, *zip(*ranges))) if ranges else [(names[0], 0, buffer.size)]
         collective_started = time.monotonic()
-        algorithm.allreduce(buffer, KERNEL_OP[meta.op], _finalizer(meta, self.size))
+        algorithm.allreduce(buffer, KERNEL_OP[meta.op],
+                            _finalizer(meta, algorithm.contributors), segments=segments)
         self._span(names, "ALLREDUCE", collective_started)
         if ranges is not None:
             unpack_started = time.monotonic()
@@ -190,6 +197,7 @@ def _wire_dtype(dtype_name):
 
 
 def _finalizer(meta, size):
+    """The division (Average over ``size`` contributions) and postscale of a reduced piece."""
     postscale = meta.postscale
     if meta.op == Average:
         if np.dtype(meta.dtype).kind == "f":

@@ -4,8 +4,8 @@ The only package of hororing that imports torch.
 """
 
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, barrier,
-                cross_rank, cross_size, init, is_initialized, join, local_rank, local_size, rank,
-                shutdown, size)
+                cross_rank, cross_size, init, is_initialized, join, local_rank, local_size,
+                ps_stats, rank, shutdown, size)
 from .. import data
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
@@ -57,7 +57,7 @@ __all__ = [
     "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "cross_rank",
     "cross_size", "cuda_built", "gloo_built", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_initialized", "join",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "nccl_built", "poll", "rank",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "nccl_built", "poll", "ps_stats", "rank",
     "reducescatter", "reducescatter_async", "rocm_built", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize",
 ]

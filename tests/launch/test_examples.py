@@ -74,3 +74,19 @@ def test_sharded_files_example_runs_one_file_per_rank_at_16_ranks():
     assert job.returncode == 0, job.stderr[-3000:]
     assert "every one of the 16 files was read by exactly one rank" in job.stdout
     assert len(re.findall(r"rank +\d+ reads digits-\d\d\.rec \(", job.stdout)) == 16
+
+
+def test_ps_mode_trains_to_the_same_parameters_as_the_ring(tmp_path):
+    import numpy as np
+    ring = run(3, "--checkpoint", str(tmp_path / "ring.pt"), "--save-params",
+               str(tmp_path / "ring.npz"))
+    ps = run(4, "--mode", "ps", "--ps-servers", "1", "--checkpoint", str(tmp_path / "ps.pt"),
+             "--save-params", str(tmp_path / "ps.npz"))
+    assert ring.returncode == 0 and ps.returncode == 0, (ring.stderr + ps.stderr)[-3000:]
+    assert "3 ranks, PS, 1 server(s)" in ps.stdout  # 3 workers; rank 3 served and exited
+    accuracies = [float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+                  for job in (ring, ps)]
+    assert accuracies[0] >= 0.95 and abs(accuracies[0] - accuracies[1]) <= 0.01
+    ring_params, ps_params = np.load(tmp_path / "ring.npz"), np.load(tmp_path / "ps.npz")
+    for name in ring_params:
+        np.testing.assert_allclose(ps_params[name], ring_params[name], atol=1e-4)

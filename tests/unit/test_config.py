@@ -34,3 +34,24 @@ def test_bad_values_name_the_variable():
         Config.from_environ({"HOROVOD_FUSION_THRESHOLD": "-1"})
     with pytest.raises(ValueError, match="ring sub-chunk must be > 0 bytes, got 0"):
         Config.from_environ({"HORORING_RING_SUBCHUNK_BYTES": "0"})
+
+
+def test_ps_settings_from_the_environment():
+    config = Config.from_environ({"HORORING_MODE": "PS", "HORORING_PS_SERVERS": "colocated",
+                                  "HORORING_PS_PLACEMENT": "partitioned",
+                                  "HORORING_PS_REPLICAS_TO_AGGREGATE": "3"})
+    assert (config.mode, config.ps_servers, config.ps_placement, config.ps_replicas) == (
+        "ps", 0, "partitioned", 3)
+    assert Config.from_environ({"HORORING_PS_SERVERS": "2"}).ps_servers == 2
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({"HORORING_MODE": "allreduce"}, r"mode must be one of \('ring', 'ps'\)"),
+    ({"HORORING_PS_SERVERS": "-1"}, "number of PS servers must be >= 0"),
+    ({"HORORING_PS_SERVERS": "many"}, "HORORING_PS_SERVERS .* invalid value 'many'"),
+    ({"HORORING_PS_PLACEMENT": "random"}, "PS placement must be one of"),
+    ({"HORORING_PS_REPLICAS_TO_AGGREGATE": "-2"}, "replicas_to_aggregate must be >= 1"),
+])
+def test_bad_ps_settings_are_named(environ, message):
+    with pytest.raises(ValueError, match=message):
+        Config.from_environ(environ)
