@@ -8,6 +8,7 @@ as its gradient is accumulated, so communication overlaps the rest of the backwa
 """
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -32,7 +33,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         op: Average (default), Sum or Adasum-free Horovod ops.
         gradient_predivide_factor: divide by this before the sum and by size/this after.
         groups: accepted for Horovod compatibility; hororing fuses ready gradients anyway.
-        sparse_as_dense: sparse gradients are always reduced densely here.
+        sparse_as_dense: reduce sparse gradients as dense tensors. By default a sparse
+            gradient's indices and values are allgathered and summed as a sparse tensor
+            (divided by size for Average), which moves only the rows that changed.
 
     Returns:
         a torch.optim.Optimizer.
@@ -41,14 +44,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         >>> optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters())
     """
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
-                                 op, gradient_predivide_factor, groups)
+                                 op, gradient_predivide_factor, groups, sparse_as_dense)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The wrapper (see ``DistributedOptimizer``)."""
 
     def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups):
+                 gradient_predivide_factor, groups, sparse_as_dense=False):
         # Optimizer.__init__ is not called: the wrapped optimizer's groups and state are used
         # as they are, shared, not rebuilt.
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -68,6 +71,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
         self._compression = compression
+        self._sparse_as_dense = sparse_as_dense
         self._passes = backward_passes_per_step
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
@@ -134,6 +138,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     parameter.grad = torch.zeros_like(parameter)
                 self._start(parameter)
         for parameter, (handle, ctx, wire) in self._handles.items():
+            if isinstance(handle, _SparseHandles):
+                parameter.grad = self._sparse_result(handle, parameter)
+                continue
             mpi_ops.synchronize(handle)
             if wire is not parameter.grad:
                 parameter.grad.copy_(self._compression.decompress(wire, ctx))
@@ -173,6 +180,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self, parameter):
         grad = parameter.grad
+        if grad.is_sparse and not self._sparse_as_dense:
+            self._handles[parameter] = (self._start_sparse(grad, self._names[parameter]), None,
+                                        None)
+            return
         if grad.is_sparse:
             grad = parameter.grad = grad.to_dense()
         wire, ctx = self._compression.compress(grad)
@@ -180,6 +191,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           prescale_factor=self._prescale,
                                           postscale_factor=self._postscale)
         self._handles[parameter] = (handle, ctx, wire)
+
+
+    def _start_sparse(self, grad, name):
+        # the ranks' nonzero rows differ in number: allgather them, then sum as sparse
+        grad = grad.coalesce()
+        values = grad.values().contiguous() * self._prescale
+        indices = grad.indices().t().contiguous()
+        return _SparseHandles(mpi_ops.allgather_async(values, name=name + ".sparse_values"),
+                              mpi_ops.allgather_async(indices, name=name + ".sparse_indices"),
+                              grad.shape)
+
+    def _sparse_result(self, handles, parameter):
+        values = mpi_ops.synchronize(handles.values) * self._postscale
+        indices = mpi_ops.synchronize(handles.indices)
+        if self._op == ops.Average:
+            values = values / current().size
+        elif self._op != ops.Sum:
+            raise ValueError(f"sparse gradients are reduced with Sum or Average, got op={self._op};"
+                             f" pass sparse_as_dense=True for other ops")
+        # the indices are the ranks' own coalesced indices: valid by construction
+        return torch.sparse_coo_tensor(indices.t(), values, handles.shape, dtype=parameter.dtype,
+                                       check_invariants=False).coalesce()
+
+
+class _SparseHandles(NamedTuple):
+    values: object
+    indices: object
+    shape: torch.Size
 
 
 def _parameter_names(optimizer, named_parameters):

@@ -209,3 +209,33 @@ def test_torch_bad_input():
     with pytest.raises(TypeError, match="synchronize takes a handle"):
         hvd.synchronize(None)
     assert hvd.mpi_built() and not hvd.gloo_built()
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
+    def rows_of(rank):
+        return torch.tensor([rank % 5, (3 * rank + 1) % 5, 4, rank % 5])
+
+    def loss_of(embedding, rank):
+        return (embedding(rows_of(rank)) * (rank + 1)).sum()
+
+    embedding = torch.nn.Embedding(5, 3, sparse=True)
+    with torch.no_grad():
+        embedding.weight.copy_(torch.arange(15, dtype=torch.float32).reshape(5, 3))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0),
+                                         named_parameters=embedding.named_parameters(),
+                                         sparse_as_dense=sparse_as_dense)
+    loss_of(embedding, hvd.rank()).backward()
+    optimizer.synchronize()
+    grad = embedding.weight.grad
+    if hvd.size() > 1:  # at size 1 gradients are left as they are
+        assert grad.is_sparse != sparse_as_dense
+    # reference: every rank's dense gradient, computed here, averaged
+    expected = torch.zeros(5, 3)
+    for rank in range(hvd.size()):
+        reference = torch.nn.Embedding(5, 3)
+        loss_of(reference, rank).backward()
+        expected += reference.weight.grad
+    torch.testing.assert_close(grad.to_dense(), expected / hvd.size())
+    with optimizer.skip_synchronize():
+        optimizer.step()
