@@ -238,10 +238,12 @@ def _ps_context(base, config):
 def _serve_exit(failure, stats, workers):
     """End a server process: status 0 after a clean shutdown, 1 after a worker failed."""
     steps = max(stats["steps"], 1)
-    print(f"[hororing PS server {stats['server']}] {stats['steps']} steps from {workers} workers; "
-          f"moved per step {stats['received_bytes'] // steps} B in, "
-          f"{stats['sent_bytes'] // steps} B out; late pushes dropped: {stats['dropped']}",
-          flush=True)
+    # one write, newline included, so servers' lines do not run together on a shared stdout
+    sys.stdout.write(f"[hororing PS server {stats['server']}] {stats['steps']} steps from "
+                     f"{workers} workers; moved per step {stats['received_bytes'] // steps} B in, "
+                     f"{stats['sent_bytes'] // steps} B out; late pushes dropped: "
+                     f"{stats['dropped']}\n")
+    sys.stdout.flush()
     if failure is not None:
         sys.stderr.write(f"[hororing PS server {stats['server']}] ending the job: {failure}\n")
         sys.stderr.flush()
