@@ -121,15 +121,15 @@ def calibrate(samples):
         a 100 ms measurement weigh alike; negative constants are excluded by solving every
         subset of the three and keeping the best non-negative solution.
     """
-    rows, times = [], []
+    rows = []
     for algorithm, ranks, nbytes, servers, seconds in samples:
         if seconds <= 0:
             raise ValueError(f"measured times must be > 0, got {seconds} for {algorithm}")
         rows.append(np.array(coefficients(algorithm, ranks, nbytes, servers)) / seconds)
-        times.append(1.0)
     if len(rows) < 3:
         raise ValueError(f"calibration needs at least 3 samples, got {len(rows)}")
-    matrix, target = np.array(rows), np.array(times)
+    # each row divided by its measured time: the target is 1 everywhere
+    matrix, target = np.array(rows), np.ones(len(rows))
     best = None
     for kept in itertools.chain.from_iterable(
             itertools.combinations(range(3), r) for r in (3, 2, 1)):

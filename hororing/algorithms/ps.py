@@ -131,7 +131,7 @@ def serve(comm, workers, replicas, index):
 
 def _reduce_in_worker_order(arrived, op):
     ordered = [arrived[worker] for worker in sorted(arrived)]
-    result = ordered[0].astype(ordered[0].dtype, copy=True)
+    result = ordered[0].copy()
     for data in ordered[1:]:
         reduce_into(result, data, op)
     return result
@@ -212,7 +212,7 @@ def _gather(buffer, ranges, scratch, key):
 
 def _scatter(message, buffer, ranges):
     """Write a server's result back to the buffer's ranges (nothing to do for a view)."""
-    if len(ranges) == 1 and np.shares_memory(message, buffer):
+    if len(ranges) == 1:  # _gather returned a view: the result already landed in place
         return
     offset = 0
     for start, stop in ranges:

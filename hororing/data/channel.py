@@ -67,8 +67,8 @@ def open_channel(files, *, format=None, rank=None, directory=None, shuffle_buffe
         if not os.access(path, os.R_OK):
             raise FileNotFoundError(f"input file {path!r} is missing or not readable")
     if rank is None:
-        from ..context import _State
-        rank = _State.context.rank if _State.context is not None else os.getpid()
+        from ..context import is_initialized, rank as context_rank
+        rank = context_rank() if is_initialized() else os.getpid()
     private = tempfile.mkdtemp(prefix=f"hororing-channel-rank{rank}-", dir=directory)
     try:
         fifo = os.path.join(private, "channel")
@@ -79,10 +79,9 @@ def open_channel(files, *, format=None, rank=None, directory=None, shuffle_buffe
             json.dump({"fifo": fifo, "format": format, "files": paths,
                        "block_bytes": int(block_bytes)}, file)
         channel = Channel(fifo, format=format, row_type=row_type, files=paths,
-                          private_dir=private,
+                          private_dir=private, producer_spec=spec,
                           record_slice=getattr(files, "record_slice", None),
                           shuffle_buffer=shuffle_buffer, seed=seed)
-        channel._start_producer(spec)
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
         raise
@@ -102,7 +101,7 @@ class Channel:
     """One rank's input stream: a FIFO, its lock, and (when opened here) its producer."""
 
     def __init__(self, fifo, *, format, row_type=None, files=None, private_dir=None,
-                 record_slice=None, shuffle_buffer=0, seed=0):
+                 producer_spec=None, record_slice=None, shuffle_buffer=0, seed=0):
         self.path = fifo
         self.files = list(files or [])
         self.format = format
@@ -113,9 +112,19 @@ class Channel:
         self._producer = None
         self._log_path = None
         self._started = False
+        # the read end is open before the producer starts: it opens the write end without
+        # blocking, and fails rather than waits if the reader is gone
         self._fd = _open_exclusive(fifo)
+        self._poller = select.poll()
+        self._poller.register(self._fd, select.POLLIN | select.POLLHUP)
+        if producer_spec is not None:
+            try:
+                self._start_producer(producer_spec)
+            except BaseException:
+                os.close(self._fd)
+                raise
         # runs on close(), when the channel is collected, and at interpreter exit
-        self._finalizer = weakref.finalize(self, _cleanup, self._fd, None, private_dir)
+        self._finalizer = weakref.finalize(self, _cleanup, self._fd, self._producer, private_dir)
 
     @property
     def producer_pid(self):
@@ -130,9 +139,6 @@ class Channel:
             self._producer = subprocess.Popen(
                 [sys.executable, _PRODUCER, spec], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=log, env=environment, close_fds=True)
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _cleanup, self._fd, self._producer,
-                                           os.path.dirname(spec))
 
     def __iter__(self):
         if self._started:
@@ -166,8 +172,7 @@ class Channel:
             split_rows(payload, *self._row_type) for payload in frames)
 
     def _read_chunk(self):
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN | select.POLLHUP)
+        poller = self._poller
         while True:
             if poller.poll(POLL_MS):
                 try:

@@ -15,10 +15,9 @@ import sys
 import zlib
 
 if __package__:
-    from .records import (END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, npy_layout,
-                          read_npy_blocks)
+    from .records import END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, read_npy_blocks
 else:  # run as a script: the sibling module is importable by name
-    from records import END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, npy_layout, read_npy_blocks
+    from records import END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, read_npy_blocks
 
 F_SETPIPE_SZ = 1031  # Linux fcntl: grow the pipe so each write moves a large block
 
@@ -34,30 +33,31 @@ def main(spec_path):
         fcntl.fcntl(fd, F_SETPIPE_SZ, spec["block_bytes"])
     except OSError:
         pass  # above /proc/sys/fs/pipe-max-size: keep the default size
+    pipe = _Pipe(fd)
     try:
         if spec["format"] == "npy":
-            _stream_npy(fd, spec["files"], spec["block_bytes"])
+            _stream_npy(pipe, spec["files"], spec["block_bytes"])
         else:
-            _stream_records(fd, spec["files"], spec["block_bytes"])
+            _stream_records(pipe, spec["files"], spec["block_bytes"])
     except BrokenPipeError:
         return 3  # the reader closed the channel early: nothing left to do
     except Exception as error:  # report any failure to the reader, then fail
         message = f"{type(error).__name__}: {error}".encode("utf-8", "replace")
         try:
-            _write_all(fd, FRAME.pack(ERROR, len(message)) + message)
+            pipe.write(FRAME.pack(ERROR, len(message)) + message)
         except OSError:
             pass
         print(message.decode(), file=sys.stderr)
         return 1
     try:
-        os.write(fd, FRAME.pack(END, _sent & 0xFFFFFFFF))  # 8 bytes: one atomic pipe write
+        os.write(fd, FRAME.pack(END, pipe.sent & 0xFFFFFFFF))  # 8 bytes: one atomic pipe write
     except BrokenPipeError:
         return 3
     os.close(fd)
     return 0
 
 
-def _stream_records(fd, files, block_bytes):
+def _stream_records(pipe, files, block_bytes):
     """Copy each record file's frames into the pipe in large blocks.
 
     The file body is already in the channel's frame format, so the producer only copies. A FILE
@@ -69,64 +69,60 @@ def _stream_records(fd, files, block_bytes):
             header = file.read(len(MAGIC))
             if header != MAGIC:
                 raise RecordFormatError(f"{path!r} is not a hororing record file")
-            _write_all(fd, FRAME.pack(FILE, index))
-            _copy_to_pipe(file.fileno(), fd, os.fstat(file.fileno()).st_size - len(MAGIC),
-                          block_bytes)
+            pipe.write(FRAME.pack(FILE, index))
+            pipe.copy_from(file.fileno(), os.fstat(file.fileno()).st_size - len(MAGIC),
+                           block_bytes)
 
 
-def _stream_npy(fd, files, block_bytes):
+def _stream_npy(pipe, files, block_bytes):
     """Send each .npy file's rows as frames of whole rows."""
     for index, path in enumerate(files):
-        dtype, row_shape, _, _ = npy_layout(path)
-        row_bytes = dtype.itemsize
-        for extent in row_shape:
-            row_bytes *= extent
-        _write_all(fd, FRAME.pack(FILE, index))
-        for block in read_npy_blocks(path, block_rows=max(block_bytes // max(row_bytes, 1), 1)):
-            _write_all(fd, FRAME.pack(len(block), zlib.crc32(block)))
-            _write_all(fd, block)
+        pipe.write(FRAME.pack(FILE, index))
+        for block in read_npy_blocks(path, block_bytes=block_bytes):
+            pipe.write(FRAME.pack(len(block), zlib.crc32(block)))
+            pipe.write(block)
 
 
-def _copy_to_pipe(source, fd, size, block_bytes):
-    """Move ``size`` bytes from the file's position into the pipe, by splice where available.
+class _Pipe:
+    """The FIFO's write end, counting the bytes sent for the END frame."""
 
-    splice hands page-cache pages to the pipe without copying them through this process, so
-    the producer costs the rank's core almost nothing.
-    """
-    global _sent
-    splice = getattr(os, "splice", None)
-    remaining = size
-    while remaining > 0:
-        if splice is not None:
-            try:
-                moved = splice(source, fd, min(block_bytes, remaining))
-            except OSError as error:
-                if error.errno not in (errno.EINVAL, errno.ENOSYS):
-                    raise
-                splice = None
-                continue
-        else:
-            block = os.read(source, min(block_bytes, remaining))
-            moved = len(block)
-            _write_all(fd, block)
-            _sent -= moved  # _write_all counted it; counted once below
-        if moved == 0:
-            raise RecordFormatError("a record file shrank while it was being sent")
-        remaining -= moved
-        _sent += moved
+    def __init__(self, fd):
+        self.fd = fd
+        self.sent = 0
 
+    def write(self, data):
+        """Write all of ``data``."""
+        view = memoryview(data)
+        self.sent += view.nbytes
+        while view:
+            view = view[os.write(self.fd, view):]
 
-def _write_all(fd, data):
-    """Write all of ``data``; count it for the END frame's byte total."""
-    global _sent
-    view = memoryview(data)
-    _sent += view.nbytes
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    def copy_from(self, source, size, block_bytes):
+        """Move ``size`` bytes from the file's position into the pipe, by splice where available.
 
-
-_sent = 0
+        splice hands page-cache pages to the pipe without copying them through this process,
+        so the producer costs the rank's core almost nothing.
+        """
+        splice = getattr(os, "splice", None)
+        remaining = size
+        while remaining > 0:
+            count = min(block_bytes, remaining)
+            if splice is not None:
+                try:
+                    moved = splice(source, self.fd, count)
+                    self.sent += moved
+                except OSError as error:
+                    if error.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    splice = None
+                    continue
+            else:
+                block = os.read(source, count)
+                moved = len(block)
+                self.write(block)
+            if moved == 0:
+                raise RecordFormatError("a record file shrank while it was being sent")
+            remaining -= moved
 
 
 if __name__ == "__main__":

@@ -180,11 +180,17 @@ def npy_layout(path):
     return dtype, tuple(shape[1:]), shape[0], offset
 
 
-def read_npy_blocks(path, block_rows=1024):
-    """Yield raw bytes of consecutive blocks of at most ``block_rows`` rows of a .npy file."""
+def read_npy_blocks(path, block_rows=None, block_bytes=READ_BYTES, layout=None):
+    """Yield raw bytes of consecutive blocks of whole rows of a .npy file.
+
+    A block holds ``block_rows`` rows, or by default as many as fit in ``block_bytes`` (at
+    least one). ``layout`` is the file's ``npy_layout`` when the caller has read it already.
+    """
     import numpy as np
-    dtype, row_shape, rows, offset = npy_layout(path)
+    dtype, row_shape, rows, offset = layout or npy_layout(path)
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+    if block_rows is None:
+        block_rows = max(block_bytes // max(row_bytes, 1), 1)
     with open(path, "rb", buffering=0) as file:
         file.seek(offset)
         remaining = rows
@@ -200,9 +206,9 @@ def read_npy_blocks(path, block_rows=1024):
 
 def read_npy(path, block_rows=1024):
     """Yield the rows of a .npy file (arrays of the file's dtype), streaming by blocks."""
-    dtype, row_shape, _, _ = npy_layout(path)
-    for block in read_npy_blocks(path, block_rows):
-        yield from split_rows(block, dtype, row_shape)
+    layout = npy_layout(path)
+    for block in read_npy_blocks(path, block_rows, layout=layout):
+        yield from split_rows(block, layout[0], layout[1])
 
 
 def split_rows(block, dtype, row_shape):

@@ -95,9 +95,13 @@ class Executor:
             self._span(names, "MEMCPY_IN_FUSION_BUFFER", started)
         scale_into(buffer, meta.prescale)
         algorithm = self.reducer
+        segments = None  # the ring splits by position; only the servers place by tensor
         if algorithm is None:
             algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
-        segments = list(zip(names, *zip(*ranges))) if ranges else [(names[0], 0, buffer.size)]
+        elif ranges:
+            segments = [(name, start, stop) for name, (start, stop) in zip(names, ranges)]
+        else:
+            segments = [(names[0], 0, buffer.size)]
         collective_started = time.monotonic()
         algorithm.allreduce(buffer, KERNEL_OP[meta.op],
                             _finalizer(meta, algorithm.contributors), segments=segments)
