@@ -66,3 +66,53 @@ class Timeline:
     def _write(self, event):
         self._file.write(json.dumps(event))
         self._file.write(",\n")
+
+
+_REDUCTION_ACTIVITIES = ("MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER")
+
+
+def overlap_report(events):
+    """How much of each training step's allreduce work ran while backward was still running.
+
+    ``events`` is a timeline as written by :class:`Timeline` (the parsed JSON array) of a run
+    that allreduced the same set of tensors once per step, as DistributedOptimizer does.
+    Step k's backward window runs from the k-th submission of its first gradient to the k-th
+    submission of its last one (each NEGOTIATE_ALLREDUCE span starts when its tensor was
+    submitted, i.e. when backward produced it). Its reduction time is the union of the k-th
+    fusion-copy and ALLREDUCE spans of those tensors; the hidden part is what lies inside the
+    window. Returns a dict with per-step ``(hidden_us, total_us)`` pairs and the overall
+    ``hidden_fraction`` (None when nothing was reduced).
+    """
+    rows = {event["pid"]: event["args"]["name"] for event in events
+            if event.get("ph") == "M" and event.get("name") == "process_name"}
+    submitted, reductions = {}, {}
+    for event in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
+        name = rows.get(event["pid"])
+        span = (event["ts"], event["ts"] + event["dur"])
+        if event["name"] == "NEGOTIATE_ALLREDUCE":
+            submitted.setdefault(name, []).append(span[0])
+            reductions.setdefault(name, []).append([])
+        elif event["name"] in _REDUCTION_ACTIVITIES and reductions.get(name):
+            reductions[name][-1].append(span)
+    steps = min((len(times) for times in submitted.values()), default=0)
+    per_step = []
+    for step in range(steps):
+        starts = [times[step] for times in submitted.values()]
+        window = (min(starts), max(starts))
+        spans = _union([span for spans in reductions.values() for span in spans[step]])
+        total = sum(end - start for start, end in spans)
+        hidden = sum(max(0.0, min(end, window[1]) - max(start, window[0])) for start, end in spans)
+        per_step.append((hidden, total))
+    total = sum(step_total for _, step_total in per_step)
+    return {"steps": per_step, "tensors": len(submitted),
+            "hidden_fraction": sum(hidden for hidden, _ in per_step) / total if total else None}
+
+
+def _union(spans):
+    merged = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
