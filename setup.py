@@ -16,7 +16,7 @@ setup(
         "torch": ["torch>=2.0"],
         "cuda": ["cupy>=13", "numba>=0.59"],
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "hypothesis>=6",
-                 "scikit-learn>=1.0"],
+                 "scikit-learn>=1.0", "numba>=0.59"],
         "bench": ["matplotlib>=3.5"],
     },
 )

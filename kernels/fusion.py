@@ -1,27 +1,54 @@
 """Fusion-buffer pack and unpack: many tensors into one flat buffer and back."""
 
+import numpy as np
 
-def pack(arrays, buffer):
+from ._xp import NUMBA, backend, device_kernels
+
+
+def pack(arrays, buffer, stream=0):
     """Copy ``arrays`` end to end into the flat ``buffer``; return the element offsets.
 
     Args:
-        arrays: arrays of ``buffer``'s dtype (any shape).
+        arrays: arrays of ``buffer``'s dtype (any shape). For numba.cuda device arrays all
+            of them are copied by one kernel launch on ``stream``.
         buffer: 1-D array at least as long as the arrays' total size.
 
     Returns:
         list of (start, stop) element ranges, one per array, in order.
     """
-    ranges = []
-    offset = 0
-    for array in arrays:
-        stop = offset + array.size
-        buffer[offset:stop].reshape(array.shape)[...] = array
-        ranges.append((offset, stop))
-        offset = stop
+    ranges = _ranges(arrays)
+    if backend(buffer) == NUMBA:
+        if ranges:
+            _device_call("pack", buffer, arrays, ranges, stream)
+        return ranges
+    for (start, stop), array in zip(ranges, arrays):
+        buffer[start:stop].reshape(array.shape)[...] = array
     return ranges
 
 
-def unpack(buffer, ranges, outputs):
+def unpack(buffer, ranges, outputs, stream=0):
     """Copy each range of ``buffer`` back into the matching output array."""
+    if backend(buffer) == NUMBA:
+        if ranges:
+            _device_call("unpack", buffer, outputs, ranges, stream)
+        return
     for (start, stop), output in zip(ranges, outputs):
         output[...] = buffer[start:stop].reshape(output.shape)
+
+
+def _ranges(arrays):
+    ranges = []
+    offset = 0
+    for array in arrays:
+        ranges.append((offset, offset + array.size))
+        offset += array.size
+    return ranges
+
+
+def _device_call(which, buffer, arrays, ranges, stream):
+    from numba import cuda
+
+    kernels = device_kernels()
+    offsets = cuda.to_device(np.array([start for start, _ in ranges], dtype=np.int64), stream=stream)
+    flat = [array.reshape(array.size) for array in arrays]
+    getattr(kernels, which)(buffer[:ranges[-1][1]], flat, offsets, stream)

@@ -1,6 +1,6 @@
 """Element-wise reduction of one buffer into another: ``target = target (op) source``."""
 
-from ._xp import array_module
+from ._xp import NUMBA, array_module, backend, device_kernels
 
 # Reduction names are the ones the engine uses on the wire; Average is a Sum followed by
 # a scale, so it never reaches a kernel.
@@ -12,13 +12,15 @@ REDUCE_UFUNCS = {
 }
 
 
-def reduce_into(target, source, op):
+def reduce_into(target, source, op, stream=0):
     """Combine ``source`` into ``target`` in place.
 
     Args:
-        target: contiguous array, overwritten with ``target (op) source``.
-        source: array of the same shape and dtype as ``target``.
+        target: contiguous array (numpy, cupy or numba.cuda), overwritten with
+            ``target (op) source``.
+        source: array of the same kind, shape and dtype as ``target``.
         op: one of ``"sum"``, ``"min"``, ``"max"``, ``"product"``.
+        stream: numba.cuda stream for device arrays (cupy uses its current stream).
 
     Raises:
         ValueError: for an unknown op.
@@ -27,5 +29,9 @@ def reduce_into(target, source, op):
         ufunc_name = REDUCE_UFUNCS[op]
     except KeyError:
         raise ValueError(f"unknown reduction {op!r}; expected one of {sorted(REDUCE_UFUNCS)}") from None
+    if backend(target) == NUMBA:
+        kernels = device_kernels()
+        kernels.reduce_into(target, source, kernels.OP_CODES[op], stream)
+        return
     ufunc = getattr(array_module(target), ufunc_name)
     ufunc(target, source, out=target)

@@ -1,15 +1,18 @@
 """Scaling kernels: multiply by a factor, and integer division that truncates toward zero."""
 
-from ._xp import array_module
+from ._xp import NUMBA, array_module, backend, device_kernels
 
 
-def scale_into(buffer, factor):
+def scale_into(buffer, factor, stream=0):
     """Multiply ``buffer`` by ``factor`` in place.
 
     Floating buffers are multiplied in their own precision. Integer buffers are multiplied
     in float64 and truncated toward zero, as Horovod's core scales integer tensors.
     """
     if factor == 1.0:
+        return
+    if backend(buffer) == NUMBA:
+        device_kernels().scale_into(buffer, factor, stream)
         return
     xp = array_module(buffer)
     if buffer.dtype.kind == "f":
@@ -19,11 +22,14 @@ def scale_into(buffer, factor):
     buffer[...] = scaled.astype(buffer.dtype)
 
 
-def divide_trunc(buffer, divisor):
+def divide_trunc(buffer, divisor, stream=0):
     """Divide an integer ``buffer`` by a positive integer in place, rounding toward zero.
 
     This is integer Average: C's ``/`` on the summed values, exact for every int64.
     """
+    if backend(buffer) == NUMBA:
+        device_kernels().divide_trunc(buffer, divisor, stream)
+        return
     xp = array_module(buffer)
     if buffer.dtype.kind == "u":
         xp.floor_divide(buffer, divisor, out=buffer)
