@@ -8,7 +8,7 @@ one private submit path.
 
 import numpy as np
 
-from . import ops
+from . import gpu, ops
 from .context import current
 from .engine.negotiation import JOIN_NAME, Meta
 from .engine.request import GroupHandle, Handle, Request
@@ -177,7 +177,10 @@ def alltoall(tensor, splits=None, name=None):
 
 def alltoall_async(tensor, splits=None, name=None):
     """Start an alltoall; return a handle."""
-    check_array(tensor, min_ndim=1)
+    if not gpu.is_device_array(tensor):
+        check_array(tensor, min_ndim=1)
+    elif len(tensor.shape) < 1:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
     return _submit("alltoall", tensor, name, min_ndim=1,
                    splits=check_splits(splits, tensor.shape[0], current().size))
 
@@ -223,6 +226,8 @@ def join():
 
 def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fields):
     context = current()
+    if gpu.is_device_array(tensor):
+        return _submit_device(context, kind, tensor, name, inplace, min_ndim, blocking, fields)
     check_array(tensor, min_ndim=min_ndim)
     name = check_name(name) or context.auto_name(kind)
     output = writeback = None
@@ -238,3 +243,17 @@ def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fie
     meta = Meta(kind=kind, dtype=tensor.dtype.name, shape=tuple(tensor.shape), **fields)
     handle = Handle(name, context.engine)
     return context.engine.submit(Request(name, meta, tensor, output, handle, writeback), blocking)
+
+
+def _submit_device(context, kind, tensor, name, inplace, min_ndim, blocking, fields):
+    """A cupy / numba.cuda / CUDA-array-interface tensor: the result stays on its device."""
+    gpu.check_device_array(tensor)
+    if len(tensor.shape) < min_ndim:
+        raise ValueError(f"tensor must have at least {min_ndim} dimension(s), got shape "
+                         f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1, -1)")
+    name = check_name(name) or context.auto_name(kind)
+    meta = Meta(kind=kind, dtype=np.dtype(tensor.dtype).name, shape=tuple(tensor.shape),
+                device="cuda", **fields)
+    request = Request(name, meta, tensor, tensor if inplace else None, Handle(name, context.engine))
+    request.ready = gpu.ready_event(tensor)
+    return context.engine.submit(request, blocking)

@@ -44,6 +44,9 @@ class Config:
     ps_placement: str = "round_robin"
     ps_partition_bytes: int = 1024 * 1024  # "partitioned" splits tensors from this size up
     ps_replicas: int = 0  # pushes aggregated per step (replicas_to_aggregate); 0 = all workers
+    # Device buffers straight to MPI (True) or staged through pinned host memory (False);
+    # None: ask the MPI library (hororing/gpu/aware.py).
+    cuda_aware: object = None
 
     @classmethod
     def from_environ(cls, environ=None, **overrides):
@@ -126,6 +129,7 @@ _ENV_FIELDS = {
     "ps_placement": (("HORORING_PS_PLACEMENT",), str),
     "ps_partition_bytes": (("HORORING_PS_PARTITION_BYTES",), int),
     "ps_replicas": (("HORORING_PS_REPLICAS_TO_AGGREGATE",), int),
+    "cuda_aware": (("HORORING_CUDA_AWARE",), _flag),
 }
 
 

@@ -21,8 +21,11 @@ from .plan import chunk_bounds, ring_schedule
 class Ring:
     """Executes ring collectives on one communicator, reusing its scratch buffers."""
 
-    def __init__(self, comm, subchunk_bytes):
+    def __init__(self, comm, subchunk_bytes, device=None):
+        """``device``: run on device buffers handed straight to a CUDA-aware MPI; an object
+        with ``empty(nbytes)`` (a device uint8 array) and ``synchronize()`` (None: host)."""
         self.comm = comm
+        self.device = device
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self.subchunk_bytes = subchunk_bytes
@@ -33,7 +36,7 @@ class Ring:
         self._scratch = np.empty(0, dtype=np.uint8)
         self.contributors = self.size  # ranks whose data is in a reduced result
 
-    def allreduce(self, buffer, op, finalize=None, segments=None):
+    def allreduce(self, buffer, op, finalize=None, segments=None, stage=None):
         """Reduce the flat ``buffer`` over all ranks in place.
 
         Args:
@@ -43,9 +46,16 @@ class Ring:
                 owns, before it is passed on (the Average division, postscale).
             segments: the bucket's tensors as ``(name, start, stop)``; unused, the ring splits
                 by position (the parameter servers place by tensor).
+            stage: optional pipeline around a host copy of a device buffer (see
+                ``staged.StagedRing``): ``need(chunk)`` is called before a chunk's own data
+                is first read, ``final(start, stop)`` once a piece holds its final value.
         """
         bounds = chunk_bounds(buffer.size, self.size)
-        self._run(buffer, op, bounds, self._schedules[True], finalize)
+        self._run(buffer, op, bounds, self._schedules[True], finalize, stage)
+
+    def schedule(self, allgather=True):
+        """This rank's ring schedule (``plan.ring_schedule``)."""
+        return self._schedules[allgather]
 
     def reducescatter(self, buffer, op, bounds, finalize=None):
         """Scatter-reduce the flat ``buffer``; on return ``buffer[bounds[rank]]`` is reduced.
@@ -55,11 +65,15 @@ class Ring:
         """
         self._run(buffer, op, bounds, self._schedules[False], finalize)
 
-    def _run(self, buffer, op, bounds, schedule, finalize):
+    def _run(self, buffer, op, bounds, schedule, finalize, stage=None):
+        stage = stage or _NO_STAGE
         steps = schedule.steps
         if not steps:
+            stage.need(0)
             if finalize is not None:
                 finalize(buffer)
+            self._synchronize()
+            stage.final(0, buffer.size)
             return
         comm, left, right = self.comm, schedule.left, schedule.right
         largest_chunk = max(stop - start for start, stop in bounds)
@@ -81,6 +95,7 @@ class Ring:
                     for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
 
         first = steps[0].send_chunk
+        stage.need(first)
         pending_sends[first] = [comm.Isend(buffer[start:stop], right, tag)
                                 for tag, (start, stop) in enumerate(pieces[first])]
         receives = post_receives(0)
@@ -94,24 +109,47 @@ class Ring:
             chunk_start = bounds[step.recv_chunk][0]
             half = scratch[index % 2]
             forwarded = pending_sends.setdefault(step.recv_chunk, [])
+            if step.reduce:
+                stage.need(step.recv_chunk)
             for tag, (start, stop) in enumerate(pieces[step.recv_chunk]):
                 transport.wait(receives[tag])
                 if step.reduce:
                     reduce_into(buffer[start:stop], half[start - chunk_start:stop - chunk_start], op)
                     if owned_now and finalize is not None:
                         finalize(buffer[start:stop])
+                    self._synchronize()  # device kernels finish before MPI reads the piece
+                if owned_now or not step.reduce:
+                    stage.final(start, stop)
                 if has_next:
                     forwarded.append(comm.Isend(buffer[start:stop], right, tag))
             receives = next_receives if early else (post_receives(index + 1) if has_next else None)
         for requests in pending_sends.values():
             transport.wait_all(requests)
 
+    def _synchronize(self):
+        if self.device is not None:
+            self.device.synchronize()
+
     def _scratch_halves(self, dtype, count):
         needed = 2 * count * dtype.itemsize
         if self._scratch.nbytes < needed:
-            self._scratch = np.empty(needed, dtype=np.uint8)
+            self._scratch = (np.empty(needed, dtype=np.uint8) if self.device is None
+                             else self.device.empty(needed))
         flat = self._scratch[:needed].view(dtype)
         return flat[:count], flat[count:]
+
+
+class _NoStage:
+    @staticmethod
+    def need(chunk):
+        pass
+
+    @staticmethod
+    def final(start, stop):
+        pass
+
+
+_NO_STAGE = _NoStage()
 
 
 def _split(start, stop, parts):

@@ -36,6 +36,7 @@ class Executor:
         # PS mode: every allreduce bucket goes through the parameter servers
         self.reducer = reducer
         self._fusion = np.empty(0, dtype=np.uint8)
+        self._device = None  # DeviceCollectives, made on the first device collective
 
     def execute(self, responses, take):
         """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None."""
@@ -79,6 +80,14 @@ class Executor:
         dtype = np.dtype(meta.dtype)
         wire = _wire_dtype(meta.dtype)
         names = [response.name for response, _ in items]
+        if meta.device != "cpu":
+            started = time.monotonic()
+            results = self.device().allreduce(
+                items, wire, lambda contributors: _finalizer(meta, contributors))
+            self._span(names, "ALLREDUCE", started)
+            for (_, request), result in zip(items, results):
+                _complete(request, result)
+            return
         outputs = [_output_for(request, response.meta) for response, request in items]
         inputs = [request.tensor if request is not None else np.zeros(response.meta.shape, dtype)
                   for response, request in items]
@@ -122,31 +131,41 @@ class Executor:
 
     # ---- everything else ----------------------------------------------------------------
 
+    def device(self):
+        """The device collectives (imports numba on first use)."""
+        if self._device is None:
+            from .device import DeviceCollectives
+
+            self._device = DeviceCollectives(self)
+        return self._device
+
     def _run_other(self, response, request):
-        kind = response.meta.kind
         started = time.monotonic()
-        if kind == "barrier":
-            _complete(request, None)
-        elif kind == "join":
-            _complete(request, response.last_joined)
-        elif kind == "broadcast":
-            self._broadcast(response, request)
-        elif kind == "allgather":
-            self._allgather(response, request)
-        elif kind == "alltoall":
-            self._alltoall(response, request)
-        elif kind == "reducescatter":
-            self._reducescatter(response, request)
+        if request is not None and response.meta.device != "cpu":
+            result = self.device().run_other(self._host_result, response, request)
         else:
+            result = self._host_result(response, request)
+        self._span([response.name], response.meta.kind.upper(), started)
+        _complete(request, result)
+
+    def _host_result(self, response, request):
+        kind = response.meta.kind
+        if kind == "barrier":
+            return None
+        if kind == "join":
+            return response.last_joined
+        run = {"broadcast": self._broadcast, "allgather": self._allgather,
+               "alltoall": self._alltoall, "reducescatter": self._reducescatter}.get(kind)
+        if run is None:
             raise HorovodInternalError(f"unknown collective kind {kind!r}")
-        self._span([response.name], kind.upper(), started)
+        return run(response, request)
 
     def _broadcast(self, response, request):
         output = _output_for(request, response.meta)
         if output is not request.tensor:
             output[...] = request.tensor
         self.comm.Bcast([byte_view(output), MPI.BYTE], root=response.meta.root)
-        _complete(request, output)
+        return output
 
     def _allgather(self, response, request):
         meta = response.meta
@@ -157,7 +176,7 @@ class Executor:
         counts = [dim0 * row_bytes for dim0 in dim0s]
         self.comm.Allgatherv([byte_view(request.tensor), MPI.BYTE],
                              [byte_view(output), counts, _displacements(counts), MPI.BYTE])
-        _complete(request, output)
+        return output
 
     def _alltoall(self, response, request):
         meta = response.meta
@@ -171,7 +190,7 @@ class Executor:
         self.comm.Alltoallv(
             [byte_view(request.tensor), (send_counts, _displacements(send_counts)), MPI.BYTE],
             [byte_view(output), (recv_counts, _displacements(recv_counts)), MPI.BYTE])
-        _complete(request, (output, np.array(received, dtype=np.int64)))
+        return (output, np.array(received, dtype=np.int64))
 
     def _reducescatter(self, response, request):
         meta = response.meta
@@ -185,7 +204,7 @@ class Executor:
         start, stop = bounds[self.rank]
         rows = row_bounds[self.rank][1] - row_bounds[self.rank][0]
         output = buffer[start:stop].reshape((rows,) + rest).astype(meta.dtype, copy=True)
-        _complete(request, output)
+        return output
 
     def _span(self, names, activity, started):
         if self.timeline is not None:

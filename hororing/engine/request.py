@@ -80,11 +80,12 @@ class Request:
 
     ``tensor`` is the contiguous input; ``output`` is where an in-place or preallocated
     result goes (None: the engine allocates); ``writeback`` is a non-contiguous array that
-    receives the result at the end.
+    receives the result at the end. ``ready`` (device arrays) has a ``synchronize()`` that
+    returns once the work that produced ``tensor`` on the caller's stream is done.
     """
 
     __slots__ = ("name", "meta", "tensor", "output", "writeback", "handle", "submitted", "cache_id",
-                 "announced")
+                 "announced", "ready")
 
     def __init__(self, name, meta, tensor, output, handle, writeback=None):
         self.name = name
@@ -96,3 +97,4 @@ class Request:
         self.submitted = 0.0
         self.cache_id = None
         self.announced = False
+        self.ready = None

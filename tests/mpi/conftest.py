@@ -4,12 +4,16 @@ A test that fails on one rank prints its report and aborts the whole job, so the
 ranks never wait for a collective that will not come.
 """
 
+import os
 import sys
 
-import pytest
-from mpi4py import MPI
+# device-array tests run numba.cuda in its CPU simulator here (tests/gpu has the real thing)
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-import hororing as hvd
+import pytest  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import hororing as hvd  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):

@@ -1,0 +1,97 @@
+"""Device arrays of any library seen through one type: numba.cuda's device array.
+
+cupy arrays, numba device arrays and anything else exposing ``__cuda_array_interface__``
+(torch CUDA tensors, for one) are viewed without a copy as numba device arrays, which the
+kernels, the staging copies and a CUDA-aware MPI all take; results go back to the caller in
+the caller's own type.
+"""
+
+import numpy as np
+
+from ..validate import SUPPORTED_DTYPES
+
+
+def is_device_array(obj):
+    """True for a cupy array, a numba.cuda device array or any CUDA-array-interface object."""
+    module = type(obj).__module__
+    if isinstance(obj, np.ndarray):
+        return False
+    return (module.startswith("cupy") or module.startswith("numba")
+            or hasattr(obj, "__cuda_array_interface__"))
+
+
+def as_device_view(array):
+    """``array`` as a numba.cuda device array sharing its memory."""
+    if type(array).__module__.startswith("numba"):
+        return array
+    from numba import cuda
+
+    return cuda.as_cuda_array(array)
+
+
+def result_like(original, view):
+    """Return the device array ``view`` in the type of ``original`` (no copy)."""
+    if type(original).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.asarray(view)
+    return view
+
+
+def check_device_array(array, argument="tensor"):
+    """Raise a clear error for a device array the kernels or transports cannot take."""
+    dtype = np.dtype(array.dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(supported.name for supported in SUPPORTED_DTYPES)
+        raise TypeError(f"{argument} is a device array of unsupported dtype {dtype}; supported "
+                        f"dtypes: {names}. Convert it with .astype(...)")
+    if not _c_contiguous(array):
+        raise ValueError(f"{argument} is a non-contiguous device array (shape {tuple(array.shape)},"
+                         f" strides {tuple(array.strides)}); pass a contiguous one, e.g. "
+                         f"cupy.ascontiguousarray({argument})")
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        current = cupy.cuda.runtime.getDevice()
+        if array.device.id != current:
+            raise ValueError(f"{argument} is on GPU {array.device.id}, but this rank uses GPU "
+                             f"{current}; move it with cupy.asarray inside "
+                             f"'with cupy.cuda.Device({current}):', or select its device first")
+    return array
+
+
+def ready_event(array):
+    """An object whose ``synchronize()`` returns once work queued on ``array`` is done.
+
+    cupy: an event recorded on the current stream at submission, so the engine waits for
+    exactly the work that produced the data; numba arrays: the device is synchronized.
+    """
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record()
+        return event
+    return _DeviceSynchronize()
+
+
+class _DeviceSynchronize:
+    @staticmethod
+    def synchronize():
+        from numba import cuda
+
+        cuda.synchronize()
+
+
+def _c_contiguous(array):
+    flags = getattr(array, "flags", None)
+    if flags is not None and not isinstance(flags, dict):
+        return bool(flags.c_contiguous)
+    if hasattr(array, "is_c_contiguous"):
+        return bool(array.is_c_contiguous())
+    expected = np.dtype(array.dtype).itemsize
+    for extent, stride in zip(reversed(array.shape), reversed(array.strides)):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True

@@ -1,0 +1,104 @@
+"""Collectives on device arrays (numba.cuda; its CPU simulator where there is no GPU).
+
+The PyPI MPI is not CUDA-aware, so allreduce takes the staged ring: device fusion buffer,
+chunks copied to pinned host memory in the order the ring reads them, the host ring, pieces
+copied back as they become final. References are computed on the host from every rank's
+regenerated input. Lengths include 0, 1 and sizes not divisible by the number of ranks;
+9001 float64 values (72 KB) are above the small-message threshold, so they take the ring.
+"""
+
+import numpy as np
+import pytest
+
+import hororing as hvd
+from reference import all_inputs, rank_input, reference_allreduce
+
+cuda = pytest.importorskip("numba.cuda")
+SINGLE = pytest.mark.skipif("hvd.size() < 2", reason="a mismatch needs two ranks")
+
+
+def device(array):
+    return cuda.to_device(array)
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 1001, 9001])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product])
+def test_device_allreduce_matches_reference(count, op):
+    seed = count * 7 + op
+    inputs = all_inputs(hvd.size(), (count,), "float64", seed=seed, op=op)
+    result = hvd.allreduce(device(inputs[hvd.rank()]), op=op, name=f"dev.{count}.{op}")
+    assert type(result).__module__.startswith("numba")
+    np.testing.assert_allclose(result.copy_to_host(), reference_allreduce(inputs, op), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float16", "float32"])
+def test_device_allreduce_dtypes_with_scaling(dtype):
+    op = hvd.Average if dtype != "uint8" else hvd.Sum
+    shape = (3, 5, 7)
+    inputs = all_inputs(hvd.size(), shape, dtype, seed=11)
+    result = hvd.allreduce(device(inputs[hvd.rank()]), op=op, name=f"devdt.{dtype}",
+                           prescale_factor=0.5, postscale_factor=2.0)
+    expected = reference_allreduce(inputs, op, prescale=0.5, postscale=2.0)
+    assert result.shape == shape and result.dtype == np.dtype(dtype)
+    tolerance = 1e-2 if dtype == "float16" else 1e-6
+    np.testing.assert_allclose(result.copy_to_host().astype(np.float64), expected.astype(np.float64),
+                               rtol=tolerance, atol=tolerance)
+
+
+def test_device_allreduce_in_place_writes_the_callers_array():
+    inputs = all_inputs(hvd.size(), (2, 9001), "float64", seed=3)
+    array = device(inputs[hvd.rank()])
+    returned = hvd.allreduce_(array, op=hvd.Sum, name="dev.inplace")
+    assert returned is array
+    np.testing.assert_allclose(array.copy_to_host(), reference_allreduce(inputs, hvd.Sum))
+
+
+def test_device_async_allreduces_fuse_and_complete():
+    handles, expected = [], []
+    for index, count in enumerate([5, 300, 1, 64]):
+        inputs = all_inputs(hvd.size(), (count,), "float32", seed=100 + index)
+        handles.append(hvd.allreduce_async(device(inputs[hvd.rank()]), name=f"dev.fused.{index}"))
+        expected.append(reference_allreduce(inputs, hvd.Average))
+    for handle, reference in zip(handles, expected):
+        np.testing.assert_allclose(hvd.synchronize(handle).copy_to_host(), reference, rtol=1e-5)
+
+
+def test_device_allgather_broadcast_alltoall_reducescatter():
+    rank, size = hvd.rank(), hvd.size()
+    gathered = hvd.allgather(device(np.full((rank + 1, 2), rank, np.int32)), name="dev.ag")
+    expected = np.concatenate([np.full((r + 1, 2), r, np.int32) for r in range(size)])
+    np.testing.assert_array_equal(gathered.copy_to_host(), expected)
+
+    array = device(np.full(5, rank, np.int64))
+    assert hvd.broadcast_(array, root_rank=size - 1, name="dev.bc") is array
+    np.testing.assert_array_equal(array.copy_to_host(), np.full(5, size - 1))
+
+    rows = np.arange(size * 2, dtype=np.float32).reshape(size * 2, 1) + 100 * rank
+    received, splits = hvd.alltoall(device(rows), name="dev.a2a")
+    np.testing.assert_array_equal(splits, [2] * size)
+    expected = np.concatenate([np.arange(2 * rank, 2 * rank + 2, dtype=np.float32) + 100 * r
+                               for r in range(size)]).reshape(-1, 1)
+    np.testing.assert_array_equal(received.copy_to_host(), expected)
+
+    inputs = all_inputs(size, (size * 2 + 1, 3), "float64", seed=5)
+    mine = hvd.reducescatter(device(inputs[rank]), op=hvd.Sum, name="dev.rs")
+    total = reference_allreduce(inputs, hvd.Sum)
+    np.testing.assert_allclose(mine.copy_to_host(), np.array_split(total, size)[rank], rtol=1e-12)
+
+
+@SINGLE
+def test_host_and_device_under_one_name_is_a_mismatch_on_every_rank():
+    values = rank_input(hvd.rank(), (4,), "float32")
+    tensor = values if hvd.rank() == 0 else device(values)
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched ALLREDUCE CPU/GPU device "
+                                                       "selection: One rank specified device cpu, "
+                                                       "but another rank specified device cuda"):
+        hvd.allreduce(tensor, name="dev.mixed")
+
+
+def test_bad_device_arrays_are_refused_at_the_door():
+    strided = device(np.arange(12.0).reshape(3, 4))[:, ::2]
+    with pytest.raises(ValueError, match="non-contiguous device array .*contiguous"):
+        hvd.allreduce(strided, name="dev.strided")
+    with pytest.raises(TypeError, match="device array of unsupported dtype complex64"):
+        hvd.allreduce(device(np.ones(3, np.complex64)), name="dev.complex")
