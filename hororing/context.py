@@ -13,6 +13,7 @@ import threading
 from mpi4py import MPI
 
 from .algorithms import ps
+from . import gpu
 from .config import Config
 from .engine.engine import FLAG_FAILED, Engine
 from .errors import NotInitializedError
@@ -37,6 +38,8 @@ class Context:
         self.cross_comm = comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank = self.cross_comm.Get_rank()
         self.cross_size = self.cross_comm.Get_size()
+        # one GPU per rank, where a GPU library is in use and the user has not chosen one
+        self.device = gpu.select_device(self.local_rank)
         timeline = None
         if config.timeline_path and self.rank == 0:
             timeline = Timeline(config.timeline_path, config.timeline_mark_cycles)

@@ -30,7 +30,10 @@ def as_device_view(array):
 
 
 def result_like(original, view):
-    """Return the device array ``view`` in the type of ``original`` (no copy)."""
+    """Return the device array ``view`` in the type of ``original`` (no copy).
+
+    torch tensors are converted by hororing.torch, which knows their dtype and device.
+    """
     if type(original).__module__.startswith("cupy"):
         import cupy
 
@@ -63,9 +66,16 @@ def check_device_array(array, argument="tensor"):
 def ready_event(array):
     """An object whose ``synchronize()`` returns once work queued on ``array`` is done.
 
-    cupy: an event recorded on the current stream at submission, so the engine waits for
-    exactly the work that produced the data; numba arrays: the device is synchronized.
+    cupy and torch: an event recorded on the current stream at submission, so the engine
+    waits for exactly the work that produced the data; numba arrays: the device is
+    synchronized.
     """
+    if type(array).__module__.startswith("torch"):
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(array.device))
+        return event
     if type(array).__module__.startswith("cupy"):
         import cupy
 

@@ -1,7 +1,9 @@
 """The collective verbs on torch tensors, differentiable as Horovod defines them.
 
-CPU tensors are handed to the engine as numpy views of the same memory (no copy); in-place
-verbs write straight into the tensor. bfloat16, which numpy lacks, travels as float32.
+CPU tensors are handed to the engine as numpy views of the same memory (no copy); CUDA
+tensors as themselves (the engine sees them through ``__cuda_array_interface__``, no copy),
+and results come back on the input's device. In-place verbs write straight into the tensor.
+bfloat16, which numpy lacks, travels as float32.
 """
 
 import numpy as np
@@ -47,28 +49,39 @@ def _as_numpy(tensor, argument="tensor"):
     if not isinstance(tensor, torch.Tensor):
         got = "None" if tensor is None else type(tensor).__name__
         raise TypeError(f"{argument} must be a torch.Tensor, got {got}; convert it with torch.as_tensor(...)")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{argument} is on {tensor.device}; this build of hororing.torch reduces "
-                         f"CPU tensors: move it with .cpu()")
     if tensor.is_sparse:
         raise ValueError(f"{argument} is sparse; densify it with .to_dense() first")
     detached = tensor.detach()
     if detached.dtype in _NUMPY_FREE:
-        return detached.float().numpy()
+        detached = detached.float()
+    if detached.device.type == "cuda":
+        return detached.contiguous()
+    if detached.device.type != "cpu":
+        raise ValueError(f"{argument} is on {tensor.device}; hororing reduces CPU and CUDA "
+                         f"tensors: move it with .cpu() or .cuda()")
     return detached.numpy()
 
 
 def _to_torch(array, like):
-    result = torch.from_numpy(np.ascontiguousarray(array))
+    if isinstance(array, torch.Tensor):
+        result = array
+    elif isinstance(array, np.ndarray):
+        result = torch.from_numpy(np.ascontiguousarray(array))
+    else:  # a device array from the engine: viewed in place, on the input's device
+        result = torch.as_tensor(array, device=like.device)
     return result.to(like.dtype) if result.dtype != like.dtype else result
 
 
 def _in_place(tensor, submit):
     """Run ``submit(array)`` on a numpy view of ``tensor`` so the result lands in it."""
     array = _as_numpy(tensor)
+    if tensor.device.type == "cuda" and array.data_ptr() != tensor.data_ptr():
+        if tensor.dtype not in _NUMPY_FREE:
+            raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
+                             ".contiguous() first or use the out-of-place form")
     if tensor.dtype in _NUMPY_FREE:  # the float32 copy comes back into the bf16 tensor
         def finish(result):
-            tensor.data.copy_(torch.from_numpy(result))
+            tensor.data.copy_(_to_torch(result, tensor))
             return tensor
     else:
         def finish(result):

@@ -1,0 +1,69 @@
+"""The kernels on a real GPU (cupy and numba.cuda arrays), and device collectives under mpiexec."""
+
+import numpy as np
+import pytest
+
+from hororing import kernels
+from hororing.gpu import query_mpi_cuda_support
+
+DTYPES = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "min", "max", "product"])
+@pytest.mark.parametrize("library", ["cupy", "numba"])
+def test_reduce_on_the_gpu_matches_numpy(library, dtype, op):
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 4, 1_000_003).astype(dtype)
+    b = rng.integers(0, 4, 1_000_003).astype(dtype)
+    target, source = _device(library, a), _device(library, b)
+    kernels.reduce_into(target, source, op)
+    kernels.reduce_into(a, b, op)
+    np.testing.assert_array_equal(_host(target), a)
+
+
+def test_compression_and_pack_on_the_gpu_match_numpy():
+    from numba import cuda
+
+    source = np.random.default_rng(1).standard_normal(300_001).astype(np.float32) * 1e4
+    for to, wire_dtype in ((kernels.to_fp16, np.float16), (kernels.to_bf16, np.uint16)):
+        wire, host_wire = cuda.device_array(source.size, wire_dtype), np.empty(source.size, wire_dtype)
+        to(cuda.to_device(source), wire, prescale=0.25)
+        to(source, host_wire, prescale=0.25)
+        np.testing.assert_array_equal(wire.copy_to_host(), host_wire)
+    arrays = [np.full(n, n, np.float32) for n in range(1, 101)]
+    buffer = cuda.device_array(sum(a.size for a in arrays), np.float32)
+    kernels.pack([cuda.to_device(a) for a in arrays], buffer)
+    np.testing.assert_array_equal(buffer.copy_to_host(), np.concatenate(arrays))
+
+
+@pytest.mark.parametrize("cuda_aware", ["0", "1"])
+def test_cupy_collectives_two_ranks_on_one_gpu(launch, cuda_aware):
+    if cuda_aware == "1" and not query_mpi_cuda_support()[0]:
+        pytest.skip(f"this MPI is not CUDA-aware ({query_mpi_cuda_support()[1]})")
+    job = launch(2, "cupy_collectives.py", env={"HORORING_CUDA_AWARE": cuda_aware})
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-3000:]
+    assert job.stdout.count("cupy collectives ok") == 2
+
+
+def test_torch_cuda_tensors_through_distributed_optimizer(launch):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    job = launch(2, "torch_cuda.py")
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-3000:]
+    assert job.stdout.count("torch cuda ok") == 2
+
+
+def _device(library, array):
+    if library == "cupy":
+        import cupy
+
+        return cupy.asarray(array)
+    from numba import cuda
+
+    return cuda.to_device(array)
+
+
+def _host(array):
+    return array.get() if hasattr(array, "get") else array.copy_to_host()
