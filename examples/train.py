@@ -36,6 +36,9 @@ def parse_args():
                                              "or 'colocated' (default: HORORING_PS_SERVERS, else 1)")
     parser.add_argument("--placement", choices=["round_robin", "greedy_bytes", "partitioned"],
                         help="PS mode: which server holds which tensor")
+    parser.add_argument("--ps-async", action="store_true",
+                        help="PS mode: asynchronous SGD on the servers (AsyncPSOptimizer) instead "
+                             "of synchronous averaging")
     parser.add_argument("--save-params", help="write the final parameters here (.npz)")
     return parser.parse_args()
 
@@ -98,7 +101,12 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     first_epoch = hvd.broadcast_object(first_epoch, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if args.ps_async:
+        # the servers hold the weights and apply each rank's gradient as it arrives, with
+        # the unscaled learning rate: every push is one SGD step of one rank's batch
+        optimizer = hvd.AsyncPSOptimizer(model.named_parameters(), lr=args.lr, momentum=0.9)
+    else:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
     # the same number of steps on every rank, so no rank waits for a collective that never comes
     steps = int(hvd.allreduce(torch.tensor([len(train_x) // args.batch_size]), op=hvd.Min)[0])
@@ -134,6 +142,10 @@ def main():
     stats = hvd.ps_stats()
     mode = "ring" if stats is None else (
         f"PS, {stats['servers']} server(s) holding {stats['held_bytes']} B, {stats['placement']}")
+    if args.ps_async:
+        stale = optimizer.staleness()
+        print(f"rank {rank}: {stale['updates']} asynchronous updates, staleness mean "
+              f"{stale['mean']:.2f} max {stale['max']} (server steps)")
     if rank == 0:
         print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits "
               f"({size} ranks, {mode}, {time.time() - started:.1f} s of training)")

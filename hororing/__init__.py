@@ -10,6 +10,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                           join, poll, reducescatter, reducescatter_async, synchronize)
 from . import data
+from .async_ps import AsyncPSOptimizer
 from .config import Config
 from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                       ps_stats, rank, shutdown, size, start_timeline, stop_timeline)
@@ -21,7 +22,7 @@ from .optim import SGD, DistributedOptimizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "Average", "Config", "DistributedOptimizer", "HorovodInternalError", "SGD", "Max", "Min", "Product", "Sum",
+    "Adasum", "AsyncPSOptimizer", "Average", "Config", "DistributedOptimizer", "HorovodInternalError", "SGD", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",

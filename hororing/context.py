@@ -242,10 +242,13 @@ def _serve_exit(failure, stats, workers):
     """End a server process: status 0 after a clean shutdown, 1 after a worker failed."""
     steps = max(stats["steps"], 1)
     # one write, newline included, so servers' lines do not run together on a shared stdout
-    sys.stdout.write(f"[hororing PS server {stats['server']}] {stats['steps']} steps from "
-                     f"{workers} workers; moved per step {stats['received_bytes'] // steps} B in, "
-                     f"{stats['sent_bytes'] // steps} B out; late pushes dropped: "
-                     f"{stats['dropped']}\n")
+    line = (f"[hororing PS server {stats['server']}] {stats['steps']} steps from {workers} "
+            f"workers; moved per step {stats['received_bytes'] // steps} B in, "
+            f"{stats['sent_bytes'] // steps} B out; late pushes dropped: {stats['dropped']}")
+    if stats.get("async"):
+        line += (f"; asynchronous updates applied: {stats['async']['updates']}, staleness mean "
+                 f"{stats['async']['mean_staleness']:.2f} max {stats['async']['max_staleness']}")
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
     if failure is not None:
         sys.stderr.write(f"[hororing PS server {stats['server']}] ending the job: {failure}\n")

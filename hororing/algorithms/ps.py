@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from .. import transport
 from ..kernels import reduce_into
+from . import ps_async
 from .placement import Placement, bucket_plan
 
 log = logging.getLogger("hororing")
@@ -92,6 +93,7 @@ def serve(comm, workers, replicas, index):
     completed = -1
     finished = set()
     stats = {"server": index, "steps": 0, "received_bytes": 0, "sent_bytes": 0, "dropped": 0}
+    shard = ps_async.AsyncShard()  # used only by workers training asynchronously
     replies = []
     status = MPI.Status()
     while len(finished) < len(workers):
@@ -104,6 +106,18 @@ def serve(comm, workers, replicas, index):
                 text = message.tobytes().decode("utf-8", "replace")
                 return f"worker {worker_order[source]} failed: {text}", stats
             finished.add(source)
+            continue
+        if tag == ps_async.TAG_REGISTER:
+            header = np.empty(4, dtype=np.float64)
+            comm.Recv(header, source, tag)
+            shard.on_register(comm, source, worker_order[source], header)
+            continue
+        if tag == ps_async.TAG_PUSH:
+            seen = np.empty(1, dtype=np.int64)
+            comm.Recv(seen, source, tag)
+            moved = shard.on_push(comm, source, int(seen[0]))
+            stats["received_bytes"] += moved
+            stats["sent_bytes"] += moved
             continue
         header = np.empty(4, dtype=np.int64)
         comm.Recv(header, source, TAG_PUSH)
@@ -126,6 +140,7 @@ def serve(comm, workers, replicas, index):
         completed = sequence
         del pending[sequence]
     transport.wait_all(replies)
+    stats["async"] = shard.report()
     return None, stats
 
 

@@ -7,6 +7,7 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, b
                 cross_rank, cross_size, init, is_initialized, join, local_rank, local_size,
                 ps_stats, rank, shutdown, size)
 from .. import data
+from .async_optimizer import AsyncPSOptimizer
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
@@ -50,7 +51,7 @@ def rocm_built():
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
+    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
     "Min", "Product", "Sum", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
     "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",

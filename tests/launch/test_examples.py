@@ -90,3 +90,15 @@ def test_ps_mode_trains_to_the_same_parameters_as_the_ring(tmp_path):
     ring_params, ps_params = np.load(tmp_path / "ring.npz"), np.load(tmp_path / "ps.npz")
     for name in ring_params:
         np.testing.assert_allclose(ps_params[name], ring_params[name], atol=1e-4)
+
+
+def test_asynchronous_ps_training_converges_on_digits(tmp_path):
+    job = run(4, "--mode", "ps", "--ps-servers", "1", "--ps-async", "--checkpoint",
+              str(tmp_path / "async.pt"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+    assert accuracy >= 0.93
+    # three workers pushing in turn: each update saw about two others land first
+    means = [float(mean) for mean in re.findall(r"asynchronous updates, staleness mean ([0-9.]+)",
+                                                 job.stdout)]
+    assert len(means) == 3 and all(0.5 <= mean <= 4 for mean in means)

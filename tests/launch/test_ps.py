@@ -60,3 +60,22 @@ def test_a_crashed_worker_does_not_leave_the_servers_running(launch):
     job = launch(4, "ps_worker_fails.py", timeout=90)
     assert job.returncode != 0
     assert "KeyError: 'missing batch 17'" in job.stderr
+
+
+@pytest.mark.parametrize("ranks,servers", [(2, 1), (4, 1), (4, 2), (3, 2)])
+def test_asynchronous_ps_applies_every_update_on_the_servers(launch, ranks, servers):
+    job = launch(ranks, "ps_async.py", env=ps_env(servers), timeout=240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    workers = ranks - servers
+    assert job.stdout.count("ASYNC OK") == workers
+    updates = [int(count) for count in re.findall(r"asynchronous updates applied: (\d+)", job.stdout)]
+    steps = 8 if workers == 1 else 9  # the extra pull after the barrier
+    assert updates == [workers * steps] * servers
+
+
+def test_asynchronous_ps_refuses_ring_and_colocated_modes(launch):
+    for env in ({}, ps_env("colocated")):
+        job = launch(2, "ps_async.py", env=env, timeout=120)
+        assert job.returncode != 0
+        assert job.stderr.count("ValueError: asynchronous PS needs dedicated parameter servers") == 2, \
+            job.stderr[-3000:]
