@@ -22,33 +22,38 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by size")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                        help="gpu: the model, data and gradients are cupy arrays on this rank's GPU")
     return parser.parse_args()
 
 
 class MLP:
-    """64 -> 64 (ReLU) -> 10, softmax cross-entropy."""
+    """64 -> 64 (ReLU) -> 10, softmax cross-entropy, on numpy or cupy (``xp``)."""
 
-    def __init__(self, rng):
-        self.params = {
+    def __init__(self, rng, xp=np):
+        self.xp = xp
+        self.params = {name: xp.asarray(value) for name, value in {
             "w1": (rng.standard_normal((64, 64)) * np.sqrt(2 / 64)).astype(np.float32),
             "b1": np.zeros(64, np.float32),
             "w2": (rng.standard_normal((64, 10)) * np.sqrt(2 / 64)).astype(np.float32),
             "b2": np.zeros(10, np.float32),
-        }
+        }.items()}
 
     def forward(self, x):
-        hidden = np.maximum(x @ self.params["w1"] + self.params["b1"], 0)
+        hidden = self.xp.maximum(x @ self.params["w1"] + self.params["b1"], 0)
         return hidden, hidden @ self.params["w2"] + self.params["b2"]
 
     def loss_and_backward(self, x, labels, optimizer):
         """Write the gradients into optimizer.grads, last layer first; return the loss."""
+        xp = self.xp
         hidden, logits = self.forward(x)
         shifted = logits - logits.max(axis=1, keepdims=True)
-        probabilities = np.exp(shifted)
+        probabilities = xp.exp(shifted)
         probabilities /= probabilities.sum(axis=1, keepdims=True)
-        loss = -np.log(probabilities[np.arange(len(labels)), labels] + 1e-12).mean()
+        rows = xp.arange(len(labels))
+        loss = -xp.log(probabilities[rows, labels] + 1e-12).mean()
         d_logits = probabilities
-        d_logits[np.arange(len(labels)), labels] -= 1
+        d_logits[rows, labels] -= 1
         d_logits /= len(labels)
         grads = optimizer.grads
         grads["w2"][...] = hidden.T @ d_logits
@@ -63,23 +68,26 @@ class MLP:
 
 def main():
     args = parse_args()
+    xp = np
+    if args.device == "gpu":
+        import cupy as xp  # imported before init(), which then makes GPU local_rank % count current
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     digits = load_digits()
     train_x, test_x, train_y, test_y = train_test_split(
         (digits.data / 16.0).astype(np.float32), digits.target, test_size=0.2, random_state=0,
         stratify=digits.target)
-    train_x, train_y = train_x[rank::size], train_y[rank::size]
-    test_x, test_y = test_x[rank::size], test_y[rank::size]
+    train_x, train_y = xp.asarray(train_x[rank::size]), xp.asarray(train_y[rank::size])
+    test_x, test_y = xp.asarray(test_x[rank::size]), xp.asarray(test_y[rank::size])
 
-    model = MLP(np.random.default_rng(0))
+    model = MLP(np.random.default_rng(0), xp)
     for name, value in model.params.items():  # every rank starts from rank 0's weights
         hvd.broadcast_(value, root_rank=0, name=f"init.{name}")
     optimizer = hvd.DistributedOptimizer(hvd.SGD(model.params, lr=args.lr * size, momentum=0.9))
     steps = int(hvd.allreduce(np.array([len(train_x) // args.batch_size]), op=hvd.Min)[0])
     rng = np.random.default_rng(rank)
     for epoch in range(args.epochs):
-        order = rng.permutation(len(train_x))
+        order = xp.asarray(rng.permutation(len(train_x)))
         losses = []
         for step in range(steps):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]

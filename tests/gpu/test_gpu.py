@@ -67,3 +67,13 @@ def _device(library, array):
 
 def _host(array):
     return array.get() if hasattr(array, "get") else array.copy_to_host()
+
+
+def test_numpy_example_trains_on_cupy_arrays(launch):
+    import pathlib
+    import re
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
+    job = launch(2, str(example), "--device", "gpu")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1)) >= 0.95
