@@ -13,21 +13,13 @@ from ._xp import NUMBA, array_module, backend, device_kernels
 def to_fp16(source, output, prescale=1.0, stream=0):
     """``output[...] = float16(source * prescale)``; ``output`` is a float16 array."""
     _check(output, np.float16, "to_fp16 output")
-    if backend(source) == NUMBA:
-        device_kernels().to_fp16(output, source, prescale, stream)
-        return
-    xp = array_module(source)
-    xp.multiply(source, source.dtype.type(prescale), out=output, casting="unsafe")
+    _scaled_cast(source, output, source.dtype.type(prescale), stream)
 
 
 def from_fp16(source, output, postscale=1.0, stream=0):
     """``output[...] = widen(source) * postscale``."""
     _check(source, np.float16, "from_fp16 source")
-    if backend(source) == NUMBA:
-        device_kernels().from_fp16(output, source, postscale, stream)
-        return
-    xp = array_module(source)
-    xp.multiply(source, output.dtype.type(postscale), out=output, casting="unsafe")
+    _scaled_cast(source, output, output.dtype.type(postscale), stream)
 
 
 def to_bf16(source, output, prescale=1.0, stream=0):
@@ -67,6 +59,14 @@ def from_bf16(source, output, postscale=1.0, stream=0):
     output.view(xp.uint32)[...] = source.astype(xp.uint32) << 16
     if postscale != 1.0:
         xp.multiply(output, np.float32(postscale), out=output)
+
+
+def _scaled_cast(source, output, factor, stream):
+    """``output[...] = source * factor``, computed in ``factor``'s dtype, stored as output's."""
+    if backend(source) == NUMBA:
+        device_kernels().scaled_cast(output, source, factor, stream)
+        return
+    array_module(source).multiply(source, factor, out=output, casting="unsafe")
 
 
 def _check(array, dtype, what):

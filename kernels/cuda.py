@@ -65,14 +65,8 @@ def _divide_trunc(buffer, divisor):
 
 
 @cuda.jit
-def _to_fp16(output, source, factor):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, output.size, stride):
-        output[i] = source[i] * factor
-
-
-@cuda.jit
-def _from_fp16(output, source, factor):
+def _scaled_cast(output, source, factor):
+    # the store converts to output's dtype (float32 <-> float16)
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, output.size, stride):
         output[i] = source[i] * factor
@@ -141,12 +135,10 @@ def divide_trunc(buffer, divisor, stream=0):
     _divide_trunc[launch(buffer.size) + (stream,)](buffer, buffer.dtype.type(divisor))
 
 
-def to_fp16(output, source, factor, stream=0):
-    _to_fp16[launch(output.size) + (stream,)](output, source, np.float32(factor))
-
-
-def from_fp16(output, source, factor, stream=0):
-    _from_fp16[launch(output.size) + (stream,)](output, source, output.dtype.type(factor))
+def scaled_cast(output, source, factor, stream=0):
+    """``output[...] = source * factor`` in the wider of the two dtypes, stored as output's."""
+    wide = np.promote_types(output.dtype, source.dtype).type
+    _scaled_cast[launch(output.size) + (stream,)](output, source, wide(factor))
 
 
 def to_bf16_bits(output, bits, stream=0):

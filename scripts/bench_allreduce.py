@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hororing as hvd
-from benchinfo import machine_info, machine_line
+from benchinfo import machine_info, machine_line, setup_gloo
 from hororing.costmodel import Machine, bus_bandwidth, ring_time
 
 COMM = MPI.COMM_WORLD
@@ -44,7 +44,7 @@ def main():
     rank, size = COMM.Get_rank(), COMM.Get_size()
     machine, copy_bw = calibrate()
     algorithms = {name: ALGORITHMS[name] for name in args.algorithms}
-    if "gloo" in algorithms and not setup_gloo():
+    if "gloo" in algorithms and not setup_gloo(COMM):
         del algorithms["gloo"]
     if rank == 0:
         print(header(size, copy_bw, machine))
@@ -149,23 +149,6 @@ def run_gloo(buffer):
     import torch
     import torch.distributed as dist
     dist.all_reduce(torch.from_numpy(buffer))
-
-
-def setup_gloo():
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return False
-    port = COMM.bcast(_free_port() if COMM.Get_rank() == 0 else None, root=0)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    dist.init_process_group("gloo", rank=COMM.Get_rank(), world_size=COMM.Get_size())
-    return True
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 ALGORITHMS = {"ring": run_ring, "native": run_native, "plain": run_plain, "gloo": run_gloo}

@@ -26,14 +26,13 @@ difference between hororing's parameters and its peer's at the end (a correctnes
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from benchinfo import machine_info, machine_line
+from benchinfo import machine_info, machine_line, setup_gloo
 
 MODELS = {"small": (64, 128, 64, 10), "large": (64, 1024, 1024, 1024, 10)}
 
@@ -130,7 +129,8 @@ def child(args):
             variants["ddp"] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         step_ms = time_variants(variants, batches, args, comm)
         peer = "torch" if size == 1 else "ddp"
-        report = {"name": name, "parameters": sum(p.numel() for p in build(name).parameters()),
+        parameters = sum(p.numel() for p in variants["hororing"][0].parameters())
+        report = {"name": name, "parameters": parameters,
                   "step_ms": step_ms, "peer": peer}
         if peer in variants:
             # the same steps on the same batches from the same start: the same parameters
@@ -204,20 +204,6 @@ def timeline_overlap(variant, batches, hvd, overlap_report, comm, steps=20):
         report = {"hidden_fraction": overlap["hidden_fraction"], "timeline_steps": len(per_step),
                   "reduce_ms_per_step": sum(total for _, total in per_step) / len(per_step) / 1e3}
     return comm.bcast(report)
-
-
-def setup_gloo(comm):
-    import torch.distributed as dist
-    port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
-    return True
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def machine(torch):

@@ -23,6 +23,27 @@ def machine_info():
             "python": platform.python_version()}
 
 
+def setup_gloo(comm):
+    """Start torch.distributed's gloo group over ``comm``'s ranks on loopback.
+
+    Returns False when torch is not installed. Rank 0 picks a free port and broadcasts it.
+    """
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    return True
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def machine_line(info):
     """One header line naming the CPU, cores, MPI and versions."""
     return (f"# CPU {info['cpu']}, {info['cores']} cores; {info['mpi']}; mpi4py "

@@ -79,6 +79,7 @@ class AsyncShard:
         self.version = 0
         self.staleness = []
         self._waiting = []  # workers that registered before worker 0's values arrived
+        self._incoming = None  # receive buffer for pushed gradients, reused
 
     def on_register(self, comm, source, worker, header):
         count, dtype, lr, momentum = header.tolist()
@@ -94,7 +95,9 @@ class AsyncShard:
             self._waiting = []
 
     def on_push(self, comm, source, seen_version):
-        gradient = np.empty_like(self.params)
+        if self._incoming is None:
+            self._incoming = np.empty_like(self.params)
+        gradient = self._incoming
         comm.Recv(gradient, source, TAG_DATA)
         staleness = self.version - seen_version
         self.staleness.append(staleness)

@@ -14,6 +14,7 @@ from .. import gpu
 from ..algorithms.ring import Ring
 from ..algorithms.staged import StagedRing
 from ..kernels import pack, scale_into, unpack
+from ..ops import KERNEL_OP
 
 
 class DeviceCollectives:
@@ -46,17 +47,19 @@ class DeviceCollectives:
         for _, request in items:
             if request is not None and request.ready is not None:
                 request.ready.synchronize()
+        dtype = np.dtype(meta.dtype)
         inputs, outputs = [], []
         for response, request in items:
+            shape = response.meta.shape
             if request is None:  # joined rank: contributes zeros
-                zeros = cuda.device_array(response.meta.shape, dtype=np.dtype(meta.dtype))
-                _fill_zero(zeros)
+                zeros = cuda.device_array(shape, dtype=dtype)
+                _copy_in(zeros, np.zeros(shape, dtype=dtype))
                 inputs.append(zeros)
             else:
                 inputs.append(gpu.as_device_view(request.tensor))
-            output = None if request is None or request.output is None else request.output
-            outputs.append(gpu.as_device_view(output) if output is not None
-                           else cuda.device_array(response.meta.shape, dtype=np.dtype(meta.dtype)))
+            in_place = request is not None and request.output is not None
+            outputs.append(gpu.as_device_view(request.output) if in_place
+                           else cuda.device_array(shape, dtype=dtype))
         total = sum(array.size for array in inputs)
         buffer = self._fusion_view(wire, total)
         ranges = pack(inputs, buffer)
@@ -69,11 +72,11 @@ class DeviceCollectives:
             if executor.reducer is not None:
                 names = [response.name for response, _ in items]
                 segments = [(name, start, stop) for name, (start, stop) in zip(names, ranges)]
-            algorithm.allreduce(host, _op(meta), finalizer(algorithm.contributors),
+            algorithm.allreduce(host, KERNEL_OP[meta.op], finalizer(algorithm.contributors),
                                 segments=segments)
             _copy_in(buffer, host)
         else:
-            self.ring.allreduce(buffer, _op(meta), finalizer(self.ring.contributors))
+            self.ring.allreduce(buffer, KERNEL_OP[meta.op], finalizer(self.ring.contributors))
         unpack(buffer, ranges, outputs)
         cuda.synchronize()
         return [_result(request, output) for (_, request), output in zip(items, outputs)]
@@ -99,21 +102,11 @@ class DeviceCollectives:
         return device_result if extra is None else (device_result, extra)
 
     def _fusion_view(self, dtype, count):
-        needed = max(count * dtype.itemsize, dtype.itemsize)
-        if self._fusion is None or self._fusion.nbytes < needed:
-            self._fusion = self.cuda.device_array(max(needed, 2 * (0 if self._fusion is None else
-                                                                  self._fusion.nbytes)), np.uint8)
-        return self._fusion[:count * dtype.itemsize].view(dtype)
-
-
-def _op(meta):
-    from ..ops import KERNEL_OP
-
-    return KERNEL_OP[meta.op]
-
-
-def _fill_zero(array):
-    _copy_in(array, np.zeros(array.shape, dtype=array.dtype))
+        needed = count * dtype.itemsize
+        held = 0 if self._fusion is None else self._fusion.nbytes
+        if self._fusion is None or held < needed:
+            self._fusion = self.cuda.device_array(max(needed, 2 * held, dtype.itemsize), np.uint8)
+        return self._fusion[:needed].view(dtype)
 
 
 def _copy_in(target, host):

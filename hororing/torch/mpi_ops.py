@@ -75,10 +75,10 @@ def _to_torch(array, like):
 def _in_place(tensor, submit):
     """Run ``submit(array)`` on a numpy view of ``tensor`` so the result lands in it."""
     array = _as_numpy(tensor)
-    if tensor.device.type == "cuda" and array.data_ptr() != tensor.data_ptr():
-        if tensor.dtype not in _NUMPY_FREE:
-            raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
-                             ".contiguous() first or use the out-of-place form")
+    if (tensor.device.type == "cuda" and tensor.dtype not in _NUMPY_FREE
+            and array.data_ptr() != tensor.data_ptr()):
+        raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
+                         ".contiguous() first or use the out-of-place form")
     if tensor.dtype in _NUMPY_FREE:  # the float32 copy comes back into the bf16 tensor
         def finish(result):
             tensor.data.copy_(_to_torch(result, tensor))
