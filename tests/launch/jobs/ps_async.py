@@ -6,6 +6,8 @@
 3. With several workers, plain SGD on a constant gradient ends at init - lr * (all updates)
    * g, exactly, whatever order the servers saw the pushes in.
 """
+import sys
+
 import numpy as np
 
 import hororing as hvd
@@ -16,7 +18,13 @@ lr, steps = 0.5, 8
 weights = np.full((3, 5), 100.0 + rank)   # only worker 0's values count
 bias = np.arange(7.0) + rank
 momentum = 0.9 if workers == 1 else 0.0
-optimizer = hvd.AsyncPSOptimizer([("w", weights), ("b", bias)], lr=lr, momentum=momentum)
+try:
+    optimizer = hvd.AsyncPSOptimizer([("w", weights), ("b", bias)], lr=lr, momentum=momentum)
+except ValueError as error:
+    # one write per rank, so the lines of the ranks cannot interleave in mpiexec's stream
+    sys.stdout.write(f"REFUSED on rank {rank}: {error}\n")
+    sys.stdout.flush()
+    sys.exit(3)
 np.testing.assert_array_equal(weights, 100.0)
 np.testing.assert_array_equal(bias, np.arange(7.0))
 
