@@ -9,7 +9,9 @@ Algorithms, all on the same buffers in the same run:
   plain   a 20-line Python ring: blocking Sendrecv + np.add, no sub-chunks (the baseline)
   gloo    torch.distributed's gloo all_reduce (when torch is installed)
 
-Columns: size (B), count, dtype, time (us, mean per call, slowest rank), algbw and busbw
+Columns: size (B), count, dtype, time (us: the algorithms take turns in --rounds rounds, each
+round timing a block of calls; the median over rounds of a block's mean per call on the
+slowest rank), algbw and busbw
 (GB/s; busbw = algbw * 2(n-1)/n), #wrong (elements differing from an exact reference, from a
 separate untimed call), and the ring cost model's prediction with measured/predicted.
 
@@ -53,20 +55,22 @@ def main():
     rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         count = nbytes // 4
-        for name, run in algorithms.items():
-            wrong = check(run, count)
-            seconds = timed(run, count, args)
+        wrong = {name: check(run, count) for name, run in algorithms.items()}
+        times = timed_rounds(algorithms, count, args)
+        for name in algorithms:
+            seconds = float(np.median(times[name]))
             predicted = ring_time(machine, size, count * 4)
             row = {"bytes": count * 4, "count": count, "dtype": "float32", "algorithm": name,
-                   "time_us": seconds * 1e6, "algbw_GBs": count * 4 / seconds / 1e9,
-                   "busbw_GBs": bus_bandwidth(size, count * 4, seconds) / 1e9, "wrong": wrong,
-                   "model_us": predicted * 1e6,
+                   "time_us": seconds * 1e6, "round_times_us": [t * 1e6 for t in times[name]],
+                   "algbw_GBs": count * 4 / seconds / 1e9,
+                   "busbw_GBs": bus_bandwidth(size, count * 4, seconds) / 1e9,
+                   "wrong": wrong[name], "model_us": predicted * 1e6,
                    "measured_over_model": seconds / predicted if predicted else None}
             rows.append(row)
             if rank == 0:
                 print(f"{row['bytes']:>12} {count:>10} {'float32':>7} {name:>9} "
                       f"{row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} {row['busbw_GBs']:>7.2f} "
-                      f"{wrong:>6} {row['model_us']:>10.1f} "
+                      f"{wrong[name]:>6} {row['model_us']:>10.1f} "
                       f"{(row['measured_over_model'] or 0):>10.2f}", flush=True)
     fusion = fusion_benchmark() if args.fusion else None
     if rank == 0:
@@ -94,6 +98,8 @@ def parse_args():
                         choices=sorted(ALGORITHMS))
     parser.add_argument("--seconds", type=float, default=0.3,
                         help="target timed seconds per size and algorithm")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds per size; every algorithm is timed once per round")
     parser.add_argument("--fusion", action="store_true", help="also time 64 x 16 KiB async vs blocking")
     parser.add_argument("--json", help="write results as JSON (rank 0)")
     parser.add_argument("--plot", help="write a PNG of busbw against size (rank 0)")
@@ -166,21 +172,38 @@ def check(run, count):
     return COMM.allreduce(wrong, op=MPI.SUM)
 
 
-def timed(run, count, args):
+def timed_rounds(algorithms, count, args):
+    """Time every algorithm in ``args.rounds`` rounds, the order rotating from round to round.
+
+    Each round gives every algorithm one block of about ``seconds / rounds`` (mean per call,
+    slowest rank), so a transient slowdown of the shared machine lands on all of them
+    instead of on whichever was being timed; the table reports the median over rounds.
+    """
     buffer = Buffers.get(count)
-    for _ in range(WARMUP):
+    names = list(algorithms)
+    iterations = {}
+    for name in names:
+        run = algorithms[name]
+        for _ in range(WARMUP):
+            run(buffer)
+        COMM.Barrier()
+        started = time.perf_counter()
         run(buffer)
-    COMM.Barrier()
-    started = time.perf_counter()
-    run(buffer)
-    once = COMM.allreduce(time.perf_counter() - started, op=MPI.MAX)
-    iterations = int(min(max(args.seconds / max(once, 1e-7), 5), 20000))
-    COMM.Barrier()
-    started = time.perf_counter()
-    for _ in range(iterations):
-        run(buffer)
-    elapsed = time.perf_counter() - started
-    return COMM.allreduce(elapsed, op=MPI.MAX) / iterations
+        once = COMM.allreduce(time.perf_counter() - started, op=MPI.MAX)
+        block_seconds = args.seconds / args.rounds
+        iterations[name] = int(min(max(block_seconds / max(once, 1e-7), 3), 20000))
+    times = {name: [] for name in names}
+    for round_index in range(args.rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = algorithms[name]
+            COMM.Barrier()
+            started = time.perf_counter()
+            for _ in range(iterations[name]):
+                run(buffer)
+            elapsed = time.perf_counter() - started
+            times[name].append(COMM.allreduce(elapsed, op=MPI.MAX) / iterations[name])
+    return times
 
 
 def calibrate():

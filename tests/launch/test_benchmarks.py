@@ -1,0 +1,52 @@
+"""The benchmark scripts end to end on tiny sizes: they run, and every algorithm is correct.
+
+Only the shape of the output is checked; timings are what the scripts are for, not the tests.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+from conftest import mpiexec
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
+
+
+def test_bench_allreduce_runs_every_algorithm_correctly(tmp_path):
+    output = tmp_path / "allreduce.json"
+    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(SCRIPTS / "bench_allreduce.py"),
+                          "--max-bytes", "1048576", "--seconds", "0.02", "--rounds", "2",
+                          "--algorithms", "ring", "native", "plain", "--fusion",
+                          "--json", str(output)],
+                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
+    assert job.returncode == 0, job.stderr[-3000:]
+    report = json.loads(output.read_text())
+    rows = report["rows"]
+    assert {row["algorithm"] for row in rows} == {"ring", "native", "plain"}
+    assert {row["bytes"] for row in rows} >= {8, 1024 * 1024}
+    assert all(row["wrong"] == 0 for row in rows), [row for row in rows if row["wrong"]]
+    assert all(len(row["round_times_us"]) == 2 and row["time_us"] > 0 for row in rows)
+    assert report["fusion"]["async_us"] > 0 and report["fusion"]["blocking_us"] > 0
+
+
+def test_bench_ring_vs_ps_fits_the_model_and_checks_every_algorithm(tmp_path):
+    output = tmp_path / "ring_vs_ps.json"
+    job = subprocess.run([sys.executable, str(SCRIPTS / "bench_ring_vs_ps.py"),
+                          "--mpiexec", mpiexec(), "--ns", "2,3", "--servers", "2",
+                          "--sizes", "4096,65536,262144", "--size-n", "3", "--fit-from", "0",
+                          "--seconds", "0.02", "--blocks", "2", "--json", str(output)],
+                         capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    report = json.loads(output.read_text())
+    rows = report["rows"]
+    assert {(row["algorithm"], row["n"]) for row in rows} == {
+        (algorithm, n) for algorithm in ("ring", "colocated", "native", "ps1", "ps2")
+        for n in (2, 3)}
+    assert all(row["wrong"] == 0 for row in rows), [row for row in rows if row["wrong"]]
+    assert all(row["blocks"] == 2 and row["time_s"] <= row["median_s"] for row in rows)
+    fit = report["fit"]
+    assert min(fit["alpha"], fit["beta"], fit["gamma"]) >= 0
+    assert len(fit["ratios"]) == 12  # ring and ps1, 3 sizes, 2 worker counts
+    assert all(row["model_s"] > 0 for row in rows if row["algorithm"] in ("ring", "ps1"))
+    assert "(b) n sweep at 4 MiB" in job.stdout
