@@ -194,7 +194,6 @@ def plot(rows, ns, args, machine):
 def child(args):
     from mpi4py import MPI
 
-    from hororing import transport
     from hororing.algorithms import ps
     from hororing.algorithms.placement import Placement
     from hororing.algorithms.ring import Ring
@@ -214,7 +213,7 @@ def child(args):
     rows = []
     for name, run in algorithms:
         rows += measure(name, run, sizes, workers, n, args.seconds, args.blocks, bus_bandwidth)
-    idle_barrier(world, transport)
+    idle_barrier(world)
     for servers, placement in ((1, "round_robin"), (k, "partitioned")):
         comm = world.Dup()
         name = f"ps{servers}"
@@ -228,7 +227,7 @@ def child(args):
             failure, _ = ps.serve(comm, list(range(n)), n, rank - n)
             if failure:
                 raise RuntimeError(failure)
-        idle_barrier(world, transport)
+        idle_barrier(world)
         comm.Free()
     if rank == 0:
         for row in rows:
@@ -271,9 +270,15 @@ def measure(name, run, sizes, workers, n, seconds, blocks, bus_bandwidth):
     return rows
 
 
-def idle_barrier(world, transport):
-    """A barrier that sleeps while it waits (MPICH's Barrier spins and steals the cores)."""
-    transport.wait(world.Ibarrier())
+def idle_barrier(world):
+    """A barrier for ranks with nothing to do meanwhile: it sleeps 20 ms between checks.
+
+    MPICH's Barrier spins, and even hororing's back-off wakes every millisecond; on a host
+    with few cores every such wake-up can preempt a rank that is being timed.
+    """
+    request = world.Ibarrier()
+    while not request.Test():
+        time.sleep(0.02)
 
 
 def parse_args():
