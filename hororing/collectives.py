@@ -12,8 +12,8 @@ from . import gpu, ops
 from .context import current
 from .engine.negotiation import JOIN_NAME, Meta
 from .engine.request import GroupHandle, Handle, Request
-from .validate import (check_array, check_factor, check_name, check_root, check_splits,
-                       check_writable, resolve_op)
+from .validate import (DTYPE_NAMES, check_array, check_factor, check_name, check_root,
+                       check_splits, check_writable, resolve_op)
 
 
 def synchronize(handle):
@@ -240,7 +240,8 @@ def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fie
             tensor = output = np.ascontiguousarray(tensor)
     else:
         tensor = np.ascontiguousarray(tensor)
-    meta = Meta(kind=kind, dtype=tensor.dtype.name, shape=tuple(tensor.shape), **fields)
+    meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,
+                shape=tuple(tensor.shape), **fields)
     handle = Handle(name, context.engine)
     return context.engine.submit(Request(name, meta, tensor, output, handle, writeback), blocking)
 

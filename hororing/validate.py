@@ -10,6 +10,8 @@ SUPPORTED_DTYPES = tuple(np.dtype(name) for name in (
     "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
     "float16", "float32", "float64"))
 _SUPPORTED_NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
+# numpy computes dtype.name in Python on every access; the hot path looks it up here
+DTYPE_NAMES = {dtype: dtype.name for dtype in SUPPORTED_DTYPES}
 REDUCE_OPS = (ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product)
 
 
@@ -53,6 +55,8 @@ def check_root(root_rank, size):
 
 
 def check_factor(value, argument):
+    if type(value) is float:  # the common case, without the numbers ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{argument} must be a real number, got {type(value).__name__}")
     return float(value)

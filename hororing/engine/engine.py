@@ -66,6 +66,7 @@ class Engine:
         self._wake_sends = []
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
         self._work = threading.Event()
+        self._drivers = 0         # user threads inside wait(), driving cycles themselves
         self._thread = threading.Thread(target=self._background, name="hororing-engine", daemon=True)
         self._thread.start()
 
@@ -94,8 +95,23 @@ class Engine:
         return request.handle
 
     def wait(self, handle):
-        """Block until ``handle`` completes, driving cycles from this thread when useful."""
+        """Block until ``handle`` completes, driving cycles from this thread when useful.
+
+        While a caller drives, the background thread stops polling (it would only contend
+        for the drive lock); the caller polls for its peers' wake-ups instead, as often as
+        the background thread would have.
+        """
+        with self._queue_lock:
+            self._drivers += 1
+        try:
+            return self._drive_until(handle)
+        finally:
+            with self._queue_lock:
+                self._drivers -= 1
+
+    def _drive_until(self, handle):
         idle_wait = 1e-4
+        idle_since = None
         while not handle.done():
             progressed = False
             if self._drive_lock.acquire(blocking=False) or self._drive_lock.acquire(timeout=0.001):
@@ -104,10 +120,13 @@ class Engine:
                 finally:
                     self._drive_lock.release()
             if progressed:
-                idle_wait = 1e-4
+                idle_wait, idle_since = 1e-4, None
             else:  # the peers are not there yet: poll for their wake-ups, backing off
+                now = time.monotonic()
+                idle_since = idle_since or now
+                ceiling = _POLL_ACTIVE_S if now - idle_since < 1.0 else _POLL_IDLE_S
                 handle.wait(idle_wait)
-                idle_wait = min(idle_wait * 2, 0.01)
+                idle_wait = min(idle_wait * 2, ceiling)
         return handle.result()
 
     def set_timeline(self, timeline):
@@ -147,6 +166,8 @@ class Engine:
                 interval = _POLL_ACTIVE_S if now - last_activity < 1.0 else _POLL_IDLE_S
                 if self._work.wait(interval):
                     self._work.clear()
+                elif self._drivers and time.monotonic() < self._next_stall_check:
+                    continue  # a caller is driving cycles: polling too would only contend
                     # let tensors submitted together arrive, so they negotiate and fuse as one
                     delay = self._last_cycle_at + self.config.cycle_time_ms / 1000.0 - time.monotonic()
                     if delay > 0:
@@ -210,7 +231,7 @@ class Engine:
         now = time.monotonic()
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
-        if self._headers[:, 2].any():
+        if np.count_nonzero(self._headers[:, 2]):
             self._apply_flags(payloads)
             return True
         submissions = [payload[0] if payload else None for payload in payloads]
@@ -223,7 +244,7 @@ class Engine:
 
     def _gather_payloads(self, payload, deadline):
         lengths = self._headers[:, 1]
-        if not lengths.any():
+        if not np.count_nonzero(lengths):
             return [None] * self.size
         gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         offsets = np.zeros(self.size, dtype=np.int64)

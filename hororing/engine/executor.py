@@ -77,7 +77,7 @@ class Executor:
 
     def _allreduce(self, items):
         meta = items[0][0].meta
-        dtype = np.dtype(meta.dtype)
+        dtype = _DTYPES.get(meta.dtype) or _DTYPES.setdefault(meta.dtype, np.dtype(meta.dtype))
         wire = _wire_dtype(meta.dtype)
         names = [response.name for response, _ in items]
         if meta.device != "cpu":
@@ -214,9 +214,17 @@ class Executor:
 
 
 def _wire_dtype(dtype_name):
-    # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
-    dtype = np.dtype(dtype_name)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
+    """The dtype a tensor travels and is reduced in: its own, except float16."""
+    wire = _WIRE_DTYPES.get(dtype_name)
+    if wire is None:
+        dtype = np.dtype(dtype_name)
+        # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
+        wire = _WIRE_DTYPES[dtype_name] = np.dtype(np.float32) if dtype == np.float16 else dtype
+    return wire
+
+
+_WIRE_DTYPES = {}
+_DTYPES = {}
 
 
 def _finalizer(meta, size):

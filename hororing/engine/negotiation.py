@@ -279,10 +279,8 @@ def encode_header(header, cycle, payload_bytes, flags, cache_ids):
 
 def decode_cache_ids(header):
     """Return the cache ids whose bits are set in ``header``, ascending."""
-    bits = header[HEADER_FIELDS:].view(np.uint64)
     ids = []
-    for word in np.flatnonzero(bits).tolist():
-        value = int(bits[word])
+    for word, value in enumerate(header[HEADER_FIELDS:].view(np.uint64).tolist()):
         while value:
             low = value & -value
             ids.append(word * 64 + low.bit_length() - 1)
