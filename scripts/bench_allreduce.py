@@ -72,7 +72,7 @@ def main():
                       f"{row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} {row['busbw_GBs']:>7.2f} "
                       f"{wrong[name]:>6} {row['model_us']:>10.1f} "
                       f"{(row['measured_over_model'] or 0):>10.2f}", flush=True)
-    fusion = fusion_benchmark() if args.fusion else None
+    fusion = fusion_benchmark(args) if args.fusion else None
     if rank == 0:
         if fusion:
             print(f"\nfusion: 64 x 16 KiB allreduces: blocking {fusion['blocking_us']:.0f} us, "
@@ -232,7 +232,7 @@ def _per_call(function, iterations):
     return (time.perf_counter() - started) / iterations
 
 
-def fusion_benchmark():
+def fusion_benchmark(args):
     """64 async allreduces of 16 KiB then synchronize, against 64 blocking calls."""
     tensors = [np.ones(4096, np.float32) for _ in range(64)]
 
@@ -246,11 +246,15 @@ def fusion_benchmark():
         for handle in handles:
             hvd.synchronize(handle)
 
-    result = {}
-    for label, function in (("blocking_us", blocking), ("async_us", asynchronous)):
-        seconds = _per_call(function, 30)
-        result[label] = COMM.allreduce(seconds, op=MPI.MAX) * 1e6
+    # the two take turns in rounds (as in the size sweep); the median round counts
+    rounds = {"blocking_us": [], "async_us": []}
+    for _ in range(args.rounds):
+        for label, function in (("blocking_us", blocking), ("async_us", asynchronous)):
+            seconds = _per_call(function, 10)
+            rounds[label].append(COMM.allreduce(seconds, op=MPI.MAX) * 1e6)
+    result = {label: float(np.median(times)) for label, times in rounds.items()}
     result["speedup"] = result["blocking_us"] / result["async_us"]
+    result["rounds"] = rounds
     return result
 
 
