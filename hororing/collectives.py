@@ -110,11 +110,27 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace,
-               blocking=False):
+               blocking=False, wire=""):
     op = resolve_op(op, average)
     return _submit("allreduce", tensor, name, inplace=inplace, blocking=blocking, op=op,
                    prescale=check_factor(prescale_factor, "prescale_factor"),
-                   postscale=check_factor(postscale_factor, "postscale_factor"))
+                   postscale=check_factor(postscale_factor, "postscale_factor"), wire=wire)
+
+
+def compressed_allreduce_async_(tensor, name=None, op=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """In-place async allreduce of a float16 ``tensor`` that travels as float16.
+
+    For gradient compression (``Compression.fp16``): an ordinary float16 allreduce sends
+    float32 so that its partial sums stay exact; here each addition is still computed in
+    float32 but rounded to float16 between ranks, so half the bytes move. Average divides
+    before the sum, so a float16 sum cannot overflow where the average would not.
+    """
+    if not isinstance(tensor, np.ndarray) or tensor.dtype != np.float16:
+        raise TypeError(f"compressed_allreduce_async_ takes a float16 numpy array, got "
+                        f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, inplace=True,
+                      wire="float16")
 
 
 def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace):

@@ -127,6 +127,10 @@ class DistributedOptimizer:
         if current().size == 1:
             self._handles[name] = (None, grad)
             return
-        wire = grad.astype(np.float16) if self.compression == "fp16" and grad.dtype.kind == "f" else grad
-        handle = collectives.allreduce_async_(wire, name=f"grad.{name}", op=self.op)
+        if self.compression == "fp16" and grad.dtype.kind == "f":
+            wire = grad.astype(np.float16)
+            handle = collectives.compressed_allreduce_async_(wire, name=f"grad.{name}", op=self.op)
+        else:
+            wire = grad
+            handle = collectives.allreduce_async_(wire, name=f"grad.{name}", op=self.op)
         self._handles[name] = (handle, wire)

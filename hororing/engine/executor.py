@@ -18,7 +18,7 @@ from ..algorithms.ring import Ring
 from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError
 from ..kernels import divide_trunc, pack, scale_into, unpack
-from ..ops import Average, KERNEL_OP
+from ..ops import Average, KERNEL_OP, Sum
 from ..transport import byte_view
 
 
@@ -66,8 +66,8 @@ class Executor:
 
     def _bucket(self, buckets, ordered, response, request):
         meta = response.meta
-        key = (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device)
-        nbytes = math.prod(meta.shape) * _wire_dtype(meta.dtype).itemsize
+        key = (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
+        nbytes = math.prod(meta.shape) * _wire_dtype(meta.dtype, meta.wire).itemsize
         bucket = buckets.get(key)
         if bucket is None or bucket[0] + nbytes > self.config.fusion_threshold:
             bucket = buckets[key] = [0, []]
@@ -78,9 +78,9 @@ class Executor:
     def _allreduce(self, items):
         meta = items[0][0].meta
         dtype = _DTYPES.get(meta.dtype) or _DTYPES.setdefault(meta.dtype, np.dtype(meta.dtype))
-        wire = _wire_dtype(meta.dtype)
         names = [response.name for response, _ in items]
         if meta.device != "cpu":
+            wire = _wire_dtype(meta.dtype)  # device buffers: float16 is summed in float32
             started = time.monotonic()
             results = self.device().allreduce(
                 items, wire, lambda contributors: _finalizer(meta, contributors))
@@ -88,6 +88,7 @@ class Executor:
             for (_, request), result in zip(items, results):
                 _complete(request, result)
             return
+        wire = _wire_dtype(meta.dtype, meta.wire)
         outputs = [_output_for(request, response.meta) for response, request in items]
         inputs = [request.tensor if request is not None else np.zeros(response.meta.shape, dtype)
                   for response, request in items]
@@ -102,7 +103,6 @@ class Executor:
             buffer = self._fusion_view(wire, total)
             ranges = pack(inputs, buffer)
             self._span(names, "MEMCPY_IN_FUSION_BUFFER", started)
-        scale_into(buffer, meta.prescale)
         algorithm = self.reducer
         segments = None  # the ring splits by position; only the servers place by tensor
         if algorithm is None:
@@ -111,9 +111,16 @@ class Executor:
             segments = [(name, start, stop) for name, (start, stop) in zip(names, ranges)]
         else:
             segments = [(names[0], 0, buffer.size)]
+        finalize_meta = meta
+        if meta.wire and meta.op == Average:
+            # a 16-bit wire sum could overflow where the average would not: divide first
+            scale_into(buffer, meta.prescale / algorithm.contributors)
+            finalize_meta = meta._replace(op=Sum)
+        else:
+            scale_into(buffer, meta.prescale)
         collective_started = time.monotonic()
         algorithm.allreduce(buffer, KERNEL_OP[meta.op],
-                            _finalizer(meta, algorithm.contributors), segments=segments)
+                            _finalizer(finalize_meta, algorithm.contributors), segments=segments)
         self._span(names, "ALLREDUCE", collective_started)
         if ranges is not None:
             unpack_started = time.monotonic()
@@ -213,13 +220,15 @@ class Executor:
                 self.timeline.span(name, activity, started, ended)
 
 
-def _wire_dtype(dtype_name):
-    """The dtype a tensor travels and is reduced in: its own, except float16."""
-    wire = _WIRE_DTYPES.get(dtype_name)
+def _wire_dtype(dtype_name, chosen=""):
+    """The dtype a tensor travels and is reduced in: the sender's choice (``Meta.wire``), or
+    its own dtype, except float16."""
+    wire = _WIRE_DTYPES.get((dtype_name, chosen))
     if wire is None:
-        dtype = np.dtype(dtype_name)
+        dtype = np.dtype(chosen or dtype_name)
         # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
-        wire = _WIRE_DTYPES[dtype_name] = np.dtype(np.float32) if dtype == np.float16 else dtype
+        wire = np.dtype(np.float32) if dtype == np.float16 and not chosen else dtype
+        _WIRE_DTYPES[(dtype_name, chosen)] = wire
     return wire
 
 

@@ -38,6 +38,7 @@ class Meta(NamedTuple):
     postscale: float = 1.0
     splits: tuple = None
     device: str = "cpu"
+    wire: str = ""  # the dtype sent and summed in, when the sender chose it (compression)
 
 
 @dataclasses.dataclass
@@ -224,6 +225,10 @@ def _compare(a, b):
                 f"{b.kind.upper()}.")
     if a.dtype != b.dtype:
         return f"Mismatched data types: One rank had type {a.dtype}, but another rank had type {b.dtype}."
+    if a.wire != b.wire:
+        return (f"Mismatched {kind} compression: One rank sent {_wire_name(a)} on the wire, "
+                f"but another rank sent {_wire_name(b)}. Use the same compression= on "
+                f"every rank.")
     if a.device != b.device:
         return (f"Mismatched {kind} CPU/GPU device selection: One rank specified device {a.device}, "
                 f"but another rank specified device {b.device}.")
@@ -252,6 +257,11 @@ def _compare(a, b):
         return (f"Mismatched postscale factors: One rank sent factor {a.postscale}, but another "
                 f"rank sent factor {b.postscale}.")
     return None
+
+
+def _wire_name(meta):
+    # without compression, float16 travels (and is summed) as float32
+    return meta.wire or ("float32" if meta.dtype == "float16" else meta.dtype)
 
 
 HEADER_FIELDS = 3  # cycle, payload bytes, flags

@@ -19,6 +19,7 @@ class _CastCompressor:
     """Send floating gradients in a 16-bit type; one helper for fp16 and bf16."""
 
     wire_dtype = None
+    wire = ""  # a dtype name when the engine should send the payload in its own 16 bits
 
     @classmethod
     def compress(cls, tensor):
@@ -32,13 +33,23 @@ class _CastCompressor:
 
 
 class FP16Compressor(_CastCompressor):
-    """Send floating gradients as float16 (sums accumulate in float32 on the wire)."""
+    """Send floating gradients as float16: half the bytes of float32 move between ranks.
+
+    Each addition is computed in float32 and rounded to float16 between ranks; Average
+    divides before summing, so the sum cannot overflow where the average would not.
+    (CUDA tensors are summed in float32 on the device path.)
+    """
 
     wire_dtype = torch.float16
+    wire = "float16"
 
 
 class BF16Compressor(_CastCompressor):
-    """Send floating gradients as bfloat16 (float32's range, fewer mantissa bits)."""
+    """Round floating gradients to bfloat16 (float32's range, fewer mantissa bits).
+
+    numpy has no bfloat16, so the rounded values travel as float32: this saves no bytes on
+    the wire; it gives bfloat16's rounding where a model expects it.
+    """
 
     wire_dtype = torch.bfloat16
 

@@ -106,6 +106,17 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         array, average, name, op, prescale_factor, postscale_factor))
 
 
+def compressed_allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """``allreduce_async_`` of a compressed payload: a CPU float16 tensor travels as float16
+    (``Compression.fp16``); anything else as ``allreduce_async_`` sends it."""
+    if tensor.dtype != torch.float16 or tensor.device.type != "cpu":
+        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor)
+    op = resolve_op(op, average)
+    return _in_place(tensor, lambda array: core.compressed_allreduce_async_(
+        array, name, op, prescale_factor, postscale_factor))
+
+
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0):
     """Reduce ``tensor`` over all ranks (differentiable). Every rank must call it, in order.
@@ -117,7 +128,8 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     compression = compression or Compression.none
     op = resolve_op(op, average)
     payload, ctx = compression.compress(tensor)
-    result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor)
+    result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor,
+                              bool(getattr(compression, "wire", "")))
     return compression.decompress(result, ctx)
 
 
@@ -224,14 +236,17 @@ def reducescatter(tensor, name=None, op=ops.Average, prescale_factor=1.0, postsc
 class _Allreduce(torch.autograd.Function):
     # the gradient of an allreduce is the allreduce of the gradient, with the same op
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compressed=False):
         ctx.op, ctx.scales = op, (prescale_factor, postscale_factor)
+        if compressed:  # in place on a copy: the caller's tensor stays as it was
+            return synchronize(compressed_allreduce_async_(
+                tensor.detach().clone(), None, name, op, prescale_factor, postscale_factor))
         return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op, *ctx.scales))
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 class _Allgather(torch.autograd.Function):

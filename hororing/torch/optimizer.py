@@ -187,9 +187,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             grad = parameter.grad = grad.to_dense()
         wire, ctx = self._compression.compress(grad)
-        handle = mpi_ops.allreduce_async_(wire, name=self._names[parameter], op=self._op,
-                                          prescale_factor=self._prescale,
-                                          postscale_factor=self._postscale)
+        start = (mpi_ops.compressed_allreduce_async_ if getattr(self._compression, "wire", "")
+                 else mpi_ops.allreduce_async_)
+        handle = start(wire, name=self._names[parameter], op=self._op,
+                       prescale_factor=self._prescale, postscale_factor=self._postscale)
         self._handles[parameter] = (handle, ctx, wire)
 
 

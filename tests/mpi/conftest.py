@@ -38,3 +38,23 @@ def pytest_runtest_makereport(item, call):
                          f"{report.longreprtext}\n")
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture
+def wire_dtypes():
+    """Record the dtype of every buffer the executor hands to the ring or the latency path."""
+    from hororing.context import current
+    executor = current().engine.executor
+    seen = []
+    originals = {algorithm: algorithm.allreduce for algorithm in (executor.ring, executor.small)}
+
+    def recorder(original):
+        def allreduce(buffer, *args, **kwargs):
+            seen.append(buffer.dtype.name)
+            return original(buffer, *args, **kwargs)
+        return allreduce
+    for algorithm, original in originals.items():
+        algorithm.allreduce = recorder(original)
+    yield seen
+    for algorithm in originals:
+        del algorithm.allreduce  # the class's method again

@@ -76,6 +76,28 @@ def test_float16_accumulates_in_float32():
     assert result.dtype == np.float16 and result[0] == expected
 
 
+@pytest.mark.parametrize("count", [5, 300_001])  # the latency path, and the ring
+def test_compressed_float16_moves_as_float16_and_plain_float16_as_float32(wire_dtypes, count):
+    from hororing.collectives import compressed_allreduce_async_
+    values = (np.arange(count) % 5 + hvd.rank()).astype(np.float16)  # small integers: exact
+    expected = (np.arange(count) % 5 * hvd.size() + hvd.size() * (hvd.size() - 1) / 2)
+    compressed = values.copy()
+    hvd.synchronize(compressed_allreduce_async_(compressed, name="wire.fp16", op=hvd.Sum))
+    plain = hvd.allreduce(values, name="wire.plain", op=hvd.Sum)
+    np.testing.assert_array_equal(compressed, expected.astype(np.float16))
+    np.testing.assert_array_equal(plain, expected.astype(np.float16))
+    if hvd.size() > 1:
+        assert wire_dtypes == ["float16", "float32"]
+
+
+def test_compressed_average_divides_before_summing_so_float16_cannot_overflow():
+    from hororing.collectives import compressed_allreduce_async_
+    # 40000 summed over 2+ ranks is past float16's 65504; the average is not
+    values = np.full(1000, 40000.0, dtype=np.float16)
+    hvd.synchronize(compressed_allreduce_async_(values, name="wire.average"))
+    np.testing.assert_array_equal(values, np.full(1000, 40000.0, dtype=np.float16))
+
+
 def test_integer_average_truncates_toward_zero():
     mine = np.array([-(hvd.rank() + 1), hvd.rank() + 1], dtype=np.int64)
     result = hvd.allreduce(mine)

@@ -21,6 +21,19 @@ def test_mismatched_shapes_fail_on_every_rank_then_the_library_goes_on():
 
 
 @SINGLE
+def test_mismatched_compression_fails_on_every_rank():
+    from hororing.collectives import compressed_allreduce_async_
+    values = np.ones(3, dtype=np.float16)
+    with pytest.raises(hvd.HorovodInternalError,
+                       match="Mismatched ALLREDUCE compression: One rank sent float16 on the "
+                             "wire, but another rank sent float32"):
+        if hvd.rank() == 0:
+            hvd.synchronize(compressed_allreduce_async_(values, name="compression"))
+        else:
+            hvd.allreduce(values, name="compression")
+
+
+@SINGLE
 def test_mismatched_dtypes_ops_roots_and_kinds():
     dtype = np.float32 if hvd.rank() == 0 else np.float64
     with pytest.raises(RuntimeError, match="Mismatched data types: One rank had type float32, "

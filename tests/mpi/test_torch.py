@@ -101,6 +101,17 @@ def test_distributed_optimizer_averages_gradients(compression):
         torch.testing.assert_close(got.detach(), want, atol=tolerance, rtol=tolerance)
 
 
+def test_fp16_compression_halves_the_bytes_on_the_wire(wire_dtypes):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=hvd.Compression.fp16)
+    local_loss(model, hvd.rank()).backward()
+    optimizer.step()
+    if hvd.size() > 1:  # (a single rank has no hooks and sends nothing)
+        assert wire_dtypes and set(wire_dtypes) == {"float16"}
+
+
 def test_backward_passes_and_unnamed_parameters_and_scheduler():
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=0.2)
