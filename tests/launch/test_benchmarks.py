@@ -4,9 +4,12 @@ Only the shape of the output is checked; timings are what the scripts are for, n
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 from conftest import mpiexec
 
@@ -50,3 +53,21 @@ def test_bench_ring_vs_ps_fits_the_model_and_checks_every_algorithm(tmp_path):
     assert len(fit["ratios"]) == 12  # ring and ps1, 3 sizes, 2 worker counts
     assert all(row["model_s"] > 0 for row in rows if row["algorithm"] in ("ring", "ps1"))
     assert "(b) n sweep at 4 MiB" in job.stdout
+
+
+def test_bench_gpu_runs_every_part_in_the_cuda_simulator(tmp_path):
+    pytest.importorskip("numba")
+    output = tmp_path / "gpu.json"
+    environment = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    job = subprocess.run([sys.executable, str(SCRIPTS / "bench_gpu.py"), "--backend", "numba",
+                          "--sizes", "4096", "--tensors", "5", "--tensor-bytes", "256",
+                          "--ring-bytes", "65536", "--rounds", "2", "--seconds", "0.02",
+                          "--mpiexec", mpiexec(), "--json", str(output)],
+                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS, env=environment)
+    assert job.returncode == 0, job.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["simulator"] and "timings meaningless" in job.stdout
+    rows = report["reduce"] + report["fp16"] + [report["pack"], report["ring"]]
+    assert all(row["wrong"] == 0 for row in rows), rows
+    assert report["pack"]["tensors"] == 5 and report["ring"]["transport"] == "staged"
+    assert report["ring"]["ranks"] == 2 and report["ring"]["device_s"] > 0
