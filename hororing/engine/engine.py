@@ -166,12 +166,12 @@ class Engine:
                 interval = _POLL_ACTIVE_S if now - last_activity < 1.0 else _POLL_IDLE_S
                 if self._work.wait(interval):
                     self._work.clear()
-                elif self._drivers and time.monotonic() < self._next_stall_check:
-                    continue  # a caller is driving cycles: polling too would only contend
                     # let tensors submitted together arrive, so they negotiate and fuse as one
                     delay = self._last_cycle_at + self.config.cycle_time_ms / 1000.0 - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
+                elif self._drivers and time.monotonic() < self._next_stall_check:
+                    continue  # a caller is driving cycles: polling too would only contend
                 with self._drive_lock:
                     if self._stopped:
                         return
