@@ -147,7 +147,7 @@ def child(args):
 
 def max_difference(model, other):
     pairs = zip(model.parameters(), other.parameters())
-    return max(float((mine - theirs).abs().max()) for mine, theirs in pairs)
+    return max(float((mine - theirs).detach().abs().max()) for mine, theirs in pairs)
 
 
 def build(name):
