@@ -124,8 +124,11 @@ def compressed_allreduce_async_(tensor, name=None, op=None, prescale_factor=1.0,
     For gradient compression (``Compression.fp16``): an ordinary float16 allreduce sends
     float32 so that its partial sums stay exact; here each addition is still computed in
     float32 but rounded to float16 between ranks, so half the bytes move. Average divides
-    before the sum, so a float16 sum cannot overflow where the average would not.
+    before the sum, so a float16 sum cannot overflow where the average would not. Device
+    arrays take the ordinary device path (their float16 sums run in float32 on the GPU).
     """
+    if gpu.is_device_array(tensor):
+        return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, inplace=True)
     if not isinstance(tensor, np.ndarray) or tensor.dtype != np.float16:
         raise TypeError(f"compressed_allreduce_async_ takes a float16 numpy array, got "
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")

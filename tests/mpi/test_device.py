@@ -102,3 +102,11 @@ def test_bad_device_arrays_are_refused_at_the_door():
         hvd.allreduce(strided, name="dev.strided")
     with pytest.raises(TypeError, match="device array of unsupported dtype complex64"):
         hvd.allreduce(device(np.ones(3, np.complex64)), name="dev.complex")
+
+
+def test_compressed_allreduce_of_a_device_array_takes_the_device_path():
+    from hororing.collectives import compressed_allreduce_async_
+    inputs = [np.full(9, rank + 1, dtype=np.float16) for rank in range(hvd.size())]
+    array = device(inputs[hvd.rank()])
+    hvd.synchronize(compressed_allreduce_async_(array, name="dev.compressed", op=hvd.Sum))
+    np.testing.assert_array_equal(array.copy_to_host(), sum(inputs))
