@@ -25,9 +25,9 @@ the code paths are exercised, the timings mean nothing.
 """
 
 import argparse
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -64,11 +64,7 @@ class Device:
 
     def __init__(self, backend):
         if backend == "auto":
-            try:
-                import cupy  # noqa: F401
-                backend = "cupy"
-            except ImportError:
-                backend = "numba"
+            backend = "cupy" if importlib.util.find_spec("cupy") else "numba"
         self.backend = backend
         from numba import cuda
         self.cuda = cuda
@@ -210,13 +206,11 @@ def pack_row(device, args):
 # ---- two ranks on one GPU: the staged (or CUDA-aware) ring against the host ring ----------
 
 def run_ring(args):
+    from benchinfo import json_rows_of
     command = [args.mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__),
                "--ring-child", "--ring-bytes", str(args.ring_bytes), "--rounds", str(args.rounds),
                "--seconds", str(args.seconds), "--backend", args.backend]
-    job = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    if job.returncode != 0:
-        sys.exit(f"the 2-rank ring job failed:\n{job.stderr[-3000:]}")
-    row = json.loads(next(line for line in job.stdout.splitlines() if line.startswith("{")))
+    row = json_rows_of(command, args.timeout, "the 2-rank ring job")[0]
     print(f"ring   2 ranks, {row['bytes']} B: device {row['device_busbw_GBs']:.2f} GB/s busbw "
           f"({row['transport']}), host {row['host_busbw_GBs']:.2f} GB/s, device/host "
           f"{row['device_over_host']:.2f}, #wrong {row['wrong']}", flush=True)

@@ -24,7 +24,6 @@ the fit, its residuals and the predicted crossovers.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -99,14 +98,11 @@ def driver(args):
 
 
 def run_child(args, n):
+    from benchinfo import json_rows_of
     command = [args.mpiexec, "-n", str(n + args.servers), sys.executable, __file__, "--child",
                "--workers", str(n), "--servers", str(args.servers), "--sizes", args.sizes,
                "--seconds", str(args.seconds), "--blocks", str(args.blocks)]
-    job = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    if job.returncode != 0:
-        sys.exit(f"benchmark job with n={n} failed:\n{job.stderr[-3000:]}")
-    lines = [line for line in job.stdout.splitlines() if line.startswith("{")]
-    return [json.loads(line) for line in lines]
+    return json_rows_of(command, args.timeout, f"benchmark job with n={n}")
 
 
 def model_of(row, servers):

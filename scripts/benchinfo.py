@@ -1,8 +1,11 @@
 """What every benchmark prints about the machine it ran on (imported by the bench scripts)."""
 
+import json
 import os
 import platform
 import socket
+import subprocess
+import sys
 
 import numpy as np
 
@@ -21,6 +24,17 @@ def machine_info():
             "mpi": MPI.Get_library_version().splitlines()[0],
             "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
             "python": platform.python_version()}
+
+
+def json_rows_of(command, timeout, what):
+    """Run a benchmark's MPI job and return the JSON objects it printed one per line.
+
+    Exits the driver with the job's stderr tail if the job fails.
+    """
+    job = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if job.returncode != 0:
+        sys.exit(f"{what} failed:\n{job.stderr[-3000:]}")
+    return [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")]
 
 
 def setup_gloo(comm):

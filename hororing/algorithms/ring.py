@@ -67,12 +67,15 @@ class Ring:
 
     def _run(self, buffer, op, bounds, schedule, finalize, stage=None):
         stage = stage or _NO_STAGE
+        # device kernels finish before MPI (or the stage) reads a piece: CUDA-aware MPI only
+        synchronize = self.device.synchronize if self.device is not None else None
         steps = schedule.steps
         if not steps:
             stage.need(0)
             if finalize is not None:
                 finalize(buffer)
-            self._synchronize()
+            if synchronize is not None:
+                synchronize()
             stage.final(0, buffer.size)
             return
         comm, left, right = self.comm, schedule.left, schedule.right
@@ -117,7 +120,8 @@ class Ring:
                     reduce_into(buffer[start:stop], half[start - chunk_start:stop - chunk_start], op)
                     if owned_now and finalize is not None:
                         finalize(buffer[start:stop])
-                    self._synchronize()  # device kernels finish before MPI reads the piece
+                    if synchronize is not None:
+                        synchronize()
                 if owned_now or not step.reduce:
                     stage.final(start, stop)
                 if has_next:
@@ -125,10 +129,6 @@ class Ring:
             receives = next_receives if early else (post_receives(index + 1) if has_next else None)
         for requests in pending_sends.values():
             transport.wait_all(requests)
-
-    def _synchronize(self):
-        if self.device is not None:
-            self.device.synchronize()
 
     def _scratch_halves(self, dtype, count):
         needed = 2 * count * dtype.itemsize

@@ -15,6 +15,7 @@ from ..algorithms.ring import Ring
 from ..algorithms.staged import StagedRing
 from ..kernels import pack, scale_into, unpack
 from ..ops import KERNEL_OP
+from .executor import segments_of
 
 
 class DeviceCollectives:
@@ -70,8 +71,7 @@ class DeviceCollectives:
             host = buffer.copy_to_host()
             segments = None
             if executor.reducer is not None:
-                names = [response.name for response, _ in items]
-                segments = [(name, start, stop) for name, (start, stop) in zip(names, ranges)]
+                segments = segments_of([response.name for response, _ in items], ranges)
             algorithm.allreduce(host, KERNEL_OP[meta.op], finalizer(algorithm.contributors),
                                 segments=segments)
             _copy_in(buffer, host)

@@ -7,6 +7,7 @@ parameter servers). The other collectives run one by one
 through MPI on byte views of contiguous buffers.
 """
 
+import functools
 import math
 import time
 
@@ -77,7 +78,7 @@ class Executor:
 
     def _allreduce(self, items):
         meta = items[0][0].meta
-        dtype = _DTYPES.get(meta.dtype) or _DTYPES.setdefault(meta.dtype, np.dtype(meta.dtype))
+        dtype = _dtype(meta.dtype)
         names = [response.name for response, _ in items]
         if meta.device != "cpu":
             wire = _wire_dtype(meta.dtype)  # device buffers: float16 is summed in float32
@@ -107,20 +108,12 @@ class Executor:
         segments = None  # the ring splits by position; only the servers place by tensor
         if algorithm is None:
             algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
-        elif ranges:
-            segments = [(name, start, stop) for name, (start, stop) in zip(names, ranges)]
         else:
-            segments = [(names[0], 0, buffer.size)]
-        finalize_meta = meta
-        if meta.wire and meta.op == Average:
-            # a 16-bit wire sum could overflow where the average would not: divide first
-            scale_into(buffer, meta.prescale / algorithm.contributors)
-            finalize_meta = meta._replace(op=Sum)
-        else:
-            scale_into(buffer, meta.prescale)
+            segments = segments_of(names, ranges or [(0, buffer.size)])
+        prescale, finalize = _scaling(meta, algorithm.contributors)
+        scale_into(buffer, prescale)
         collective_started = time.monotonic()
-        algorithm.allreduce(buffer, KERNEL_OP[meta.op],
-                            _finalizer(finalize_meta, algorithm.contributors), segments=segments)
+        algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments)
         self._span(names, "ALLREDUCE", collective_started)
         if ranges is not None:
             unpack_started = time.monotonic()
@@ -220,20 +213,32 @@ class Executor:
                 self.timeline.span(name, activity, started, ended)
 
 
+def segments_of(names, ranges):
+    """A bucket's tensors as ``(name, start, stop)``: how the parameter servers place them."""
+    return [(name, start, stop) for name, (start, stop) in zip(names, ranges)]
+
+
+# cached: numpy builds dtypes from names in Python, and these run on every allreduce
+@functools.cache
+def _dtype(dtype_name):
+    return np.dtype(dtype_name)
+
+
+@functools.cache
 def _wire_dtype(dtype_name, chosen=""):
     """The dtype a tensor travels and is reduced in: the sender's choice (``Meta.wire``), or
     its own dtype, except float16."""
-    wire = _WIRE_DTYPES.get((dtype_name, chosen))
-    if wire is None:
-        dtype = np.dtype(chosen or dtype_name)
-        # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
-        wire = np.dtype(np.float32) if dtype == np.float16 and not chosen else dtype
-        _WIRE_DTYPES[(dtype_name, chosen)] = wire
-    return wire
+    dtype = np.dtype(chosen or dtype_name)
+    # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
+    return np.dtype(np.float32) if dtype == np.float16 and not chosen else dtype
 
 
-_WIRE_DTYPES = {}
-_DTYPES = {}
+def _scaling(meta, contributors):
+    """The factor applied before the reduction, and the finalizer applied after it."""
+    if meta.wire and meta.op == Average:
+        # a 16-bit wire sum could overflow where the average would not: divide first
+        return meta.prescale / contributors, _finalizer(meta._replace(op=Sum), contributors)
+    return meta.prescale, _finalizer(meta, contributors)
 
 
 def _finalizer(meta, size):

@@ -108,9 +108,10 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def compressed_allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                 postscale_factor=1.0):
-    """``allreduce_async_`` of a compressed payload: a CPU float16 tensor travels as float16
-    (``Compression.fp16``); anything else as ``allreduce_async_`` sends it."""
-    if tensor.dtype != torch.float16 or tensor.device.type != "cpu":
+    """``allreduce_async_`` of a compressed payload: a float16 tensor travels as float16
+    (``Compression.fp16``; CUDA tensors take the device path); anything else as
+    ``allreduce_async_`` sends it."""
+    if tensor.dtype != torch.float16:
         return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor)
     op = resolve_op(op, average)
     return _in_place(tensor, lambda array: core.compressed_allreduce_async_(
