@@ -21,7 +21,7 @@ def check_array(tensor, argument="tensor", min_ndim=0):
         got = "None" if tensor is None else type(tensor).__name__
         raise TypeError(f"{argument} must be a numpy array, got {got}; convert it with "
                         f"numpy.asarray(...) (hororing.torch takes torch tensors)")
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    if tensor.dtype not in DTYPE_NAMES:
         raise TypeError(f"{argument} has unsupported dtype {tensor.dtype}; supported dtypes: "
                         f"{_SUPPORTED_NAMES}. Convert it with .astype(...)")
     if tensor.ndim < min_ndim:

@@ -61,6 +61,7 @@ class Engine:
         self._stopped = False
         self._header = np.zeros(header_words(config.cache_capacity), dtype=np.int64)
         self._headers = np.zeros((self.size, self._header.size), dtype=np.int64)
+        self._header_key = None   # what self._header encodes, less the cycle number
         self._wake_in = np.zeros(1, dtype=np.int64)
         self._wake_request = self._comm_wake.Irecv(self._wake_in, MPI.ANY_SOURCE, WAKE_TAG)
         self._wake_sends = []
@@ -216,25 +217,27 @@ class Engine:
             request.announced = True
             if request.cache_id is None:
                 submissions.append((request.name, request.meta))
-        cache_ids = [request.cache_id for request in self._pending.values()
-                     if request.announced and request.cache_id is not None]
+        cache_ids = tuple(request.cache_id for request in self._pending.values()
+                          if request.announced and request.cache_id is not None)
         payload = b""
         if submissions or self._outgoing_flags:
             payload = pickle.dumps((submissions, self._outgoing_message))
-        encode_header(self._header, self._cycle, len(payload), self._outgoing_flags, cache_ids)
+        self._encode_header(len(payload), cache_ids)
         if not transport.wait(self._comm_negotiate.Iallgather(self._header, self._headers),
                               deadline=deadline):
             return False
-        payloads = self._gather_payloads(payload, deadline)
-        if payloads is None:
-            return False
+        submissions = None
+        if np.count_nonzero(self._headers[:, 1:3]):  # some rank sent metadata or flags
+            payloads = self._gather_payloads(payload, deadline)
+            if payloads is None:
+                return False
+            if np.count_nonzero(self._headers[:, 2]):
+                self._apply_flags(payloads)
+                return True
+            submissions = [payload[0] if payload else None for payload in payloads]
         now = time.monotonic()
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
-        if np.count_nonzero(self._headers[:, 2]):
-            self._apply_flags(payloads)
-            return True
-        submissions = [payload[0] if payload else None for payload in payloads]
         responses = self.negotiator.absorb_cycle(self._headers, submissions, now)
         if responses is None:
             responses = self.negotiator.ready()
@@ -242,9 +245,18 @@ class Engine:
             self.executor.execute(responses, self._take)
         return True
 
+    def _encode_header(self, payload_bytes, cache_ids):
+        # a steady state repeats one header: then only the cycle number changes
+        key = (payload_bytes, self._outgoing_flags, cache_ids)
+        if key == self._header_key:
+            self._header[0] = self._cycle
+        else:
+            encode_header(self._header, self._cycle, payload_bytes, self._outgoing_flags, cache_ids)
+            self._header_key = key
+
     def _gather_payloads(self, payload, deadline):
         lengths = self._headers[:, 1]
-        if not np.count_nonzero(lengths):
+        if not np.count_nonzero(lengths):  # flags alone
             return [None] * self.size
         gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         offsets = np.zeros(self.size, dtype=np.int64)
@@ -263,7 +275,8 @@ class Engine:
             return self._pending.pop(name, None)
 
     def _send_wakes(self, cycle):
-        self._wake_sends = [request for request in self._wake_sends if not request.Test()]
+        if self._wake_sends and MPI.Request.Testall(self._wake_sends):
+            self._wake_sends = []
         word = np.array([cycle], dtype=np.int64)
         for peer in range(self.size):
             if peer != self.rank:

@@ -53,10 +53,12 @@ class Executor:
                 if request is not None:
                     request.handle.set_error(HorovodInternalError(response.error))
                 continue
-            if response.meta.kind == "allreduce":
-                self._bucket(buckets, ordered, response, request)
-            else:
+            if response.meta.kind != "allreduce":
                 ordered.append((response, request))
+            elif len(responses) == 1:  # nothing to fuse with
+                ordered.append([(response, request)])
+            else:
+                self._bucket(buckets, ordered, response, request)
         for item in ordered:
             if isinstance(item, list):
                 self._allreduce(item)
@@ -79,13 +81,12 @@ class Executor:
     def _allreduce(self, items):
         meta = items[0][0].meta
         dtype = _dtype(meta.dtype)
-        names = [response.name for response, _ in items]
         if meta.device != "cpu":
             wire = _wire_dtype(meta.dtype)  # device buffers: float16 is summed in float32
             started = time.monotonic()
             results = self.device().allreduce(
                 items, wire, lambda contributors: _finalizer(meta, contributors))
-            self._span(names, "ALLREDUCE", started)
+            self._span(items, "ALLREDUCE", started)
             for (_, request), result in zip(items, results):
                 _complete(request, result)
             return
@@ -103,22 +104,23 @@ class Executor:
             total = sum(array.size for array in inputs)
             buffer = self._fusion_view(wire, total)
             ranges = pack(inputs, buffer)
-            self._span(names, "MEMCPY_IN_FUSION_BUFFER", started)
+            self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
         algorithm = self.reducer
         segments = None  # the ring splits by position; only the servers place by tensor
         if algorithm is None:
             algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
         else:
-            segments = segments_of(names, ranges or [(0, buffer.size)])
+            segments = segments_of([response.name for response, _ in items],
+                                   ranges or [(0, buffer.size)])
         prescale, finalize = _scaling(meta, algorithm.contributors)
         scale_into(buffer, prescale)
         collective_started = time.monotonic()
         algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments)
-        self._span(names, "ALLREDUCE", collective_started)
+        self._span(items, "ALLREDUCE", collective_started)
         if ranges is not None:
             unpack_started = time.monotonic()
             unpack(buffer, ranges, outputs)
-            self._span(names, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
+            self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
         for (response, request), output in zip(items, outputs):
             _complete(request, output)
 
@@ -145,7 +147,7 @@ class Executor:
             result = self.device().run_other(self._host_result, response, request)
         else:
             result = self._host_result(response, request)
-        self._span([response.name], response.meta.kind.upper(), started)
+        self._span([(response, request)], response.meta.kind.upper(), started)
         _complete(request, result)
 
     def _host_result(self, response, request):
@@ -206,11 +208,12 @@ class Executor:
         output = buffer[start:stop].reshape((rows,) + rest).astype(meta.dtype, copy=True)
         return output
 
-    def _span(self, names, activity, started):
+    def _span(self, items, activity, started):
+        """Record ``activity`` from ``started`` until now for each (response, request)."""
         if self.timeline is not None:
             ended = time.monotonic()
-            for name in names:
-                self.timeline.span(name, activity, started, ended)
+            for response, _ in items:
+                self.timeline.span(response.name, activity, started, ended)
 
 
 def segments_of(names, ranges):
@@ -233,6 +236,7 @@ def _wire_dtype(dtype_name, chosen=""):
     return np.dtype(np.float32) if dtype == np.float16 and not chosen else dtype
 
 
+@functools.lru_cache(maxsize=1024)  # a training loop repeats the same few tensors
 def _scaling(meta, contributors):
     """The factor applied before the reduction, and the finalizer applied after it."""
     if meta.wire and meta.op == Average:

@@ -69,6 +69,7 @@ class ResponseCache:
         self._entries = []
         self._responses = []  # the agreed Response for each id, reused in the steady state
         self._ids = {}
+        self._steady = {}     # a header's cache bits -> the Responses they stand for
 
     def lookup(self, name, meta):
         """Return the id of (name, meta) if cached with exactly this metadata, else None."""
@@ -84,11 +85,24 @@ class ResponseCache:
         """The Response every rank agrees on when all announce ``cache_id`` together."""
         return self._responses[cache_id]
 
+    def steady_responses(self, bits):
+        """The Responses for the cache bits of a header row (its bytes after the fields),
+        when every rank announced exactly these ids: a training loop repeats a few such rows,
+        so each is decoded once."""
+        responses = self._steady.get(bits)
+        if responses is None:
+            if len(self._steady) >= _STEADY_ROWS:
+                self._steady.clear()
+            ids = _decode_bits(np.frombuffer(bits, dtype=np.uint64))
+            responses = self._steady[bits] = tuple(self._responses[cache_id] for cache_id in ids)
+        return responses
+
     def record(self, name, meta):
         """Remember a successful negotiation; a known name gets its metadata updated."""
         if meta.kind in UNCACHED_KINDS:
             return
         response = Response(name=name, meta=meta, metas=_SameForEveryRank(meta))
+        self._steady.clear()  # a decoded row may name the entry this replaces
         cache_id = self._ids.get(name)
         if cache_id is not None:
             self._entries[cache_id] = (name, meta)
@@ -117,16 +131,20 @@ class Negotiator:
             self._add(rank, name, meta, now)
 
     def absorb_cycle(self, headers, submissions, now):
-        """Record a whole cycle: every rank's header row and its (name, Meta) submissions.
+        """Record a whole cycle: every rank's header row and its (name, Meta) submissions
+        (None: no rank sent any).
 
         Returns the responses that need no table work, or None. In the steady state
         (every rank announces the same cached tensors and nothing else is pending) the
         ready set is read straight off the headers, with no per-tensor bookkeeping.
         """
-        if not self._table and not any(submissions):
-            first = headers[0, HEADER_FIELDS:].tobytes()
-            if all(headers[rank, HEADER_FIELDS:].tobytes() == first for rank in range(1, self.size)):
-                return [self.cache.response(cache_id) for cache_id in decode_cache_ids(headers[0])]
+        if submissions is None:
+            if not self._table:
+                bits = headers[:, HEADER_FIELDS:]
+                first = bits[0].tobytes()
+                if bits.tobytes() == first * self.size:
+                    return self.cache.steady_responses(first)
+            submissions = (None,) * self.size
         for rank in range(self.size):
             self.absorb(rank, decode_cache_ids(headers[rank]), submissions[rank] or (), now)
         return None
@@ -265,6 +283,7 @@ def _wire_name(meta):
 
 
 HEADER_FIELDS = 3  # cycle, payload bytes, flags
+_STEADY_ROWS = 64  # distinct steady-state header rows remembered
 
 
 def header_words(cache_capacity):
@@ -289,8 +308,12 @@ def encode_header(header, cycle, payload_bytes, flags, cache_ids):
 
 def decode_cache_ids(header):
     """Return the cache ids whose bits are set in ``header``, ascending."""
+    return _decode_bits(header[HEADER_FIELDS:].view(np.uint64))
+
+
+def _decode_bits(words):
     ids = []
-    for word, value in enumerate(header[HEADER_FIELDS:].view(np.uint64).tolist()):
+    for word, value in enumerate(words.tolist()):
         while value:
             low = value & -value
             ids.append(word * 64 + low.bit_length() - 1)

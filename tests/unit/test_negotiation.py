@@ -136,3 +136,47 @@ def test_header_bits_roundtrip(capacity):
     encode_header(header, cycle=7, payload_bytes=12, flags=2, cache_ids=ids)
     assert header[:3].tolist() == [7, 12, 2]
     assert decode_cache_ids(header) == ids
+
+
+def _headers(size, capacity, ids_per_rank):
+    headers = np.zeros((size, header_words(capacity)), dtype=np.int64)
+    for rank, ids in enumerate(ids_per_rank):
+        encode_header(headers[rank], cycle=1, payload_bytes=0, flags=0, cache_ids=ids)
+    return headers
+
+
+def _negotiate(negotiator, name, meta):
+    for rank in range(negotiator.size):
+        negotiator.absorb(rank, [], [(name, meta)], now=0.0)
+    (response,) = negotiator.ready()
+    assert response.error is None
+    return response
+
+
+def test_steady_state_cycle_reads_the_ready_set_off_identical_headers():
+    negotiator = Negotiator(size=3, cache_capacity=70)
+    for name in ("a", "b"):
+        _negotiate(negotiator, name, allreduce_meta())
+    ids = [negotiator.cache.lookup(name, allreduce_meta()) for name in ("b", "a")]
+    responses = negotiator.absorb_cycle(_headers(3, 70, [ids] * 3), None, now=1.0)
+    assert [response.name for response in responses] == ["a", "b"]  # cache-id order
+    assert negotiator.pending_names() == []
+
+
+def test_steady_state_headers_that_differ_go_through_the_table():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    _negotiate(negotiator, "a", allreduce_meta())
+    assert negotiator.absorb_cycle(_headers(2, 8, [[0], []]), None, now=1.0) is None
+    assert negotiator.pending_names() == ["a"]
+    assert negotiator.ready() == []  # rank 1 has not announced it yet
+
+
+def test_steady_state_rows_follow_a_name_whose_metadata_changed():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    _negotiate(negotiator, "a", allreduce_meta(shape=(5,)))
+    (before,) = negotiator.absorb_cycle(_headers(2, 8, [[0], [0]]), None, now=1.0)
+    assert before.meta.shape == (5,)
+    _negotiate(negotiator, "a", allreduce_meta(shape=(7,)))  # same name, new shape, same id
+    assert negotiator.cache.lookup("a", allreduce_meta(shape=(7,))) == 0
+    (after,) = negotiator.absorb_cycle(_headers(2, 8, [[0], [0]]), None, now=2.0)
+    assert after.meta.shape == (7,)
