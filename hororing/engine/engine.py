@@ -102,6 +102,8 @@ class Engine:
         for the drive lock); the caller polls for its peers' wake-ups instead, as often as
         the background thread would have.
         """
+        if handle.done():  # completed in an earlier cycle (fused with the one waited on)
+            return handle.result()
         with self._queue_lock:
             self._drivers += 1
         try:
