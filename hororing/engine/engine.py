@@ -92,7 +92,8 @@ class Engine:
         request.submitted = time.monotonic()
         if not blocking:
             self._async_waiting = True
-            self._work.set()
+            if not self._work.is_set():  # set() takes the event's lock even when set
+                self._work.set()
         return request.handle
 
     def wait(self, handle):
@@ -111,6 +112,11 @@ class Engine:
         finally:
             with self._queue_lock:
                 self._drivers -= 1
+                # the background thread polls slowly while a caller drives: if collectives
+                # are still pending, it must answer the peers' wake-ups promptly again
+                resume = not self._drivers and self._pending
+            if resume:
+                self._work.set()
 
     def _drive_until(self, handle):
         idle_wait = 1e-4
@@ -166,7 +172,10 @@ class Engine:
         try:
             while not self._stopped:
                 now = time.monotonic()
-                interval = _POLL_ACTIVE_S if now - last_activity < 1.0 else _POLL_IDLE_S
+                # while a caller drives, it polls for wake-ups itself: waking often here too
+                # would only take CPU time from the ranks it is waiting for (oversubscribed)
+                busy = now - last_activity < 1.0 and not self._drivers
+                interval = _POLL_ACTIVE_S if busy else _POLL_IDLE_S
                 if self._work.wait(interval):
                     self._work.clear()
                     # let tensors submitted together arrive, so they negotiate and fuse as one
