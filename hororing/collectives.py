@@ -245,7 +245,7 @@ def join():
 
 def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fields):
     context = current()
-    if not isinstance(tensor, np.ndarray) and gpu.is_device_array(tensor):
+    if gpu.is_device_array(tensor):
         return _submit_device(context, kind, tensor, name, inplace, min_ndim, blocking, fields)
     check_array(tensor, min_ndim=min_ndim)
     name = check_name(name) or context.auto_name(kind)

@@ -238,7 +238,7 @@ class Engine:
                               deadline=deadline):
             return False
         submissions = None
-        if np.count_nonzero(self._headers[:, 1:3]):  # some rank sent metadata or flags
+        if np.count_nonzero(self._headers[:, 1]):  # metadata or flags: both come with a payload
             payloads = self._gather_payloads(payload, deadline)
             if payloads is None:
                 return False
@@ -267,8 +267,6 @@ class Engine:
 
     def _gather_payloads(self, payload, deadline):
         lengths = self._headers[:, 1]
-        if not np.count_nonzero(lengths):  # flags alone
-            return [None] * self.size
         gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         offsets = np.zeros(self.size, dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])

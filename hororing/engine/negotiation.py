@@ -81,10 +81,6 @@ class ResponseCache:
     def resolve(self, cache_id):
         return self._entries[cache_id]
 
-    def response(self, cache_id):
-        """The Response every rank agrees on when all announce ``cache_id`` together."""
-        return self._responses[cache_id]
-
     def steady_responses(self, bits):
         """The Responses for the cache bits of a header row (its bytes after the fields),
         when every rank announced exactly these ids: a training loop repeats a few such rows,

@@ -13,9 +13,9 @@ from ..validate import SUPPORTED_DTYPES
 
 def is_device_array(obj):
     """True for a cupy array, a numba.cuda device array or any CUDA-array-interface object."""
-    module = type(obj).__module__
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray):  # the common case, decided before any string work
         return False
+    module = type(obj).__module__
     return (module.startswith("cupy") or module.startswith("numba")
             or hasattr(obj, "__cuda_array_interface__"))
 
