@@ -1,4 +1,9 @@
-from setuptools import setup
+from setuptools import find_packages, setup
+
+# Every subpackage of hororing is found, not listed; kernels/ sits at the top level of the
+# repository but installs as hororing.kernels, so the name ``kernels`` is never taken.
+PACKAGES = find_packages(include=["hororing", "hororing.*"]) + [
+    "hororing.kernels" + package[len("kernels"):] for package in find_packages(include=["kernels", "kernels.*"])]
 
 setup(
     name="hororing",
@@ -7,13 +12,13 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["hororing", "hororing.algorithms", "hororing.data", "hororing.engine", "hororing.kernels",
-              "hororing.torch"],
+    packages=PACKAGES,
     package_dir={"hororing.kernels": "kernels"},
+    entry_points={"console_scripts": ["hororun = hororing.launcher:main"]},
     install_requires=["numpy>=1.22", "mpi4py>=3.1"],
     extras_require={
         "mpi": ["mpich"],
-        "torch": ["torch>=2.0"],
+        "torch": ["torch>=2.1"],
         "cuda": ["cupy>=13", "numba>=0.59"],
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "hypothesis>=6",
                  "scikit-learn>=1.0", "numba>=0.59"],

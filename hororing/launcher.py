@@ -1,0 +1,200 @@
+"""``hororun``: horovodrun's command line, turned into the mpiexec call of the MPI in use.
+
+    hororun -np 4 python train.py
+    hororun -np 8 -H node1:4,node2:4 python train.py
+    hororun -np 8 --hostfile hosts python train.py       # lines "host slots=4" or "host:4"
+    hororun --check-build
+
+The mpiexec is the one next to this Python (the ``mpi`` extra's MPICH or Open MPI) or the
+first on PATH; ``--mpiexec`` names another. MPICH's Hydra and Open MPI take different flags
+for hosts; Open MPI also needs ``--allow-run-as-root`` as root and ``--oversubscribe`` for
+more ranks than cores, which hororun adds. ``--verbose`` prints the command it runs.
+"""
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+MPICH, OPEN_MPI = "MPICH", "Open MPI"
+
+
+def main(argv=None):
+    """Run the command line; return the job's exit status."""
+    args = _parser().parse_args(argv)
+    mpiexec = args.mpiexec or find_mpiexec()
+    if args.check_build:
+        print(check_build(mpiexec))
+        return 0
+    if not args.command:
+        _parser().error("give the command to run, e.g. hororun -np 2 python train.py")
+    if args.np is None:
+        _parser().error("-np is required: the number of processes to start")
+    if args.np < 1:
+        _parser().error(f"-np must be >= 1, got {args.np}")
+    if mpiexec is None:
+        sys.stderr.write("hororun: no mpiexec found next to this Python or on PATH; install "
+                         "'hororing[mpi]' (MPICH from PyPI) or load your cluster's MPI\n")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="hororun-") as scratch:
+        try:
+            command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch)
+        except ValueError as error:
+            sys.stderr.write(f"hororun: {error}\n")
+            return 2
+        if args.verbose:
+            print("hororun: " + " ".join(_quote(part) for part in command), flush=True)
+        return subprocess.call(command, env=env)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="hororun", description="Launch a hororing (or Horovod) training script with MPI.")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int,
+                        help="number of processes (one per GPU where there are GPUs)")
+    parser.add_argument("-H", "--hosts", help="hosts and their slots: host1:4,host2:4")
+    parser.add_argument("-hostfile", "--hostfile", dest="hostfile",
+                        help="file of hosts, one per line: 'host slots=4' or 'host:4'")
+    parser.add_argument("--start-timeout", type=float, default=None,
+                        help="seconds for every rank to reach hvd.init(); the job ends with an "
+                             "error naming the missing ranks otherwise")
+    parser.add_argument("--verbose", action="store_true", help="print the mpiexec command")
+    parser.add_argument("--check-build", action="store_true",
+                        help="print the frameworks, controllers and operations available")
+    parser.add_argument("--mpiexec", help="the mpiexec to use (default: next to this Python, "
+                                          "then PATH)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return parser
+
+
+def find_mpiexec():
+    """Return the mpiexec beside this interpreter, else the first on PATH, else None."""
+    beside = pathlib.Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+def mpi_flavor(mpiexec):
+    """MPICH or OPEN_MPI, from ``mpiexec --version``."""
+    try:
+        output = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                                timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        output = ""
+    return OPEN_MPI if "Open MPI" in output or "OpenRTE" in output else MPICH
+
+
+def build_command(args, mpiexec, flavor, scratch):
+    """The mpiexec command line and environment for ``args``.
+
+    Raises:
+        ValueError: a malformed host list or host file.
+    """
+    env = dict(os.environ)
+    if args.start_timeout is not None:
+        env["HORORING_START_TIMEOUT"] = str(args.start_timeout)
+    command = [mpiexec, "-n", str(args.np)]
+    hosts = parse_hosts(args.hosts) if args.hosts else None
+    if args.hostfile:
+        hosts = read_hostfile(args.hostfile)
+    if flavor == OPEN_MPI:
+        if os.geteuid() == 0:
+            command.append("--allow-run-as-root")
+        slots = sum(count for _, count in hosts) if hosts else os.cpu_count() or 1
+        if args.np > slots:
+            command.append("--oversubscribe")
+        if hosts:
+            command += ["-H", ",".join(f"{host}:{count}" for host, count in hosts)]
+    elif hosts:
+        hostfile = pathlib.Path(scratch) / "hosts"
+        hostfile.write_text("".join(f"{host}:{count}\n" for host, count in hosts))
+        command += ["-f", str(hostfile)]
+    return command + list(args.command), env
+
+
+def parse_hosts(text):
+    """``"a:4,b:2"`` -> [("a", 4), ("b", 2)] (a host without slots has one)."""
+    hosts = []
+    for item in text.split(","):
+        item = item.strip()
+        if item:
+            hosts.append(_host_and_slots(item, item.partition(":")[0], item.partition(":")[2]))
+    if not hosts:
+        raise ValueError(f"-H needs host:slots pairs, e.g. node1:4,node2:4; got {text!r}")
+    return hosts
+
+
+def read_hostfile(path):
+    """Hosts from a file of 'host slots=N' (Horovod, Open MPI) or 'host:N' (MPICH) lines."""
+    hosts = []
+    for number, line in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        if "slots=" in line:
+            host, _, slots = line.partition("slots=")
+            hosts.append(_host_and_slots(line, host.strip(), slots.strip(), path, number))
+        else:
+            host, _, slots = line.partition(":")
+            hosts.append(_host_and_slots(line, host.strip(), slots.strip(), path, number))
+    if not hosts:
+        raise ValueError(f"host file {path} lists no hosts")
+    return hosts
+
+
+def _host_and_slots(text, host, slots, path=None, number=None):
+    where = f" ({path}, line {number})" if path else ""
+    if not host or (slots and not slots.isdigit()) or slots == "0":
+        raise ValueError(f"cannot read host entry {text!r}{where}: expected host:slots or "
+                         f"'host slots=N' with N >= 1")
+    return host, int(slots) if slots else 1
+
+
+def check_build(mpiexec=None):
+    """The installation's capabilities, in the layout of ``horovodrun --check-build``."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        __version__ = version("hororing")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        __version__ = "unknown"
+
+    def mark(available):
+        return "[X]" if available else "[ ]"
+
+    has = {name: importlib.util.find_spec(name) is not None
+           for name in ("torch", "tensorflow", "numba", "cupy", "mpi4py")}
+    mpi = mpi_flavor(mpiexec) if mpiexec else None
+    lines = [
+        f"hororing v{__version__}:",
+        "",
+        "Available Frameworks:",
+        f"    {mark(has['tensorflow'] and importlib.util.find_spec('hororing.tensorflow') is not None)} TensorFlow",
+        f"    {mark(has['torch'])} PyTorch",
+        f"    {mark(True)} NumPy",
+        "",
+        "Available Controllers:",
+        f"    {mark(has['mpi4py'])} MPI" + (f" ({mpi}, {mpiexec})" if mpi else " (no mpiexec found)"),
+        f"    {mark(False)} Gloo",
+        "",
+        "Available Tensor Operations:",
+        f"    {mark(False)} NCCL",
+        f"    {mark(False)} DDL",
+        f"    {mark(False)} CCL",
+        f"    {mark(has['mpi4py'])} MPI",
+        f"    {mark(False)} Gloo",
+        f"    {mark(has['numba'] or has['cupy'])} CUDA device buffers (hororing's ring)",
+    ]
+    return "\n".join(lines)
+
+
+def _quote(part):
+    return part if part and all(c.isalnum() or c in "-_./:=," for c in part) else repr(part)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build hororing's wheel and install it, as a user would, into a fresh virtual environment
+# (Python's own bundled pip and setuptools, no editable install), then import every
+# subpackage from outside the checkout and run a 2-rank allreduce with the installed copy.
+# Usage, from the repository root: bash scripts/check_wheel.sh
+set -euo pipefail
+root=$(pwd)
+python=${PYTHON:-python3}
+work=$(mktemp -d -t hororing-wheel.XXXX)
+trap 'rm -rf "$work"' EXIT
+"$python" -m venv "$work/venv"
+pip=("$work/venv/bin/pip" install -q --disable-pip-version-check)
+"${pip[@]}" build
+"$work/venv/bin/python" -m build --wheel --outdir "$work/dist" "$root" > "$work/build.log" 2>&1 \
+    || { cat "$work/build.log"; exit 1; }
+wheel=$(ls "$work"/dist/hororing-*.whl)
+echo "built $(basename "$wheel")"
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" "$wheel[mpi,torch]"
+cd "$work"
+"$work/venv/bin/python" - <<'PY'
+import importlib, pkgutil, sys
+import hororing
+assert hororing.__file__.startswith(sys.prefix), hororing.__file__
+names = ["hororing"] + [m.name for m in pkgutil.walk_packages(hororing.__path__, "hororing.")]
+optional = {"numba", "cupy"}  # the cuda extra: kernels/cuda.py needs numba
+for name in names:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name.split(".")[0] not in optional:
+            raise
+        print(f"skipped {name}: needs {error.name} (the cuda extra)")
+for needed in ("hororing.kernels", "hororing.gpu", "hororing.torch", "hororing.engine"):
+    assert needed in names, needed
+print(f"imported {len(names)} modules from {hororing.__path__[0]}")
+PY
+timeout 120 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/python" -c '
+import numpy as np
+import torch
+import hororing.torch as hvd
+hvd.init()
+rank = hvd.rank()
+tensor = hvd.allreduce(torch.arange(7.0) * (rank + 1), op=hvd.Sum)
+assert torch.equal(tensor, torch.arange(7.0) * 3), tensor
+import hororing
+array = hororing.allreduce(np.arange(5, dtype=np.int64) + rank, op=hororing.Sum)
+assert array.tolist() == [2 * i + 1 for i in range(5)], array
+print(f"rank {rank}: 2-rank allreduce from the installed wheel OK")
+'

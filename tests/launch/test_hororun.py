@@ -1,0 +1,49 @@
+"""hororun, as a horovodrun user runs it: the training example and --check-build."""
+
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def hororun():
+    found = pathlib.Path(sys.executable).parent / "hororun"
+    if not found.exists() and shutil.which("hororun") is None:
+        pytest.skip("hororun is not installed (pip install -e .)")
+    return str(found) if found.exists() else shutil.which("hororun")
+
+
+def test_check_build():
+    job = subprocess.run([hororun(), "--check-build"], capture_output=True, text=True, timeout=60)
+    assert job.returncode == 0, job.stderr
+    assert re.search(r"\[X\] MPI \((MPICH|Open MPI), ", job.stdout)
+
+
+def test_training_example_under_hororun():
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    job = subprocess.run([hororun(), "-np", "2", "--verbose", "--start-timeout", "120",
+                          sys.executable, str(ROOT / "examples" / "train.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.stdout.startswith("hororun: ") and " -n 2 " in job.stdout.splitlines()[0]
+    assert float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1)) >= 0.95
+
+
+def test_start_timeout_ends_a_job_whose_rank_never_reaches_init():
+    late_rank = ("import time\n"
+                 "from mpi4py import MPI\n"
+                 "if MPI.COMM_WORLD.rank == 1:\n"
+                 "    time.sleep(20)\n"
+                 "import hororing as hvd\n"
+                 "hvd.init()\n")
+    job = subprocess.run([hororun(), "-np", "2", "--start-timeout", "2", sys.executable, "-c",
+                          late_rank], capture_output=True, text=True, timeout=120)
+    assert job.returncode != 0
+    assert "not every rank reached hvd.init() within 2 s" in job.stderr
+

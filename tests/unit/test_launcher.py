@@ -1,0 +1,67 @@
+"""hororun's command line: hosts, host files and the mpiexec call for each MPI."""
+
+import argparse
+
+import pytest
+
+from hororing import launcher
+
+
+def args(**overrides):
+    values = dict(np=4, hosts=None, hostfile=None, start_timeout=None, command=["python", "t.py"])
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_host_lists_and_files(tmp_path):
+    assert launcher.parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\nnode2:2\n\nnode3\n")
+    assert launcher.read_hostfile(hostfile) == [("node1", 4), ("node2", 2), ("node3", 1)]
+    with pytest.raises(ValueError, match=r"cannot read host entry 'a:x'"):
+        launcher.parse_hosts("a:x")
+    hostfile.write_text("node1 slots=0\n")
+    with pytest.raises(ValueError, match=r"line 1\): expected host:slots"):
+        launcher.read_hostfile(hostfile)
+
+
+def test_mpich_gets_a_hydra_host_file(tmp_path):
+    command, env = launcher.build_command(args(hosts="a:2,b:2", start_timeout=30.0), "mpiexec",
+                                          launcher.MPICH, str(tmp_path))
+    assert command[:3] == ["mpiexec", "-n", "4"] and command[-2:] == ["python", "t.py"]
+    hostfile = command[command.index("-f") + 1]
+    assert open(hostfile).read() == "a:2\nb:2\n"
+    assert env["HORORING_START_TIMEOUT"] == "30.0"
+
+
+def test_open_mpi_gets_hosts_and_oversubscribe_when_ranks_exceed_slots(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
+    command, _ = launcher.build_command(args(np=6, hosts="a:2,b:2"), "mpiexec",
+                                        launcher.OPEN_MPI, str(tmp_path))
+    assert "--allow-run-as-root" in command and "--oversubscribe" in command
+    assert command[command.index("-H") + 1] == "a:2,b:2"
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 1000)
+    command, _ = launcher.build_command(args(np=4, hosts="a:2,b:2"), "mpiexec",
+                                        launcher.OPEN_MPI, str(tmp_path))
+    assert "--allow-run-as-root" not in command and "--oversubscribe" not in command
+
+
+def test_bad_command_lines_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        launcher.main(["-np", "2"])
+    assert "give the command to run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launcher.main(["python", "t.py"])
+    assert "-np is required" in capsys.readouterr().err
+
+
+def test_check_build_lists_what_is_there():
+    report = launcher.check_build(None)
+    assert "Available Frameworks:" in report and "[X] MPI" in report
+    assert "[ ] NCCL" in report and "(no mpiexec found)" in report
+
+
+def test_no_mpiexec_is_reported_with_the_fix(monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "find_mpiexec", lambda: None)
+    assert launcher.main(["-np", "2", "python", "t.py"]) == 2
+    assert "no mpiexec found next to this Python or on PATH" in capsys.readouterr().err
