@@ -5,7 +5,10 @@ first reader take the stream and leaves the others blocked forever; here every r
 FIFO in a private directory (0700, FIFO 0600), a producer child process streams that rank's
 files into it, and an exclusive lock refuses a second reader instead of letting two readers
 split (or fight over) one stream. A producer that fails or dies surfaces as ChannelError in
-the reader; the directory is removed when the channel closes, on error, and at exit.
+the reader; the directory is removed when the channel closes, on error, at exit and on
+SIGTERM. A reader killed outright (SIGKILL) cannot clean up: its directory records the
+reader's pid, and the next ``open_channel`` in the same place removes directories whose
+reader is gone.
 """
 
 import fcntl
@@ -24,6 +27,8 @@ from .records import READ_BYTES, ProducerError, parse_frames, split_rows
 from .streams import check_npy_rows, resolve_format, shuffled, take_record_slice
 
 POLL_MS = 200
+_PREFIX = "hororing-channel-"
+_OWNER = "reader.pid"  # in each private directory: the pid of the process that reads it
 _PRODUCER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "producer.py")
 # launcher and MPI variables stay out of the producer: it must never join the MPI job
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "MPI_", "MPICH_", "HYDRA_", "OMPI_", "I_MPI_")
@@ -69,8 +74,12 @@ def open_channel(files, *, format=None, rank=None, directory=None, shuffle_buffe
     if rank is None:
         from ..context import is_initialized, rank as context_rank
         rank = context_rank() if is_initialized() else os.getpid()
-    private = tempfile.mkdtemp(prefix=f"hororing-channel-rank{rank}-", dir=directory)
+    remove_stale_channels(directory)
+    _end_cleanly_on_sigterm()
+    private = tempfile.mkdtemp(prefix=f"{_PREFIX}rank{rank}-", dir=directory)
     try:
+        with open(os.path.join(private, _OWNER), "w") as file:
+            file.write(str(os.getpid()))
         fifo = os.path.join(private, "channel")
         os.mkfifo(fifo, 0o600)
         os.chmod(fifo, 0o600)
@@ -86,6 +95,61 @@ def open_channel(files, *, format=None, rank=None, directory=None, shuffle_buffe
         shutil.rmtree(private, ignore_errors=True)
         raise
     return channel
+
+
+def remove_stale_channels(directory=None):
+    """Remove channel directories (of this user) whose reader process no longer exists.
+
+    Returns the directories removed. A directory whose reader is alive, or that another user
+    owns, is left alone.
+    """
+    parent = directory or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return removed
+    for entry in entries:
+        path = os.path.join(parent, entry)
+        if not entry.startswith(_PREFIX):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            with open(os.path.join(path, _OWNER)) as file:
+                pid = int(file.read().strip())
+        except (OSError, ValueError):
+            continue  # being created right now, or not one of ours
+        if not _alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _end_cleanly_on_sigterm():
+    """Turn SIGTERM into a normal exit, so open channels are removed (their finalizers run
+    at exit). Only where SIGTERM still has its default action and only from the main thread:
+    a handler the application installed is left alone."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.exit(128 + signum)
 
 
 def attach_channel(path, *, format="records", row_type=None):
@@ -195,6 +259,13 @@ class Channel:
             if code is not None and code < 0:
                 message = f"the producer (pid {self._producer.pid}) was killed by signal " \
                           f"{signal.Signals(-code).name}"
+            elif code == 0:
+                # the producer sent everything and its end marker; the reader lost its place
+                return (f"channel {self.path!r} failed: the producer (pid {self._producer.pid}) "
+                        f"sent every file and its end marker, but the stream read here "
+                        f"{where or 'broke off'}: a record's length field is corrupt (it claims "
+                        f"more bytes than its file holds), or another process read part of "
+                        f"this FIFO (each channel must have exactly one reader)")
             else:
                 message = f"the producer (pid {self._producer.pid}) exited with status {code}"
             tail = self._log_tail()

@@ -15,9 +15,11 @@ import sys
 import zlib
 
 if __package__:
-    from .records import END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, read_npy_blocks
+    from .records import (END, ERROR, FILE, FRAME, MAGIC, TRAILER, TRAILER_COUNT,
+                          RecordFormatError, chain_crc, check_header, read_npy_blocks)
 else:  # run as a script: the sibling module is importable by name
-    from records import END, ERROR, FILE, FRAME, MAGIC, RecordFormatError, read_npy_blocks
+    from records import (END, ERROR, FILE, FRAME, MAGIC, TRAILER, TRAILER_COUNT,
+                         RecordFormatError, chain_crc, check_header, read_npy_blocks)
 
 F_SETPIPE_SZ = 1031  # Linux fcntl: grow the pipe so each write moves a large block
 
@@ -62,25 +64,27 @@ def _stream_records(pipe, files, block_bytes):
 
     The file body is already in the channel's frame format, so the producer only copies. A FILE
     frame goes before each file: a truncated file then fails the reader's CRC check on its last
-    record, and the reader's error names the file.
+    record or lacks its trailer, and the reader's error names the file.
     """
     for index, path in enumerate(files):
         with open(path, "rb", buffering=0) as file:
-            header = file.read(len(MAGIC))
-            if header != MAGIC:
-                raise RecordFormatError(f"{path!r} is not a hororing record file")
+            check_header(file.read(len(MAGIC)), path)
             pipe.write(FRAME.pack(FILE, index))
             pipe.copy_from(file.fileno(), os.fstat(file.fileno()).st_size - len(MAGIC),
                            block_bytes)
 
 
 def _stream_npy(pipe, files, block_bytes):
-    """Send each .npy file's rows as frames of whole rows."""
+    """Send each .npy file's rows as frames of whole rows, then a trailer, as a record file."""
     for index, path in enumerate(files):
         pipe.write(FRAME.pack(FILE, index))
+        count, chain = 0, 0
         for block in read_npy_blocks(path, block_bytes=block_bytes):
-            pipe.write(FRAME.pack(len(block), zlib.crc32(block)))
+            check = zlib.crc32(block)
+            pipe.write(FRAME.pack(len(block), check))
             pipe.write(block)
+            count, chain = count + 1, chain_crc(chain, check)
+        pipe.write(FRAME.pack(TRAILER, chain) + TRAILER_COUNT.pack(count))
 
 
 class _Pipe:

@@ -1,11 +1,15 @@
 """Streaming readers for record files and .npy shards, and the frame format both travel in.
 
-Record file: an 8-byte header (``HRREC``, a zero byte, version 1 as little-endian uint16), then
-frames. A frame is ``<length: uint32 LE> <crc32 of payload: uint32 LE> <payload>``. A channel
-carries the same frames without the header, plus control frames that a file never holds:
-FILE (length 0xFFFFFFFD, second word = index of the file whose frames follow), END (length
-0xFFFFFFFF, second word = number of records sent) and ERROR (length 0xFFFFFFFE, second word =
-byte length of a UTF-8 message that follows).
+Record file: an 8-byte header (``HRREC``, a zero byte, version 2 as little-endian uint16), then
+frames, then a trailer. A frame is ``<length: uint32 LE> <crc32 of payload: uint32 LE>
+<payload>``. The trailer is ``<0xFFFFFFFC: uint32> <chain: uint32> <records: uint64>``, where
+chain is the crc32 of the records' crc32 words in order: a file cut anywhere, even exactly
+between two records, lacks it, so a reader can tell a complete file from a truncated one.
+(Version 1 files had no trailer and are refused.) A channel carries the same frames and
+trailers without the header, plus control frames that a file never holds: FILE (length
+0xFFFFFFFD, second word = index of the file whose frames follow), END (length 0xFFFFFFFF,
+second word = number of bytes sent) and ERROR (length 0xFFFFFFFE, second word = byte length of
+a UTF-8 message that follows).
 
 This module imports only the standard library (numpy when .npy files are read): a channel's
 producer process runs it without importing hororing, which would initialize MPI in the child.
@@ -15,12 +19,16 @@ import os
 import struct
 import zlib
 
-MAGIC = b"HRREC\x00" + struct.pack("<H", 1)
+MAGIC_PREFIX = b"HRREC\x00"
+VERSION = 2
+MAGIC = MAGIC_PREFIX + struct.pack("<H", VERSION)
 FRAME = struct.Struct("<II")
+TRAILER_COUNT = struct.Struct("<Q")  # follows the trailer's frame words
 END = 0xFFFFFFFF
 ERROR = 0xFFFFFFFE
 FILE = 0xFFFFFFFD
-MAX_RECORD = 0xFFFFFFFC
+TRAILER = 0xFFFFFFFC
+MAX_RECORD = 0xFFFFFFFB
 READ_BYTES = 1 << 20
 
 
@@ -38,6 +46,7 @@ class RecordWriter:
     def __init__(self, path):
         self.path = os.fspath(path)
         self.count = 0
+        self._chain = 0
         self._file = open(self.path, "wb")
         self._file.write(MAGIC)
 
@@ -46,13 +55,16 @@ class RecordWriter:
         data = memoryview(payload).cast("B")
         if data.nbytes > MAX_RECORD:
             raise ValueError(f"a record holds at most {MAX_RECORD} bytes, got {data.nbytes}")
-        self._file.write(FRAME.pack(data.nbytes, zlib.crc32(data)))
+        check = zlib.crc32(data)
+        self._file.write(FRAME.pack(data.nbytes, check))
         self._file.write(data)
+        self._chain = chain_crc(self._chain, check)
         self.count += 1
 
     def close(self):
-        """Flush and close the file."""
+        """Write the trailer (record count and checksum chain), flush and close the file."""
         if not self._file.closed:
+            self._file.write(FRAME.pack(TRAILER, self._chain) + TRAILER_COUNT.pack(self.count))
             self._file.close()
 
     def __enter__(self):
@@ -62,15 +74,31 @@ class RecordWriter:
         self.close()
 
 
+def chain_crc(chain, record_crc):
+    """Fold one record's crc32 into the running checksum a trailer carries."""
+    return zlib.crc32(FRAME.pack(record_crc, 0)[:4], chain)
+
+
+def check_header(header, path):
+    """Raise RecordFormatError unless ``header`` is this version's record-file header."""
+    if header == MAGIC:
+        return
+    if header.startswith(MAGIC_PREFIX) and len(header) == len(MAGIC):
+        version = struct.unpack("<H", header[len(MAGIC_PREFIX):])[0]
+        raise RecordFormatError(
+            f"{path!r} is a hororing record file of format version {version}, which has no "
+            f"trailer, so a copy cut between two records cannot be told from a complete one; "
+            f"rewrite it with this version's hororing.data.RecordWriter (format {VERSION})")
+    raise RecordFormatError(
+        f"{path!r} is not a hororing record file (header {header!r}, expected {MAGIC!r}); "
+        f"write it with hororing.data.RecordWriter")
+
+
 def read_records(path, read_bytes=READ_BYTES):
     """Yield each record (bytes) of a record file, streaming ``read_bytes`` at a time."""
     path = os.fspath(path)
     with open(path, "rb", buffering=0) as file:
-        header = file.read(len(MAGIC))
-        if header != MAGIC:
-            raise RecordFormatError(
-                f"{path!r} is not a hororing record file (header {header!r}, expected "
-                f"{MAGIC!r}); write it with hororing.data.RecordWriter")
+        check_header(file.read(len(MAGIC)), path)
         yield from parse_frames(lambda: file.read(read_bytes), path, offset=len(MAGIC))
 
 
@@ -89,11 +117,17 @@ def parse_frames(read_chunk, source, offset=0, control=False, files=None):
     position = 0
     base = 0  # stream bytes before buffer[0]
     file_start = -offset  # stream position of byte 0 of the current file
+    records, chain = 0, 0   # of the current file, for its trailer
+    # whether the current file's trailer was seen (None: a channel before its first file)
+    complete = None if control else False
     while True:
         available = len(buffer) - position
         if available >= FRAME.size:
             length, check = FRAME.unpack_from(buffer, position)
-            if length < FILE and available >= FRAME.size + length:
+            if length < TRAILER and available >= FRAME.size + length:
+                if complete:
+                    raise RecordFormatError(f"{source!r}: data after its trailer at byte "
+                                            f"{base + position - file_start}")
                 start = position + FRAME.size
                 payload = buffer[start:start + length]
                 if zlib.crc32(payload) != check:
@@ -101,7 +135,17 @@ def parse_frames(read_chunk, source, offset=0, control=False, files=None):
                         f"{source!r}: the record at byte {base + position - file_start} fails "
                         f"its CRC check (corrupt or truncated file)")
                 position = start + length
+                records, chain = records + 1, chain_crc(chain, check)
                 yield payload
+                continue
+            if length == TRAILER and available >= FRAME.size + TRAILER_COUNT.size:
+                (count,) = TRAILER_COUNT.unpack_from(buffer, position + FRAME.size)
+                if count != records or check != chain:
+                    raise RecordFormatError(
+                        f"{source!r}: its trailer promises {count} records but {records} "
+                        f"were read (or their checksums differ): the file is corrupt")
+                position += FRAME.size + TRAILER_COUNT.size
+                complete = True
                 continue
             if length >= FILE:
                 if not control:
@@ -109,15 +153,18 @@ def parse_frames(read_chunk, source, offset=0, control=False, files=None):
                         f"{source!r}: bad record length {length:#x} at byte "
                         f"{base + position - file_start}")
                 if length == FILE:
+                    _check_complete(complete, source)
                     source = files[check] if files and check < len(files) else source
                     position += FRAME.size
                     file_start = base + position - len(MAGIC)
+                    records, chain, complete = 0, 0, False
                     continue
                 if length == END:
                     if check != (base + position) & 0xFFFFFFFF:
                         raise ProducerError(
                             f"the producer sent {check} bytes (mod 2**32) but "
                             f"{base + position} arrived")
+                    _check_complete(complete, source)
                     return
                 raise ProducerError(_read_message(buffer, position + FRAME.size, check,
                                                   read_chunk))
@@ -136,6 +183,15 @@ def parse_frames(read_chunk, source, offset=0, control=False, files=None):
         raise RecordFormatError(
             f"{source!r} ends inside a record at byte {base + position - file_start} "
             f"(truncated file)")
+    _check_complete(complete, source)
+
+
+def _check_complete(complete, source):
+    """Raise for a record file whose frames ended without the trailer (cut short)."""
+    if complete is False:
+        raise RecordFormatError(
+            f"{source!r} ends without its trailer after a whole record: the file was cut short "
+            f"(truncated between two records), or it is still being written")
 
 
 def _read_message(buffer, start, length, read_chunk):

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .records import FRAME, MAGIC, RecordFormatError, npy_layout
+from .records import (FRAME, MAGIC, TRAILER, TRAILER_COUNT, RecordFormatError, check_header,
+                      npy_layout)
 from .streams import resolve_format
 
 POLICIES = ("min", "pad")
@@ -85,7 +86,7 @@ def equal_steps(local_samples, batch_size, *, policy="min", drop_last=False):
     # one allgather carries the counts and the arguments, so a bad or differing argument on
     # one rank is reported on every rank instead of leaving the others waiting
     views = allgather(np.array([view], dtype=np.int64),
-                      name=context.auto_name("hororing.data.equal_steps")).tolist()
+                      name=context.group.auto_name("hororing.data.equal_steps")).tolist()
     if problem is not None:
         raise problem
     for other_rank, other in enumerate(views):
@@ -126,23 +127,32 @@ def count_samples(files, *, format=None):
 
 
 def _count_records(path):
+    """The number of records in a record file, walking its frame headers (no payload read)
+    and checking the count against the file's trailer."""
     size = os.path.getsize(path)
     count = 0
     with open(path, "rb") as file:
-        if file.read(len(MAGIC)) != MAGIC:
-            raise RecordFormatError(f"{path!r} is not a hororing record file")
+        check_header(file.read(len(MAGIC)), path)
         position = len(MAGIC)
         while position < size:
             header = file.read(FRAME.size)
             if len(header) < FRAME.size:
                 raise RecordFormatError(f"{path!r} ends inside a record header (truncated file)")
             length = FRAME.unpack(header)[0]
+            if length == TRAILER:
+                promised = file.read(TRAILER_COUNT.size)
+                if (len(promised) != TRAILER_COUNT.size or TRAILER_COUNT.unpack(promised)[0] != count
+                        or position + FRAME.size + TRAILER_COUNT.size != size):
+                    raise RecordFormatError(f"{path!r}: its trailer does not match its {count} "
+                                            f"records (corrupt file)")
+                return count
             position += FRAME.size + length
             if position > size:
                 raise RecordFormatError(f"{path!r} ends inside a record (truncated file)")
             file.seek(position)
             count += 1
-    return count
+    raise RecordFormatError(f"{path!r} ends without its trailer after a whole record: the file "
+                            f"was cut short (truncated between two records)")
 
 
 def _check_arguments(local_samples, batch_size, policy):

@@ -113,8 +113,20 @@ def test_a_producer_that_dies_before_writing_is_reported(tmp_path):
 def test_a_truncated_file_is_named(tmp_path):
     files = write_shard(tmp_path)
     with open(files[1], "r+b") as file:
-        file.truncate(os.path.getsize(files[1]) - 3)
+        file.truncate(os.path.getsize(files[1]) - 19)  # inside the last record
     with pytest.raises(Exception, match=r"part-1.rec.*(CRC|truncated)"):
+        with open_channel(files, rank=0) as channel:
+            list(channel)
+
+
+def test_a_file_cut_between_records_is_named_through_the_channel(tmp_path):
+    files = write_shard(tmp_path, records=100)
+    data = open(files[1], "rb").read()
+    position = 8
+    for _ in range(50):  # keep the first 50 records whole
+        position += 8 + int.from_bytes(data[position:position + 4], "little")
+    open(files[1], "wb").write(data[:position])
+    with pytest.raises(Exception, match=r"part-1.rec' ends without its trailer"):
         with open_channel(files, rank=0) as channel:
             list(channel)
 
@@ -162,3 +174,55 @@ def test_channels_are_removed_at_exit(tmp_path):
     directory = result.stdout.strip()
     assert directory.startswith(str(tmp_path)), result.stderr
     assert not os.path.exists(directory)
+
+
+def start_reader(tmp_path, files):
+    """A process that opens a channel in tmp_path, reads one record, says where, and waits."""
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from hororing.data import open_channel
+        channel = open_channel({files!r}, rank=0, directory={str(tmp_path)!r})
+        samples = iter(channel)  # held: a dropped iterator closes its channel
+        next(samples)
+        print(os.path.dirname(channel.path), flush=True)
+        time.sleep(60)
+    """)
+    reader = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    return reader, reader.stdout.readline().strip()
+
+
+def test_a_reader_ended_by_sigterm_removes_its_channel(tmp_path):
+    files = write_shard(tmp_path, files=1)
+    reader, directory = start_reader(tmp_path, files)
+    assert os.path.isdir(directory)
+    reader.send_signal(signal.SIGTERM)
+    assert reader.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not os.path.exists(directory)
+
+
+def test_a_killed_readers_channel_is_removed_at_the_next_open(tmp_path):
+    files = write_shard(tmp_path, files=1)
+    reader, directory = start_reader(tmp_path, files)
+    reader.kill()
+    reader.wait(timeout=30)
+    assert os.path.isdir(directory)  # SIGKILL: nothing could run
+    alive, alive_directory = start_reader(tmp_path, files)
+    try:
+        with open_channel(files, rank=1, directory=str(tmp_path)) as channel:
+            assert len(list(channel)) == 500
+        assert not os.path.exists(directory)
+        assert os.path.isdir(alive_directory)  # its reader still runs: left alone
+    finally:
+        alive.kill()
+        alive.wait(timeout=30)
+
+
+def test_a_corrupt_length_field_is_reported_as_such(tmp_path):
+    files = write_shard(tmp_path, files=1, records=50)
+    data = bytearray(open(files[0], "rb").read())
+    data[8:12] = (1 << 20).to_bytes(4, "little")  # the first record claims 1 MiB
+    open(files[0], "wb").write(bytes(data))
+    with pytest.raises(ChannelError, match=r"sent every file and its end marker, but the stream "
+                                           r"read here .*a record's length field is corrupt"):
+        with open_channel(files, rank=0) as channel:
+            list(channel)

@@ -24,6 +24,50 @@ def test_records_round_trip_across_any_read_size(tmp_path_factory, payloads, rea
     assert list(read_records(path, read_bytes=read_bytes)) == payloads
 
 
+def cut_after_record(path, keep):
+    """Cut a record file exactly after its first ``keep`` records (a clean boundary)."""
+    data = open(path, "rb").read()
+    position = 8
+    for _ in range(keep):
+        position += 8 + int.from_bytes(data[position:position + 4], "little")
+    open(path, "wb").write(data[:position])
+
+
+def test_a_file_cut_exactly_between_two_records_is_refused(tmp_path):
+    path = write_records(tmp_path / "a.rec", [b"record %d" % index for index in range(1000)])
+    assert count_samples([path]) == 1000
+    cut_after_record(path, 500)
+    with pytest.raises(RecordFormatError, match=r"a.rec' ends without its trailer after a whole "
+                                                r"record: the file was cut short"):
+        list(read_records(path))
+    with pytest.raises(RecordFormatError, match="ends without its trailer"):
+        count_samples([path])
+    empty = write_records(tmp_path / "empty.rec", [])
+    assert list(read_records(empty)) == [] and count_samples([empty]) == 0
+    cut_after_record(empty, 0)  # the header alone
+    with pytest.raises(RecordFormatError, match="ends without its trailer"):
+        list(read_records(empty))
+
+
+def test_a_version_1_file_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "old.rec"
+    path.write_bytes(b"HRREC\x00\x01\x00" + (3).to_bytes(4, "little") + b"\0\0\0\0abc")
+    with pytest.raises(RecordFormatError, match=r"old.rec' is a hororing record file of format "
+                                                r"version 1, which has no trailer.*RecordWriter"):
+        list(read_records(path))
+
+
+def test_a_trailer_that_disagrees_with_the_records_is_corruption(tmp_path):
+    path = write_records(tmp_path / "a.rec", [b"x", b"y"])
+    data = bytearray(open(path, "rb").read())
+    data[-8] = 3  # the trailer now promises three records
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(RecordFormatError, match="its trailer promises 3 records but 2 were read"):
+        list(read_records(path))
+    with pytest.raises(RecordFormatError, match="its trailer does not match its 2 records"):
+        count_samples([path])
+
+
 def test_reading_streams_the_file(tmp_path):
     path = write_records(tmp_path / "a.rec", [bytes([index % 256]) * 100 for index in range(1000)])
     records = read_records(path, read_bytes=4096)
@@ -44,7 +88,7 @@ def test_truncated_file_is_named_with_the_offset(tmp_path):
 def test_corrupt_record_fails_its_crc(tmp_path):
     path = write_records(tmp_path / "a.rec", [b"abc", b"defgh"])
     data = bytearray(open(path, "rb").read())
-    data[-1] ^= 0xFF
+    data[-17] ^= 0xFF  # the last payload byte: the trailer (16 bytes) follows it
     open(path, "wb").write(bytes(data))
     with pytest.raises(RecordFormatError, match=r"record at byte 19 fails its CRC check"):
         list(read_records(path))
