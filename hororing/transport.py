@@ -7,6 +7,7 @@ then sleeps with a growing interval, so an oversubscribed job still moves forwar
 """
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -15,6 +16,22 @@ from mpi4py import MPI
 _SPIN_TESTS = 50
 _YIELD_TESTS = 2000
 _MAX_SLEEP_S = 0.001
+
+
+_ABORT_GRACE_S = 1.0
+
+
+def end_job(message):
+    """Write ``message`` to stderr and end every rank of the job with MPI_Abort.
+
+    mpiexec forwards a rank's output through a proxy that the abort kills too: a line written
+    just before MPI_Abort is sometimes lost. The rank waits a moment first so that the reason
+    the job ended reaches the user.
+    """
+    sys.stderr.write(message if message.endswith("\n") else message + "\n")
+    sys.stderr.flush()
+    time.sleep(_ABORT_GRACE_S)
+    MPI.COMM_WORLD.Abort(1)
 
 
 def wait(request, deadline=None):

@@ -7,6 +7,14 @@ A rank starts a cycle only when it has something to announce; it then sends a on
 wake-up to its peers, whose background threads answer by taking part. An idle job
 therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
 
+Wake-ups are received through one pre-posted receive per peer, never a single wildcard
+receive: some transports (MPICH over UCX between nodes) can leave a message that has
+arrived unmatched by an ``ANY_SOURCE`` receive, which stalled every rank waiting on the
+cycle. A receive per peer is matched by that peer's messages in the order they were sent
+(MPI's non-overtaking rule), so each wake-up is seen. Each rank counts what it sent to each
+peer; at shutdown the counts are exchanged and every wake-up still in flight is received
+before the receives are cancelled, so no message is left for the transport to warn about.
+
 Whoever needs progress drives it under ``_drive_lock``: the background thread for
 asynchronous submissions (after a cycle time, so tensors submitted together fuse), or the
 caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-off).
@@ -14,7 +22,6 @@ caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-o
 
 import logging
 import pickle
-import sys
 import threading
 import time
 
@@ -58,16 +65,24 @@ class Engine:
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failure = None      # HorovodInternalError once the engine cannot go on
+        self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
         self._stopped = False
         self._header = np.zeros(header_words(config.cache_capacity), dtype=np.int64)
         self._headers = np.zeros((self.size, self._header.size), dtype=np.int64)
         self._header_key = None   # what self._header encodes, less the cycle number
-        self._wake_in = np.zeros(1, dtype=np.int64)
-        self._wake_request = self._comm_wake.Irecv(self._wake_in, MPI.ANY_SOURCE, WAKE_TAG)
+        self._peers = [peer for peer in range(self.size) if peer != self.rank]
+        self._wake_in = np.zeros((self.size, 1), dtype=np.int64)  # one slot per peer
+        self._wake_requests = [self._comm_wake.Irecv(self._wake_in[peer], peer, WAKE_TAG)
+                               for peer in self._peers]
+        self._wakes_sent = np.zeros(self.size, dtype=np.int64)
+        self._wakes_received = np.zeros(self.size, dtype=np.int64)
         self._wake_sends = []
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
         self._work = threading.Event()
         self._drivers = 0         # user threads inside wait(), driving cycles themselves
+        # called with the name of a collective that failed on every rank but this one never
+        # submitted (it was inside join()); the Group keeps its generated names in step
+        self.on_missed_error = None
         self._thread = threading.Thread(target=self._background, name="hororing-engine", daemon=True)
         self._thread.start()
 
@@ -152,6 +167,8 @@ class Engine:
         Returns True if the peers were told within the deadline.
         """
         told = False
+        if flags & FLAG_FAILED:
+            self._failed_job = True
         if self._failure is None and not self._stopped:
             self._outgoing_flags |= flags
             self._outgoing_message = message
@@ -208,11 +225,20 @@ class Engine:
         return False
 
     def _drain_wakes(self):
+        """Return the highest cycle a peer has asked for since the last call (0: none)."""
         latest = 0
-        while self._wake_request.Test():
-            latest = max(latest, int(self._wake_in[0]))
-            self._wake_request = self._comm_wake.Irecv(self._wake_in, MPI.ANY_SOURCE, WAKE_TAG)
-        return latest
+        if not self._wake_requests:
+            return latest
+        while True:
+            done = MPI.Request.Testsome(self._wake_requests)
+            if not done:  # None or empty: nothing has arrived
+                return latest
+            for index in done:
+                peer = self._peers[index]
+                latest = max(latest, int(self._wake_in[peer, 0]))
+                self._wakes_received[peer] += 1
+                self._wake_requests[index] = self._comm_wake.Irecv(self._wake_in[peer], peer,
+                                                                   WAKE_TAG)
 
     def _run_cycle(self, initiate, deadline=None):
         self._cycle += 1
@@ -253,8 +279,12 @@ class Engine:
         if responses is None:
             responses = self.negotiator.ready()
         if responses:
-            self.executor.execute(responses, self._take)
+            self.executor.execute(responses, self._take, self._missed)
         return True
+
+    def _missed(self, name):
+        if self.on_missed_error is not None:
+            self.on_missed_error(name)
 
     def _encode_header(self, payload_bytes, cache_ids):
         # a steady state repeats one header: then only the cycle number changes
@@ -287,9 +317,9 @@ class Engine:
         if self._wake_sends and MPI.Request.Testall(self._wake_sends):
             self._wake_sends = []
         word = np.array([cycle], dtype=np.int64)
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._wake_sends.append(self._comm_wake.Isend(word, peer, WAKE_TAG))
+        for peer in self._peers:
+            self._wake_sends.append(self._comm_wake.Isend(word, peer, WAKE_TAG))
+            self._wakes_sent[peer] += 1
 
     def _apply_flags(self, payloads):
         reasons = []
@@ -297,6 +327,7 @@ class Engine:
             flags = int(self._headers[rank, 2])
             message = payloads[rank][1] if payloads[rank] else None
             if flags & FLAG_FAILED:
+                self._failed_job = True
                 reasons.append(f"rank {rank} failed: {message}")
             elif flags & FLAG_SHUTDOWN and rank != self.rank:
                 reasons.append(f"rank {rank} shut down hororing")
@@ -319,14 +350,35 @@ class Engine:
         """Release MPI resources; call after ``stop``."""
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-        if self._wake_request.Test() is False:
-            self._wake_request.Cancel()
-            self._wake_request.Wait()
+        if not self._failed_job:  # after a failure, peers may be gone: leave the rest to MPI
+            self._drain_wakes_in_flight(deadline=time.monotonic() + 10.0)
+        for request in self._wake_requests:
+            if not request.Test():
+                request.Cancel()
+                request.Wait()
         MPI.Request.Waitall(self._wake_sends)
         for comm in (self._comm_negotiate, self._comm_wake, self.executor.comm):
             comm.Free()
         if self.timeline is not None:
             self.timeline.close()
+
+    def _drain_wakes_in_flight(self, deadline):
+        """Receive every wake-up the peers sent this rank, so none is left in the transport.
+
+        The peers' sent counts come in one exchange (every rank closes its engine at
+        shutdown); past the deadline (a peer that died) the rest is left to MPI.
+        """
+        if not self._peers:
+            return
+        sent_to_me = np.zeros(self.size, dtype=np.int64)
+        if not transport.wait(self._comm_wake.Ialltoall(self._wakes_sent, sent_to_me),
+                              deadline=deadline):
+            return
+
+        def all_received():
+            self._drain_wakes()
+            return not (sent_to_me > self._wakes_received).any()
+        transport.wait_until(all_received, deadline=deadline)
 
     def _check_stalls(self):
         now = time.monotonic()
@@ -343,7 +395,5 @@ class Engine:
             if self.rank == 0 or self.rank in missing:
                 log.warning(message)
             if shutdown_after > 0 and waited >= shutdown_after:
-                sys.stderr.write(f"[rank {self.rank}] {message} Ending the job: stalled longer "
-                                 f"than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown_after:g}.\n")
-                sys.stderr.flush()
-                MPI.COMM_WORLD.Abort(1)
+                transport.end_job(f"[rank {self.rank}] {message} Ending the job: stalled longer "
+                                  f"than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown_after:g}.")
