@@ -6,9 +6,11 @@
 
 from .collectives import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                           allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
-                          broadcast_, broadcast_async, broadcast_async_, grouped_allreduce,
-                          grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                          join, poll, reducescatter, reducescatter_async, synchronize)
+                          broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+                          grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+                          grouped_allreduce_async, grouped_allreduce_async_,
+                          grouped_reducescatter, grouped_reducescatter_async, join, poll,
+                          reducescatter, reducescatter_async, synchronize)
 from . import data
 from .async_ps import AsyncPSOptimizer
 from .config import Config
@@ -18,11 +20,15 @@ from .errors import HorovodInternalError
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .optim import SGD, DistributedOptimizer
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "AsyncPSOptimizer", "Average", "Config", "DistributedOptimizer", "HorovodInternalError", "SGD", "Max", "Min", "Product", "Sum",
+    "Adasum", "AsyncPSOptimizer", "Average", "Config", "DistributedOptimizer",
+    "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "SGD", "Sum",
+    "add_process_set", "global_process_set", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "remove_process_set",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",

@@ -1,9 +1,11 @@
 """The collective verbs over numpy arrays, with Horovod's names and semantics.
 
-Every collective here must be called by every rank, in the same order (asynchronous calls
-may be submitted in any order: the engine matches them by name). ``x_`` works in place,
-``x_async`` returns a handle for ``synchronize``/``poll``; each verb is a thin wrapper over
-one private submit path.
+Every collective here must be called by every rank of its process set (all ranks by
+default), in the same order (asynchronous calls may be submitted in any order: the engine
+matches them by name). ``x_`` works in place, ``x_async`` returns a handle for
+``synchronize``/``poll``; each verb is a thin wrapper over one private submit path.
+``process_set`` (a ``hvd.ProcessSet``, default the global set) restricts a collective to
+the set's ranks; ``root_rank`` stays in ``hvd.rank()`` numbering.
 """
 
 import numpy as np
@@ -12,6 +14,7 @@ from . import gpu, ops
 from .context import current
 from .engine.negotiation import JOIN_NAME, Meta
 from .engine.request import GroupHandle, Handle, Request
+from .process_sets import group_of
 from .validate import (DTYPE_NAMES, check_array, check_factor, check_name, check_root,
                        check_splits, check_writable, resolve_op)
 
@@ -39,7 +42,8 @@ def poll(handle):
 
 # ---- allreduce --------------------------------------------------------------------------
 
-def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              process_set=None):
     """Reduce ``tensor`` over all ranks and return the result (a new array).
 
     Every rank must call it, in the same order, with the same shape, dtype and op.
@@ -51,6 +55,7 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
         op: Average (default), Sum, Min, Max or Product. Integer Average truncates toward 0.
         prescale_factor: multiply the input before reducing.
         postscale_factor: multiply the result after reducing.
+        process_set: reduce over this ``hvd.ProcessSet`` only (default: every rank).
 
     Returns:
         numpy array with the same shape and dtype, identical on every rank.
@@ -62,63 +67,69 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)
     """
     return synchronize(_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
-                                  inplace=False, blocking=True))
+                                  process_set, inplace=False, blocking=True))
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None):
     """In-place allreduce: ``tensor`` receives the result, which is also returned."""
     return synchronize(_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
-                                  inplace=True, blocking=True))
+                                  process_set, inplace=True, blocking=True))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+                    postscale_factor=1.0, process_set=None):
     """Start an allreduce; return a handle (see ``allreduce``)."""
-    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace=False)
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                      inplace=False)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
+                     postscale_factor=1.0, process_set=None):
     """Start an in-place allreduce; return a handle (see ``allreduce``)."""
-    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace=True)
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                      inplace=True)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0):
+                      postscale_factor=1.0, process_set=None):
     """Allreduce a list of arrays together; return the list of results."""
     return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor))
+                                               postscale_factor, process_set))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0):
+                       postscale_factor=1.0, process_set=None):
     """In-place grouped allreduce."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor))
+                                                postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
+                            postscale_factor=1.0, process_set=None):
     """Start a grouped allreduce; ``synchronize`` on the handle returns the list."""
-    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=False)
+    return _grouped("grouped_allreduce", tensors, name, process_set, lambda tensor, member: _allreduce(
+        tensor, average, member, op, prescale_factor, postscale_factor, process_set, inplace=False))
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
+                             postscale_factor=1.0, process_set=None):
     """Start an in-place grouped allreduce."""
-    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=True)
+    return _grouped("grouped_allreduce", tensors, name, process_set, lambda tensor, member: _allreduce(
+        tensor, average, member, op, prescale_factor, postscale_factor, process_set, inplace=True))
 
 
-def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace,
+def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set, inplace,
                blocking=False, wire=""):
     op = resolve_op(op, average)
-    return _submit("allreduce", tensor, name, inplace=inplace, blocking=blocking, op=op,
+    return _submit("allreduce", tensor, name, group_of(process_set), inplace=inplace,
+                   blocking=blocking, op=op,
                    prescale=check_factor(prescale_factor, "prescale_factor"),
                    postscale=check_factor(postscale_factor, "postscale_factor"), wire=wire)
 
 
 def compressed_allreduce_async_(tensor, name=None, op=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
+                                postscale_factor=1.0, process_set=None):
     """In-place async allreduce of a float16 ``tensor`` that travels as float16.
 
     For gradient compression (``Compression.fp16``): an ordinary float16 allreduce sends
@@ -128,26 +139,26 @@ def compressed_allreduce_async_(tensor, name=None, op=None, prescale_factor=1.0,
     arrays take the ordinary device path (their float16 sums run in float32 on the GPU).
     """
     if gpu.is_device_array(tensor):
-        return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, inplace=True)
+        return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
+                          inplace=True)
     if not isinstance(tensor, np.ndarray) or tensor.dtype != np.float16:
         raise TypeError(f"compressed_allreduce_async_ takes a float16 numpy array, got "
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
-    return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, inplace=True,
-                      wire="float16")
+    return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
+                      inplace=True, wire="float16")
 
 
-def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace):
+def _grouped(kind, tensors, name, process_set, start):
+    """Start ``start(tensor, member_name)`` for each tensor; one handle over all of them."""
     if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"grouped_allreduce takes a list of arrays, got {type(tensors).__name__}")
-    base = check_name(name) or current().auto_name("grouped_allreduce")
-    return GroupHandle(_allreduce(tensor, average, f"{base}.{index}", op, prescale_factor,
-                                  postscale_factor, inplace)
-                       for index, tensor in enumerate(tensors))
+        raise TypeError(f"{kind} takes a list of arrays, got {type(tensors).__name__}")
+    base = check_name(name) or group_of(process_set).auto_name(kind)
+    return GroupHandle(start(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors))
 
 
 # ---- allgather, broadcast, alltoall, reducescatter ----------------------------------------
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """Concatenate every rank's ``tensor`` along the first dimension (which may differ per rank).
 
     Every rank must call it, in the same order; the other dimensions must agree.
@@ -155,100 +166,142 @@ def allgather(tensor, name=None):
     Example:
         >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))
     """
-    return synchronize(_submit("allgather", tensor, name, min_ndim=1, blocking=True))
+    return synchronize(_submit("allgather", tensor, name, group_of(process_set), min_ndim=1,
+                               blocking=True))
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; return a handle."""
-    return _submit("allgather", tensor, name, min_ndim=1)
+    return _submit("allgather", tensor, name, group_of(process_set), min_ndim=1)
 
 
-def broadcast(tensor, root_rank, name=None):
+def grouped_allgather(tensors, name=None, process_set=None):
+    """Allgather a list of arrays together; return the list of results."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    """Start a grouped allgather; ``synchronize`` on the handle returns the list."""
+    return _grouped("grouped_allgather", tensors, name, process_set,
+                    lambda tensor, member: allgather_async(tensor, member, process_set))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
     """Return root_rank's ``tensor`` on every rank (a new array). Every rank must call it."""
-    return synchronize(_submit("broadcast", tensor, name, blocking=True,
-                               root=check_root(root_rank, current().size)))
+    return synchronize(_broadcast(tensor, root_rank, name, process_set, inplace=False,
+                                  blocking=True))
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=None):
     """In-place broadcast: ``tensor`` receives root_rank's values."""
-    return synchronize(_submit("broadcast", tensor, name, inplace=True, blocking=True,
-                               root=check_root(root_rank, current().size)))
+    return synchronize(_broadcast(tensor, root_rank, name, process_set, inplace=True,
+                                  blocking=True))
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Start a broadcast; return a handle."""
-    return _submit("broadcast", tensor, name, root=check_root(root_rank, current().size))
+    return _broadcast(tensor, root_rank, name, process_set, inplace=False)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Start an in-place broadcast; return a handle."""
-    return _submit("broadcast", tensor, name, inplace=True,
-                   root=check_root(root_rank, current().size))
+    return _broadcast(tensor, root_rank, name, process_set, inplace=True)
 
 
-def alltoall(tensor, splits=None, name=None):
+def _broadcast(tensor, root_rank, name, process_set, inplace, blocking=False):
+    group = group_of(process_set)
+    root = check_root(root_rank, current().size)
+    return _submit("broadcast", tensor, name, group, inplace=inplace, blocking=blocking,
+                   root=group.set_rank(root))
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
     """Send ``splits[i]`` rows of ``tensor`` to rank i; return (received rows, received splits).
 
     Every rank must call it. Without ``splits`` the first dimension is split evenly.
     """
-    return synchronize(alltoall_async(tensor, splits, name))
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Start an alltoall; return a handle."""
     if not gpu.is_device_array(tensor):
         check_array(tensor, min_ndim=1)
     elif len(tensor.shape) < 1:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    return _submit("alltoall", tensor, name, min_ndim=1,
-                   splits=check_splits(splits, tensor.shape[0], current().size))
+    group = group_of(process_set)
+    return _submit("alltoall", tensor, name, group, min_ndim=1,
+                   splits=check_splits(splits, tensor.shape[0], group.size))
 
 
-def reducescatter(tensor, name=None, op=ops.Average, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor, name=None, op=ops.Average, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
     """Reduce ``tensor`` over all ranks and return this rank's block of rows.
 
     The first ``dim0 % size`` ranks get one row more than the others. Every rank must call it.
     """
-    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                           postscale_factor))
 
 
-def reducescatter_async(tensor, name=None, op=ops.Average, prescale_factor=1.0,
+def reducescatter_async(tensor, name=None, op=ops.Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Start a reducescatter; return a handle."""
     op = resolve_op(op, allowed=(ops.Average, ops.Sum))
-    return _submit("reducescatter", tensor, name, min_ndim=1, op=op,
+    return _submit("reducescatter", tensor, name, group_of(process_set), min_ndim=1, op=op,
                    prescale=check_factor(prescale_factor, "prescale_factor"),
                    postscale=check_factor(postscale_factor, "postscale_factor"))
 
 
+def grouped_reducescatter(tensors, name=None, op=ops.Average, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatter a list of arrays together; return the list of this rank's blocks."""
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=ops.Average, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Start a grouped reducescatter; ``synchronize`` on the handle returns the list."""
+    return _grouped("grouped_reducescatter", tensors, name, process_set,
+                    lambda tensor, member: reducescatter_async(
+                        tensor, member, op, process_set, prescale_factor, postscale_factor))
+
+
 # ---- synchronization ----------------------------------------------------------------------
 
-def barrier():
-    """Return once every rank has called barrier()."""
-    context = current()
-    handle = Handle("barrier", context.engine)
-    context.engine.submit(Request("barrier", Meta(kind="barrier"), None, None, handle), blocking=True)
+def barrier(process_set=None):
+    """Return once every rank (of ``process_set``, default all) has called barrier()."""
+    engine = group_of(process_set).engine
+    handle = Handle("barrier", engine)
+    engine.submit(Request("barrier", Meta(kind="barrier"), None, None, handle), blocking=True)
     return synchronize(handle)
 
 
-def join():
+def join(device=-1):
     """Declare this rank out of data; return the rank that joined last (same on every rank).
 
     Until every rank has joined, a joined rank contributes zeros to the other ranks'
     allreduces (Average still divides by size), so ranks with fewer batches do not hang.
+
+    Args:
+        device: accepted for Horovod compatibility (where its zeros live); hororing makes
+            zeros on the device of each tensor they stand in for.
     """
-    context = current()
-    handle = Handle(JOIN_NAME, context.engine)
-    context.engine.submit(Request(JOIN_NAME, Meta(kind="join"), None, None, handle), blocking=True)
+    if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+        raise TypeError(f"join(device=...) takes an int device id (-1: CPU), got "
+                        f"{type(device).__name__}")
+    engine = group_of(None).engine
+    handle = Handle(JOIN_NAME, engine)
+    engine.submit(Request(JOIN_NAME, Meta(kind="join"), None, None, handle), blocking=True)
     return synchronize(handle)
 
 
-def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fields):
-    context = current()
+def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, **fields):
     if gpu.is_device_array(tensor):
-        return _submit_device(context, kind, tensor, name, inplace, min_ndim, blocking, fields)
+        return _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields)
     check_array(tensor, min_ndim=min_ndim)
-    name = check_name(name) or context.auto_name(kind)
+    name = check_name(name) or group.auto_name(kind)
     output = writeback = None
     if inplace:
         check_writable(tensor)
@@ -256,24 +309,29 @@ def _submit(kind, tensor, name, inplace=False, min_ndim=0, blocking=False, **fie
             output = tensor
         else:
             writeback = tensor
-            tensor = output = np.ascontiguousarray(tensor)
+            tensor = output = _contiguous(tensor)
     else:
-        tensor = np.ascontiguousarray(tensor)
+        tensor = _contiguous(tensor)
     meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,
                 shape=tuple(tensor.shape), **fields)
-    handle = Handle(name, context.engine)
-    return context.engine.submit(Request(name, meta, tensor, output, handle, writeback), blocking)
+    handle = Handle(name, group.engine)
+    return group.engine.submit(Request(name, meta, tensor, output, handle, writeback), blocking)
 
 
-def _submit_device(context, kind, tensor, name, inplace, min_ndim, blocking, fields):
+def _contiguous(array):
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields):
     """A cupy / numba.cuda / CUDA-array-interface tensor: the result stays on its device."""
     gpu.check_device_array(tensor)
     if len(tensor.shape) < min_ndim:
         raise ValueError(f"tensor must have at least {min_ndim} dimension(s), got shape "
                          f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1, -1)")
-    name = check_name(name) or context.auto_name(kind)
+    name = check_name(name) or group.auto_name(kind)
     meta = Meta(kind=kind, dtype=np.dtype(tensor.dtype).name, shape=tuple(tensor.shape),
                 device="cuda", **fields)
-    request = Request(name, meta, tensor, tensor if inplace else None, Handle(name, context.engine))
+    request = Request(name, meta, tensor, tensor if inplace else None, Handle(name, group.engine))
     request.ready = gpu.ready_event(tensor)
-    return context.engine.submit(request, blocking)
+    return group.engine.submit(request, blocking)

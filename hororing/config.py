@@ -47,6 +47,10 @@ class Config:
     # Device buffers straight to MPI (True) or staged through pinned host memory (False);
     # None: ask the MPI library (hororing/gpu/aware.py).
     cuda_aware: object = None
+    # add_process_set()/remove_process_set() after init (Horovod's opt-in switch).
+    dynamic_process_sets: bool = False
+    # Seconds every rank has to reach init() (hororun --start-timeout); 0: wait for ever.
+    start_timeout_s: float = 0.0
 
     @classmethod
     def from_environ(cls, environ=None, **overrides):
@@ -84,6 +88,9 @@ class Config:
                              f"got {self.ps_placement!r}")
         if self.ps_partition_bytes <= 0:
             raise ValueError(f"PS partition size must be > 0 bytes, got {self.ps_partition_bytes}")
+        if self.start_timeout_s < 0:
+            raise ValueError(f"start timeout must be >= 0 s (HOROVOD_START_TIMEOUT), got "
+                             f"{self.start_timeout_s}")
         if self.ps_replicas < 0:
             raise ValueError(f"replicas_to_aggregate must be >= 1 (or 0 for all workers), got "
                              f"{self.ps_replicas}")
@@ -130,6 +137,8 @@ _ENV_FIELDS = {
     "ps_partition_bytes": (("HORORING_PS_PARTITION_BYTES",), int),
     "ps_replicas": (("HORORING_PS_REPLICAS_TO_AGGREGATE",), int),
     "cuda_aware": (("HORORING_CUDA_AWARE",), _flag),
+    "dynamic_process_sets": (_names("DYNAMIC_PROCESS_SETS"), _flag),
+    "start_timeout_s": (_names("START_TIMEOUT"), float),
 }
 
 

@@ -9,14 +9,16 @@ import itertools
 import logging
 import sys
 import threading
+import time
 
 from mpi4py import MPI
 
 from .algorithms import ps
-from . import gpu
+from . import gpu, transport
 from .config import Config
 from .engine.engine import FLAG_FAILED, Engine
 from .errors import NotInitializedError
+from .group import Group
 from .timeline import Timeline
 
 log = logging.getLogger("hororing")
@@ -44,25 +46,88 @@ class Context:
         if config.timeline_path and self.rank == 0:
             timeline = Timeline(config.timeline_path, config.timeline_mark_cycles)
         self.engine = Engine(comm, config, timeline, reducer)
-        self._name_counters = {}
+        self.group = Group(0, range(self.size), comm, self.engine)
+        self.groups = {0: self.group}      # process sets this rank belongs to, by id
+        self._set_ranks = {0: list(range(self.size))}  # every registered set, by id
+        self._set_ids = itertools.count(1)
 
-    def auto_name(self, kind):
-        """Name an unnamed collective; equal on all ranks that make the same calls."""
-        counter = self._name_counters.setdefault(kind, itertools.count())
-        return f"{kind}.noname.{next(counter)}"
+    # ---- process sets (see process_sets.py) ------------------------------------------------
+
+    def set_ranks(self, set_id):
+        """Return the ranks of registered set ``set_id``."""
+        return self._set_ranks[set_id]
+
+    def set_ids(self):
+        return list(self._set_ranks)
+
+    def add_set(self, ranks, existing_ok=False):
+        """Register the set of ``ranks`` on every rank (a collective over the job); its id.
+
+        Raises ValueError for bad or differing ranks, and for ranks that already form a set
+        unless ``existing_ok`` (static sets given twice share one id, as in Horovod).
+        """
+        ranks = list(ranks)
+        bad = [rank for rank in ranks if not 0 <= rank < self.size]
+        if bad or not ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(f"a process set needs distinct ranks in [0, {self.size}), got "
+                             f"{ranks}")
+        everyone = self.comm.allgather(ranks)
+        if any(other != ranks for other in everyone):
+            differing = [rank for rank, other in enumerate(everyone) if other != ranks]
+            raise ValueError(f"add_process_set() was given different ranks on different ranks "
+                             f"(here {ranks}; ranks {differing} passed otherwise); every rank "
+                             f"must add the same set")
+        for set_id, existing in self._set_ranks.items():
+            if existing == ranks:
+                if existing_ok:
+                    return set_id
+                raise ValueError(f"Attempted to add a duplicate process set: ranks {ranks} "
+                                 f"already form process set {set_id}")
+        set_id = next(self._set_ids)
+        member = self.rank in ranks
+        comm = self.comm.Split(color=0 if member else MPI.UNDEFINED, key=self.rank)
+        self._set_ranks[set_id] = ranks
+        if member:
+            self.groups[set_id] = Group(set_id, ranks, comm, Engine(comm, self.config, None))
+        return set_id
+
+    def remove_set(self, set_id):
+        """Unregister set ``set_id`` on every rank: a collective over the job."""
+        if set_id not in self._set_ranks:
+            return False
+        self.comm.Barrier()  # its members have finished its collectives
+        del self._set_ranks[set_id]
+        group = self.groups.pop(set_id, None)
+        if group is not None:
+            _close_group(group)
+        return True
 
     def close(self, failure=None):
         """Leave the job: tell the peers (shutdown, or ``failure``, a message) and free MPI state."""
-        if failure is None:
-            self.engine.stop()
-        else:
-            self.engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)
+        for set_id in [set_id for set_id in self.groups if set_id != 0]:
+            _close_group(self.groups.pop(set_id), failure)
+        _stop(self.engine, failure)
         if self.reducer is not None:
             self.reducer.close(failure)  # dedicated servers exit when every worker is done
         self.engine.close()
         for comm in (self.local_comm, self.cross_comm, self.comm, self._ps_comm):
             if comm is not None:
                 comm.Free()
+
+
+def _stop(engine, failure=None):
+    """Tell the engine's peers this rank leaves: a shutdown, or ``failure`` (a message)."""
+    if failure is None:
+        engine.stop()
+    else:
+        engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)
+
+
+def _close_group(group, failure=None):
+    """Leave a process set: stop its engine and free its communicator."""
+    _stop(group.engine, failure)
+    group.engine.close()
+    group.comm.Free()
 
 
 class _State:
@@ -73,8 +138,8 @@ class _State:
     hooks_installed = False
 
 
-def init(comm=None, *, mode=None, num_servers=None, placement=None, replicas_to_aggregate=None,
-         **config_overrides):
+def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement=None,
+         replicas_to_aggregate=None, **config_overrides):
     """Initialize hororing: every rank of ``comm`` must call it.
 
     In PS mode with k dedicated servers, the last k ranks run the server loop inside this call
@@ -85,6 +150,8 @@ def init(comm=None, *, mode=None, num_servers=None, placement=None, replicas_to_
         comm: an mpi4py communicator, a list of world ranks that take part, or None for
             MPI.COMM_WORLD. hororing works on its own duplicate, so its messages never match
             the user's.
+        process_sets: ``ProcessSet`` objects to register now (static process sets); every
+            rank must pass the same sets.
         mode: ``"ring"`` (default) or ``"ps"`` (HORORING_MODE).
         num_servers: PS servers k, or ``"colocated"``/0 (HORORING_PS_SERVERS).
         placement: ``"round_robin"``, ``"greedy_bytes"`` or ``"partitioned"``.
@@ -105,20 +172,25 @@ def init(comm=None, *, mode=None, num_servers=None, placement=None, replicas_to_
             return
         if num_servers == "colocated":
             num_servers = 0
+        _check_static_sets(process_sets)
         config = Config.from_environ(mode=mode, ps_servers=num_servers, ps_placement=placement,
                                      ps_replicas=replicas_to_aggregate, **config_overrides)
-        logging.basicConfig(format="[%(levelname)s hororing] %(message)s")
-        log.setLevel(config.log_level.upper())
+        _configure_logging(config.log_level)
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
             raise RuntimeError(
                 f"hororing needs MPI_THREAD_MULTIPLE, but MPI was initialized with thread level "
                 f"{provided}; do not set mpi4py.rc.thread_level to a lower level")
         user_comm = _resolve_comm(comm)
+        if config.start_timeout_s > 0:
+            _wait_for_every_rank(user_comm, config.start_timeout_s)
         if config.mode == "ps":
             _State.context = _ps_context(user_comm.Dup(), config)
         else:
             _State.context = Context(user_comm.Dup(), config)
+        from .process_sets import global_process_set  # here: process_sets imports this module
+        global_process_set.ranks = list(range(_State.context.size))
+        _register_static_sets(process_sets, _State.context)
         if not _State.hooks_installed:
             _install_exit_hooks()
             _State.hooks_installed = True
@@ -251,10 +323,65 @@ def _serve_exit(failure, stats, workers):
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
     if failure is not None:
-        sys.stderr.write(f"[hororing PS server {stats['server']}] ending the job: {failure}\n")
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        transport.end_job(f"[hororing PS server {stats['server']}] ending the job: {failure}")
     sys.exit(0)
+
+
+def _check_static_sets(process_sets):
+    """Raise TypeError unless ``process_sets`` is None or a list of ProcessSet objects."""
+    if process_sets is None:
+        return
+    if isinstance(process_sets, str) or not isinstance(process_sets, (list, tuple)):
+        raise TypeError(f"init(process_sets=...) takes a list of hvd.ProcessSet, got "
+                        f"{type(process_sets).__name__}")
+    for process_set in process_sets:
+        if not hasattr(process_set, "process_set_id") or not hasattr(process_set, "mpi_comm"):
+            raise TypeError(f"init(process_sets=...) takes hvd.ProcessSet objects, got "
+                            f"{type(process_set).__name__}")
+
+
+def _register_static_sets(process_sets, context):
+    """Register the ProcessSets given to init() and give each its id (and ranks).
+
+    A set given by ranks must be given the same on every rank. A set given by a
+    communicator stands, on each process, for that process's own communicator: the sets of
+    all of them are registered (e.g. every colour of a Split), in order of their lowest rank.
+    """
+    for process_set in process_sets or ():
+        if process_set.process_set_id == 0:
+            continue  # the global set is always there
+        if process_set.ranks is not None:
+            process_set.process_set_id = context.add_set(process_set.ranks, existing_ok=True)
+            continue
+        comm = process_set.mpi_comm
+        mine = comm.allgather(context.rank) if comm != MPI.COMM_NULL else None
+        mine = sorted(mine) if mine is not None else None
+        for ranks in sorted({tuple(ranks) for ranks in context.comm.allgather(mine) if ranks}):
+            set_id = context.add_set(ranks, existing_ok=True)
+            if mine is not None and list(ranks) == mine:
+                process_set.process_set_id, process_set.ranks = set_id, mine
+
+
+def _configure_logging(level):
+    """Give the ``hororing`` logger its level, and a handler where the application set none.
+
+    Only hororing's logger is touched, never the root logger: an application that configured
+    logging gets hororing's records through its own handlers.
+    """
+    log.setLevel(level.upper())
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(levelname)s hororing] %(message)s"))
+    log.addHandler(handler)
+
+
+def _wait_for_every_rank(comm, timeout_s):
+    """End the job if some rank has not reached init() within ``timeout_s`` seconds."""
+    if not transport.wait(comm.Ibarrier(), deadline=time.monotonic() + timeout_s):
+        transport.end_job(f"[hororing rank {comm.Get_rank()}] not every rank reached hvd.init() "
+                          f"within {timeout_s:g} s (HOROVOD_START_TIMEOUT / hororun "
+                          f"--start-timeout); ending the job")
 
 
 def _resolve_comm(comm):

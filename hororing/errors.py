@@ -14,3 +14,11 @@ class NotInitializedError(ValueError):
 
     def __init__(self, what="hororing"):
         super().__init__(f"{what} has not been initialized; run hvd.init() first.")
+
+
+class UnsupportedOpError(ValueError, RuntimeError):
+    """A reduction op hororing does not implement (Adasum).
+
+    Both a ValueError (hororing's error for a bad argument) and a RuntimeError (what
+    Horovod raises for an op its reducescatter lacks), so either ``except`` catches it.
+    """

@@ -5,6 +5,7 @@ import numbers
 import numpy as np
 
 from . import ops
+from .errors import UnsupportedOpError
 
 SUPPORTED_DTYPES = tuple(np.dtype(name) for name in (
     "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
@@ -69,7 +70,7 @@ def resolve_op(op, average=None, allowed=REDUCE_OPS):
     if op is None:
         op = ops.Sum if average is False else ops.Average
     if op == ops.Adasum:
-        raise ValueError("op=Adasum is not supported by hororing; use Average or Sum")
+        raise UnsupportedOpError("op=Adasum is not supported by hororing; use Average or Sum")
     if op not in allowed:
         names = ", ".join(ops.op_name(allowed_op) for allowed_op in allowed)
         raise ValueError(f"op must be one of {names}, got {op!r}")

@@ -48,6 +48,13 @@ def _scale_float(buffer, factor):
 
 
 @cuda.jit
+def _divide_float(buffer, divisor):
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, buffer.size, stride):
+        buffer[i] = buffer[i] / divisor
+
+
+@cuda.jit
 def _scale_integer(buffer, factor):
     # Horovod's integer scaling: in float64, truncated toward zero
     start, stride = cuda.grid(1), cuda.gridsize(1)
@@ -129,6 +136,10 @@ def scale_into(buffer, factor, stream=0):
         _scale_float[launch(buffer.size) + (stream,)](buffer, buffer.dtype.type(factor))
     else:
         _scale_integer[launch(buffer.size) + (stream,)](buffer, np.float64(factor))
+
+
+def divide_into(buffer, divisor, stream=0):
+    _divide_float[launch(buffer.size) + (stream,)](buffer, buffer.dtype.type(divisor))
 
 
 def divide_trunc(buffer, divisor, stream=0):

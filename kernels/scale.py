@@ -22,6 +22,19 @@ def scale_into(buffer, factor, stream=0):
     buffer[...] = scaled.astype(buffer.dtype)
 
 
+def divide_into(buffer, divisor, stream=0):
+    """Divide a floating ``buffer`` by ``divisor`` in place, correctly rounded.
+
+    Float Average divides rather than multiplying by 1/size: (75 + 75 + 0) * (1/3) in
+    float32 is one unit in the last place off 50, the division is exact.
+    """
+    if backend(buffer) == NUMBA:
+        device_kernels().divide_into(buffer, divisor, stream)
+        return
+    xp = array_module(buffer)
+    xp.divide(buffer, buffer.dtype.type(divisor), out=buffer)
+
+
 def divide_trunc(buffer, divisor, stream=0):
     """Divide an integer ``buffer`` by a positive integer in place, rounding toward zero.
 

@@ -18,7 +18,7 @@ from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
 from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError
-from ..kernels import divide_trunc, pack, scale_into, unpack
+from ..kernels import divide_into, divide_trunc, pack, scale_into, unpack
 from ..ops import Average, KERNEL_OP, Sum
 from ..transport import byte_view
 
@@ -39,8 +39,11 @@ class Executor:
         self._fusion = np.empty(0, dtype=np.uint8)
         self._device = None  # DeviceCollectives, made on the first device collective
 
-    def execute(self, responses, take):
-        """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None."""
+    def execute(self, responses, take, missed=None):
+        """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None.
+
+        ``missed(name)`` is told of each failed response this rank had no request for.
+        """
         buckets = {}
         ordered = []
         now = time.monotonic()
@@ -52,6 +55,8 @@ class Executor:
             if response.error is not None:
                 if request is not None:
                     request.handle.set_error(HorovodInternalError(response.error))
+                elif missed is not None:
+                    missed(response.name)
                 continue
             if response.meta.kind != "allreduce":
                 ordered.append((response, request))
@@ -250,6 +255,10 @@ def _finalizer(meta, size):
     postscale = meta.postscale
     if meta.op == Average:
         if np.dtype(meta.dtype).kind == "f":
+            if postscale == 1.0:
+                def finalize_divided(piece):
+                    divide_into(piece, size)
+                return finalize_divided
             factor = postscale / size
 
             def finalize(piece):

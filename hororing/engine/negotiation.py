@@ -156,13 +156,17 @@ class Negotiator:
                 continue
             present = frozenset(entry.metas)
             kind = entry.metas[min(present)].kind
+            if joined and kind != "allreduce":
+                # a joined rank waits inside join() and submits nothing more, so this can
+                # never complete: fail it now on the ranks that submitted it (their names
+                # need not even agree), instead of leaving them waiting
+                responses.append(self._pop(name, error=(
+                    f"{kind.capitalize()} is not supported with Join at this time: tensor "
+                    f"'{name}' cannot complete: rank(s) {sorted(joined - present)} called "
+                    f"join(), and only allreduce may run while ranks are joined")))
+                continue
             needed = everyone - joined if kind == "allreduce" else everyone
             if not present >= needed:
-                if joined and present | joined == everyone:
-                    responses.append(self._pop(name, error=(
-                        f"{kind.upper()} of tensor '{name}' cannot complete: rank(s) "
-                        f"{sorted(joined - present)} called join(); only allreduce may run "
-                        f"while ranks are joined")))
                 continue
             error = mismatch(name, entry.metas)
             response = self._pop(name, error=error)

@@ -3,62 +3,42 @@
 The only package of hororing that imports torch.
 """
 
-from .. import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, barrier,
-                cross_rank, cross_size, init, is_initialized, join, local_rank, local_size,
-                ps_stats, rank, shutdown, size)
+from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
+                add_process_set, cross_rank, cross_size, global_process_set, init,
+                is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,
+                shutdown, size)
 from .. import data
 from .async_optimizer import AsyncPSOptimizer
+from .bridge import poll, synchronize
+from .build import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
+                    mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-                      allreduce_async_, alltoall, alltoall_async, broadcast, broadcast_,
-                      broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
-                      grouped_allreduce_async, grouped_allreduce_async_, poll, reducescatter,
-                      reducescatter_async, synchronize)
+                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                      broadcast_async, broadcast_async_, grouped_allgather,
+                      grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+                      grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+                      grouped_reducescatter_async, join, reducescatter, reducescatter_async,
+                      sparse_allreduce_async)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
-
-def mpi_built():
-    """True: hororing always runs over MPI."""
-    return True
-
-
-def mpi_enabled():
-    """True once MPI is in use (always, for hororing)."""
-    return True
-
-
-def gloo_built():
-    """False: hororing has no gloo controller."""
-    return False
-
-
-def nccl_built():
-    """False: GPU tensors are reduced by hororing's ring, not NCCL."""
-    return False
-
-
-def cuda_built():
-    """False: this build reduces CPU tensors."""
-    return False
-
-
-def rocm_built():
-    return False
-
-
 __all__ = [
-    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
-    "Min", "Product", "Sum", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
-    "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "cross_rank",
-    "cross_size", "cuda_built", "gloo_built", "grouped_allreduce", "grouped_allreduce_",
-    "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_initialized", "join",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "nccl_built", "poll", "ps_stats", "rank",
-    "reducescatter", "reducescatter_async", "rocm_built", "shutdown", "size", "start_timeline",
-    "stop_timeline", "synchronize",
+    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer",
+    "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size",
+    "cuda_built", "data", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+    "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "ps_stats",
+    "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built",
+    "shutdown", "size", "sparse_allreduce_async", "start_timeline", "stop_timeline",
+    "synchronize",
 ]

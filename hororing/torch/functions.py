@@ -10,8 +10,8 @@ def broadcast_parameters(params, root_rank):
     """Copy root_rank's parameters into every rank's, in place. Every rank must call it.
 
     Args:
-        params: ``model.state_dict()``, or a list of (name, tensor) such as
-            ``model.named_parameters()``.
+        params: ``model.state_dict()``, a list of (name, tensor) such as
+            ``model.named_parameters()``, or a list of tensors.
         root_rank: the rank whose values win.
 
     Raises:
@@ -22,17 +22,19 @@ def broadcast_parameters(params, root_rank):
     """
     if isinstance(params, dict):
         items = sorted(params.items())
-    elif isinstance(params, list) or hasattr(params, "__next__"):
-        items = list(params)
-        if any(not isinstance(item, tuple) or len(item) != 2 for item in items):
-            raise ValueError("invalid params: expected a state_dict or a list of (name, tensor)")
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__next__"):
+        items = [item if isinstance(item, tuple) else (None, item) for item in params]
+        if any(len(item) != 2 for item in items):
+            raise ValueError("invalid params: expected a state_dict, a list of (name, tensor) "
+                             "or a list of tensors")
     else:
         raise ValueError(f"invalid params of type: {type(params)}")
     handles = []
     for name, tensor in items:
         if isinstance(tensor, torch.Tensor):
             target = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
-            handles.append(mpi_ops.broadcast_async_(target, root_rank, name=f"broadcast.{name}"))
+            handles.append(mpi_ops.broadcast_async_(
+                target, root_rank, name=None if name is None else f"broadcast.{name}"))
     for handle in handles:
         mpi_ops.synchronize(handle)
 
@@ -48,8 +50,31 @@ def broadcast_optimizer_state(optimizer, root_rank):
     inner = getattr(optimizer, "_optimizer", optimizer)
     if isinstance(inner, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not inner.state:
+        _create_state(inner)
     state = objects.broadcast_object(inner.state_dict(), root_rank, name="optimizer_state")
     inner.load_state_dict(state)
+
+
+def _create_state(optimizer):
+    """Give a fresh optimizer its state (as Horovod does), leaving the parameters unchanged.
+
+    Parameters that require a gradient and have none get zeros, and the optimizer takes one
+    step, so that root's state has every entry to copy; the step's effect on the parameters
+    (weight decay acts even on zero gradients) is undone.
+    """
+    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]
+                  if parameter.requires_grad]
+    for parameter in parameters:
+        if parameter.grad is None:
+            zeros = torch.zeros_like(parameter)
+            sparse = isinstance(optimizer, torch.optim.SparseAdam)
+            parameter.grad = zeros.to_sparse() if sparse else zeros
+    saved = [parameter.detach().clone() for parameter in parameters]
+    optimizer.step()
+    with torch.no_grad():
+        for parameter, value in zip(parameters, saved):
+            parameter.copy_(value)
 
 
 broadcast_object = objects.broadcast_object

@@ -1,9 +1,7 @@
 """The collective verbs on torch tensors, differentiable as Horovod defines them.
 
-CPU tensors are handed to the engine as numpy views of the same memory (no copy); CUDA
-tensors as themselves (the engine sees them through ``__cuda_array_interface__``, no copy),
-and results come back on the input's device. In-place verbs write straight into the tensor.
-bfloat16, which numpy lacks, travels as float32.
+How tensors reach the engine and come back is ``bridge.py``. Every verb takes ``process_set``
+(``hvd.global_process_set`` by default); ``root_rank`` is in ``hvd.rank()`` numbering.
 """
 
 import numpy as np
@@ -13,153 +11,89 @@ from .. import collectives as core
 from .. import ops
 from ..context import current
 from ..engine.request import GroupHandle
+from ..process_sets import global_process_set, group_of
 from ..validate import resolve_op
-
-_NUMPY_FREE = (torch.bfloat16,)
-
-
-class TorchHandle:
-    """An async collective on tensors: ``synchronize`` returns tensors."""
-
-    __slots__ = ("inner", "finish")
-
-    def __init__(self, inner, finish):
-        self.inner = inner
-        self.finish = finish
-
-    def done(self):
-        return self.inner.done()
-
-
-def synchronize(handle):
-    """Wait for an ``*_async`` call and return its tensor result (raises its error)."""
-    if not isinstance(handle, TorchHandle):
-        raise TypeError(f"synchronize takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle.finish(core.synchronize(handle.inner))
-
-
-def poll(handle):
-    """Return True if the asynchronous collective has finished; never blocks."""
-    if not isinstance(handle, TorchHandle):
-        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle.done()
-
-
-def _as_numpy(tensor, argument="tensor"):
-    if not isinstance(tensor, torch.Tensor):
-        got = "None" if tensor is None else type(tensor).__name__
-        raise TypeError(f"{argument} must be a torch.Tensor, got {got}; convert it with torch.as_tensor(...)")
-    if tensor.is_sparse:
-        raise ValueError(f"{argument} is sparse; densify it with .to_dense() first")
-    detached = tensor.detach()
-    if detached.dtype in _NUMPY_FREE:
-        detached = detached.float()
-    if detached.device.type == "cuda":
-        return detached.contiguous()
-    if detached.device.type != "cpu":
-        raise ValueError(f"{argument} is on {tensor.device}; hororing reduces CPU and CUDA "
-                         f"tensors: move it with .cpu() or .cuda()")
-    return detached.numpy()
-
-
-def _to_torch(array, like):
-    if isinstance(array, torch.Tensor):
-        result = array
-    elif isinstance(array, np.ndarray):
-        result = torch.from_numpy(np.ascontiguousarray(array))
-    else:  # a device array from the engine: viewed in place, on the input's device
-        result = torch.as_tensor(array, device=like.device)
-    return result.to(like.dtype) if result.dtype != like.dtype else result
-
-
-def _in_place(tensor, submit):
-    """Run ``submit(array)`` on a numpy view of ``tensor`` so the result lands in it."""
-    array = _as_numpy(tensor)
-    if (tensor.device.type == "cuda" and tensor.dtype not in _NUMPY_FREE
-            and array.data_ptr() != tensor.data_ptr()):
-        raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
-                         ".contiguous() first or use the out-of-place form")
-    if tensor.dtype in _NUMPY_FREE:  # the float32 copy comes back into the bf16 tensor
-        def finish(result):
-            tensor.data.copy_(_to_torch(result, tensor))
-            return tensor
-    else:
-        def finish(result):
-            return tensor
-    return TorchHandle(submit(array), finish)
-
+from .bridge import TorchHandle, as_numpy, group_finish, in_place, synchronize, to_torch
+from .compression import Compression
 
 # ---- allreduce --------------------------------------------------------------------------
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+                    postscale_factor=1.0, process_set=global_process_set):
     """Start an allreduce of ``tensor``; ``synchronize`` returns a new tensor."""
-    handle = core.allreduce_async(_as_numpy(tensor), average, name, op, prescale_factor,
-                                  postscale_factor)
-    return TorchHandle(handle, lambda result: _to_torch(result, tensor))
+    handle = core.allreduce_async(as_numpy(tensor), average, name, op, prescale_factor,
+                                  postscale_factor, process_set)
+    return TorchHandle(handle, lambda result: to_torch(result, tensor))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
+                     postscale_factor=1.0, process_set=global_process_set):
     """Start an in-place allreduce; ``synchronize`` returns ``tensor`` holding the result."""
-    return _in_place(tensor, lambda array: core.allreduce_async_(
-        array, average, name, op, prescale_factor, postscale_factor))
+    return in_place(tensor, lambda array: core.allreduce_async_(
+        array, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def compressed_allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
+                                postscale_factor=1.0, process_set=global_process_set):
     """``allreduce_async_`` of a compressed payload: a float16 tensor travels as float16
     (``Compression.fp16``; CUDA tensors take the device path); anything else as
     ``allreduce_async_`` sends it."""
     if tensor.dtype != torch.float16:
-        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor)
+        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                process_set)
     op = resolve_op(op, average)
-    return _in_place(tensor, lambda array: core.compressed_allreduce_async_(
-        array, name, op, prescale_factor, postscale_factor))
+    return in_place(tensor, lambda array: core.compressed_allreduce_async_(
+        array, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0):
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over all ranks (differentiable). Every rank must call it, in order.
 
     Example:
         >>> hvd.allreduce(torch.ones(3), op=hvd.Sum)
     """
-    from .compression import Compression
     compression = compression or Compression.none
     op = resolve_op(op, average)
     payload, ctx = compression.compress(tensor)
     result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor,
-                              bool(getattr(compression, "wire", "")))
+                              bool(getattr(compression, "wire", "")), process_set)
     return compression.decompress(result, ctx)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce (not differentiable)."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
+                            postscale_factor=1.0, process_set=global_process_set):
     """Start allreduces of a list of tensors; ``synchronize`` returns the list."""
-    arrays = [_as_numpy(tensor) for tensor in tensors]
-    group = core.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor)
-    return TorchHandle(group, lambda results: [_to_torch(result, tensor)
-                                              for result, tensor in zip(results, tensors)])
+    arrays = [as_numpy(tensor) for tensor in tensors]
+    group = core.grouped_allreduce_async(arrays, average, name, op, prescale_factor,
+                                         postscale_factor, process_set)
+    return TorchHandle(group, group_finish(tensors))
 
 
-def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0):
-    """Allreduce a list of tensors together; return the list of results."""
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor))
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Allreduce a list of tensors together (differentiable); return the list of results."""
+    compression = compression or Compression.none
+    op = resolve_op(op, average)
+    payloads, ctxs = zip(*(compression.compress(tensor) for tensor in tensors)) if tensors else ((), ())
+    results = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                      *payloads)
+    return [compression.decompress(result, ctx) for result, ctx in zip(results, ctxs)]
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
+                             postscale_factor=1.0, process_set=global_process_set):
     """Start in-place allreduces of a list of tensors."""
-    handles = [allreduce_async_(tensor, average, None if name is None else f"{name}.{index}", op,
-                                prescale_factor, postscale_factor)
+    base = name or group_of(process_set).auto_name("grouped_allreduce")
+    handles = [allreduce_async_(tensor, average, f"{base}.{index}", op, prescale_factor,
+                                postscale_factor, process_set)
                for index, tensor in enumerate(tensors)]
     group = GroupHandle(handle.inner for handle in handles)
     return TorchHandle(group, lambda results: [handle.finish(result)
@@ -167,69 +101,163 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0):
+                       postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped allreduce."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor))
+                                                postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse COO tensor by allgathering its indices and values.
+
+    The handle (``synchronize(handle)`` or ``handle()``) gives the summed sparse tensor,
+    divided by the set's size for Average. Only Sum and Average apply.
+    """
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError(f"sparse_allreduce_async takes a sparse COO torch.Tensor, got "
+                        f"{type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else 'a dense tensor'}")
+    op = resolve_op(op, allowed=(ops.Average, ops.Sum))
+    group = group_of(process_set)
+    coalesced = tensor.coalesce()
+    base = name or group.auto_name("sparse_allreduce")
+    values = allgather_async(coalesced.values().contiguous(), f"{base}.values", process_set)
+    indices = allgather_async(coalesced.indices().t().contiguous(), f"{base}.indices", process_set)
+    both = GroupHandle([values.inner, indices.inner])
+
+    def finish(results):
+        gathered_values = values.finish(results[0])
+        gathered_indices = indices.finish(results[1])
+        if op == ops.Average:
+            gathered_values = gathered_values / group.size
+        # every rank's indices were coalesced and in range: valid by construction
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape,
+                                       dtype=tensor.dtype, check_invariants=False).coalesce()
+    return TorchHandle(both, finish)
 
 
 # ---- allgather, broadcast, alltoall, reducescatter -----------------------------------------
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start an allgather; ``synchronize`` returns the concatenated tensor."""
-    return TorchHandle(core.allgather_async(_as_numpy(tensor), name),
-                       lambda result: _to_torch(result, tensor))
+    return TorchHandle(core.allgather_async(as_numpy(tensor), name, process_set),
+                       lambda result: to_torch(result, tensor))
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's tensor along dim 0 (differentiable). Every rank must call it."""
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Start allgathers of a list of tensors; ``synchronize`` returns the list."""
+    arrays = [as_numpy(tensor) for tensor in tensors]
+    return TorchHandle(core.grouped_allgather_async(arrays, name, process_set),
+                       group_finish(tensors))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgather a list of tensors together (differentiable); return the list."""
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Start a broadcast; ``synchronize`` returns a new tensor with root's values."""
-    return TorchHandle(core.broadcast_async(_as_numpy(tensor), root_rank, name),
-                       lambda result: _to_torch(result, tensor))
+    return TorchHandle(core.broadcast_async(as_numpy(tensor), root_rank, name, process_set),
+                       lambda result: to_torch(result, tensor))
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Start an in-place broadcast into ``tensor``."""
-    return _in_place(tensor, lambda array: core.broadcast_async_(array, root_rank, name))
+    return in_place(tensor, lambda array: core.broadcast_async_(array, root_rank, name,
+                                                                 process_set))
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Return root_rank's tensor on every rank (differentiable). Every rank must call it."""
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast (not differentiable)."""
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall; ``synchronize`` returns (received tensor, received splits)."""
-    if isinstance(splits, torch.Tensor):
-        splits = splits.tolist()
-    handle = core.alltoall_async(_as_numpy(tensor), splits, name)
-    return TorchHandle(handle, lambda result: (_to_torch(result[0], tensor),
+    handle = core.alltoall_async(as_numpy(tensor), _splits_list(splits), name, process_set)
+    return TorchHandle(handle, lambda result: (to_torch(result[0], tensor),
                                                torch.from_numpy(result[1]).to(torch.int32)))
 
 
-def alltoall(tensor, splits=None, name=None):
-    """Send ``splits[i]`` rows to rank i; return (received rows, received splits)."""
-    return synchronize(alltoall_async(tensor, splits, name))
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Send ``splits[i]`` rows to rank i (differentiable). Every rank must call it.
+
+    Returns:
+        the received rows; with ``splits`` given, also the rows received from each rank
+        (an int32 tensor), as ``(rows, received_splits)``.
+    """
+    return _Alltoall.apply(tensor, splits, name, process_set)
 
 
-def reducescatter_async(tensor, name=None, op=ops.Average, prescale_factor=1.0, postscale_factor=1.0):
+def _splits_list(splits):
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            raise ValueError(f"splits must be a tensor of integers (torch.int32), got "
+                             f"{splits.dtype}")
+        return splits.tolist()
+    return splits
+
+
+def reducescatter_async(tensor, name=None, op=ops.Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
     """Start a reducescatter; ``synchronize`` returns this rank's rows."""
-    handle = core.reducescatter_async(_as_numpy(tensor), name, op, prescale_factor, postscale_factor)
-    return TorchHandle(handle, lambda result: _to_torch(result, tensor))
+    handle = core.reducescatter_async(as_numpy(tensor), name, op, process_set, prescale_factor,
+                                      postscale_factor)
+    return TorchHandle(handle, lambda result: to_torch(result, tensor))
 
 
-def reducescatter(tensor, name=None, op=ops.Average, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce over all ranks and return this rank's block of rows. Every rank must call it."""
-    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+def reducescatter(tensor, name=None, compression=Compression.none, op=ops.Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce over all ranks and return this rank's block of rows (differentiable).
+
+    The first ``dim0 % size`` ranks get one row more. Every rank must call it.
+    """
+    compression = compression or Compression.none
+    payload, ctx = compression.compress(tensor)
+    result = _Reducescatter.apply(payload, name, op, process_set, prescale_factor,
+                                  postscale_factor)
+    return compression.decompress(result, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=ops.Average,
+                                process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Start reducescatters of a list of tensors; ``synchronize`` returns the list."""
+    arrays = [as_numpy(tensor) for tensor in tensors]
+    handle = core.grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
+                                              postscale_factor)
+    return TorchHandle(handle, group_finish(tensors))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=ops.Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reducescatter a list of tensors together (differentiable); return the list."""
+    compression = compression or Compression.none
+    payloads, ctxs = zip(*(compression.compress(tensor) for tensor in tensors)) if tensors else ((), ())
+    results = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                          postscale_factor, *payloads)
+    return [compression.decompress(result, ctx) for result, ctx in zip(results, ctxs)]
+
+
+def join(device=-1):
+    """Declare this rank out of data; return the rank that joined last (see hororing.join)."""
+    return core.join(device)
+
+
+def barrier(process_set=global_process_set):
+    """Return once every rank of ``process_set`` has called barrier()."""
+    return core.barrier(process_set)
 
 
 # ---- autograd ---------------------------------------------------------------------------
@@ -237,44 +265,142 @@ def reducescatter(tensor, name=None, op=ops.Average, prescale_factor=1.0, postsc
 class _Allreduce(torch.autograd.Function):
     # the gradient of an allreduce is the allreduce of the gradient, with the same op
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compressed=False):
-        ctx.op, ctx.scales = op, (prescale_factor, postscale_factor)
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compressed, process_set):
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
         if compressed:  # in place on a copy: the caller's tensor stays as it was
             return synchronize(compressed_allreduce_async_(
-                tensor.detach().clone(), None, name, op, prescale_factor, postscale_factor))
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor))
+                tensor.detach().clone(), None, name, op, prescale_factor, postscale_factor,
+                process_set))
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
+                                           postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op, *ctx.scales))
-        return grad, None, None, None, None, None
+        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op,
+                                           *ctx.scales, ctx.process_set))
+        return grad, None, None, None, None, None, None
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        return tuple(synchronize(grouped_allreduce_async(
+            list(tensors), None, name, op, prescale_factor, postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = synchronize(grouped_allreduce_async(
+            [grad.contiguous() for grad in grad_outputs], None, None, ctx.op, *ctx.scales,
+            ctx.process_set))
+        return (None, None, None, None, None, *grads)
+
+
+def _own_rows(grad, rows, process_set):
+    """This rank's ``rows`` of the averaged ``grad`` of an allgather's output."""
+    group = group_of(process_set)
+    counts = core.allgather(np.array([rows], dtype=np.int64), process_set=process_set)
+    offset = int(counts[:group.rank].sum())
+    return grad.narrow(0, offset, rows)
 
 
 class _Allgather(torch.autograd.Function):
     # this rank's slice of the averaged gradient
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.rows = tensor.shape[0]
-        return synchronize(allgather_async(tensor, name))
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        averaged = synchronize(allreduce_async(grad_output.contiguous(), None, None, ops.Average))
-        rows = core.allgather(np.array([ctx.rows], dtype=np.int64))
-        offset = int(rows[:current().rank].sum())
-        return averaged.narrow(0, offset, ctx.rows), None
+        averaged = synchronize(allreduce_async(grad_output.contiguous(), None, None, ops.Average,
+                                               process_set=ctx.process_set))
+        return _own_rows(averaged, ctx.rows, ctx.process_set), None, None
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.process_set = [tensor.shape[0] for tensor in tensors], process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        averaged = synchronize(grouped_allreduce_async(
+            [grad.contiguous() for grad in grad_outputs], None, None, ops.Average,
+            process_set=ctx.process_set))
+        return (None, None, *(_own_rows(grad, rows, ctx.process_set)
+                              for grad, rows in zip(averaged, ctx.rows)))
 
 
 class _Broadcast(torch.autograd.Function):
     # the averaged gradient on the root, zero elsewhere
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        averaged = synchronize(allreduce_async(grad_output.contiguous(), None, None, ops.Average))
+        averaged = synchronize(allreduce_async(grad_output.contiguous(), None, None, ops.Average,
+                                               process_set=ctx.process_set))
         if current().rank != ctx.root_rank:
             averaged.zero_()
-        return averaged, None, None
+        return averaged, None, None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    # the gradient travels back: each rank returns the rows it received to their sender
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *unused):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received, None,
+                                             ctx.process_set))
+        return grad, None, None, None
+
+
+def _reducescatter_grad_scale(ctx):
+    scale = ctx.prescale * ctx.postscale
+    if ctx.op == ops.Sum:
+        scale *= group_of(ctx.process_set).size
+    return scale
+
+
+class _Reducescatter(torch.autograd.Function):
+    # the gradient is the allgather of the output's gradient, scaled as the forward was
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.prescale, ctx.postscale = prescale_factor, postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        scaled = grad_output.contiguous() * _reducescatter_grad_scale(ctx)
+        gathered = synchronize(allgather_async(scaled, None, ctx.process_set))
+        return gathered, None, None, None, None, None
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.prescale, ctx.postscale = prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        scale = _reducescatter_grad_scale(ctx)
+        gathered = synchronize(grouped_allgather_async(
+            [grad.contiguous() * scale for grad in grad_outputs], None, ctx.process_set))
+        return (None, None, None, None, None, *gathered)

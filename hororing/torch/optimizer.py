@@ -8,19 +8,21 @@ as its gradient is accumulated, so communication overlaps the rest of the backwa
 """
 
 import contextlib
+import warnings
 from typing import NamedTuple
 
 import torch
 
 from .. import ops
-from ..context import current
+from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .compression import Compression
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=ops.Average,
-                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False):
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -33,9 +35,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         op: Average (default), Sum or Adasum-free Horovod ops.
         gradient_predivide_factor: divide by this before the sum and by size/this after.
         groups: accepted for Horovod compatibility; hororing fuses ready gradients anyway.
-        sparse_as_dense: reduce sparse gradients as dense tensors. By default a sparse
+        sparse_as_dense: reduce sparse gradients as dense tensors (the optimizer still gets
+            a sparse gradient back, as in Horovod). By default a sparse
             gradient's indices and values are allgathered and summed as a sparse tensor
             (divided by size for Average), which moves only the rows that changed.
+        process_set: average over this ``hvd.ProcessSet`` only; on ranks outside it the
+            optimizer steps with local gradients.
 
     Returns:
         a torch.optim.Optimizer.
@@ -44,14 +49,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         >>> optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters())
     """
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
-                                 op, gradient_predivide_factor, groups, sparse_as_dense)
+                                 op, gradient_predivide_factor, groups, sparse_as_dense,
+                                 process_set)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The wrapper (see ``DistributedOptimizer``)."""
 
     def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense=False):
+                 gradient_predivide_factor, groups, sparse_as_dense=False,
+                 process_set=global_process_set):
         # Optimizer.__init__ is not called: the wrapped optimizer's groups and state are used
         # as they are, shared, not rebuilt.
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -65,9 +72,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"groups must be an int or a list of lists of parameters, got "
                              f"{type(groups).__name__}")
         self._optimizer = optimizer
-        self.defaults = optimizer.defaults
-        self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
         self._compression = compression
@@ -77,13 +81,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = gradient_predivide_factor
         self._names = _parameter_names(optimizer, named_parameters)
-        self._handles = {}        # parameter -> (handle, compression ctx, wire tensor)
+        self.process_set = process_set
+        # None on ranks outside the process set: they step on their own gradients
+        included = process_set is None or process_set.included()
+        self._group = group_of(process_set) if included else None
+        self._handles = {}        # parameter -> (handle, compression ctx, wire tensor, was sparse)
         self._pass_counts = {}
         self._should_synchronize = True
         self._synchronized = False
         self._hooks = []
-        if current().size > 1:
+        if self._reduces():
             self._register_hooks()
+
+    # the wrapped optimizer's own, not copies: load_state_dict replaces its param_groups list
+    @property
+    def param_groups(self):
+        return self._optimizer.param_groups
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    @property
+    def _parameter_names(self):
+        """parameter -> the name its gradient is reduced under (Horovod's attribute)."""
+        return self._names
+
+    def _reduces(self):
+        return self._group is not None and self._group.size > 1
 
     # ---- what torch.optim.Optimizer users call ----------------------------------------------
 
@@ -91,11 +120,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait for the gradients' allreduces (unless skipped), then step."""
         if self._should_synchronize:
             if self._synchronized:
-                raise RuntimeError(
-                    "optimizer.step() was called after optimizer.synchronize() without "
-                    "'with optimizer.skip_synchronize():'; wrap step() in it to avoid "
-                    "reducing the gradients twice")
-            self.synchronize()
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            if not self._synchronized or self._handles:  # the gradients are reduced already
+                self.synchronize()
         self._synchronized = False
         return self._optimizer.step(closure)
 
@@ -117,7 +148,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         self._optimizer.add_param_group(param_group)
         self._names.update(_generated_names(self._optimizer, skip=self._names))
-        if current().size > 1:
+        if self._reduces():
             for parameter in param_group["params"]:
                 self._hook(parameter)
 
@@ -128,7 +159,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Finish every gradient's allreduce and write the averages into ``.grad``."""
-        if current().size == 1:
+        if not self._reduces():
             self._synchronized = True
             return
         for parameter in self._names:
@@ -137,13 +168,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if parameter.grad is None:
                     parameter.grad = torch.zeros_like(parameter)
                 self._start(parameter)
-        for parameter, (handle, ctx, wire) in self._handles.items():
+        for parameter, (handle, ctx, wire, was_sparse) in self._handles.items():
             if isinstance(handle, _SparseHandles):
                 parameter.grad = self._sparse_result(handle, parameter)
                 continue
             mpi_ops.synchronize(handle)
             if wire is not parameter.grad:
                 parameter.grad.copy_(self._compression.decompress(wire, ctx))
+            if was_sparse:  # sparse_as_dense: the optimizer gets a sparse gradient back
+                parameter.grad = parameter.grad.to_sparse()
         self._handles.clear()
         self._pass_counts.clear()
         self._synchronized = True
@@ -182,16 +215,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = parameter.grad
         if grad.is_sparse and not self._sparse_as_dense:
             self._handles[parameter] = (self._start_sparse(grad, self._names[parameter]), None,
-                                        None)
+                                        None, True)
             return
-        if grad.is_sparse:
+        was_sparse = grad.is_sparse
+        if was_sparse:
             grad = parameter.grad = grad.to_dense()
         wire, ctx = self._compression.compress(grad)
         start = (mpi_ops.compressed_allreduce_async_ if getattr(self._compression, "wire", "")
                  else mpi_ops.allreduce_async_)
         handle = start(wire, name=self._names[parameter], op=self._op,
-                       prescale_factor=self._prescale, postscale_factor=self._postscale)
-        self._handles[parameter] = (handle, ctx, wire)
+                       prescale_factor=self._prescale, postscale_factor=self._postscale,
+                       process_set=self.process_set)
+        self._handles[parameter] = (handle, ctx, wire, was_sparse)
 
 
     def _start_sparse(self, grad, name):
@@ -199,15 +234,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = grad.coalesce()
         values = grad.values().contiguous() * self._prescale
         indices = grad.indices().t().contiguous()
-        return _SparseHandles(mpi_ops.allgather_async(values, name=name + ".sparse_values"),
-                              mpi_ops.allgather_async(indices, name=name + ".sparse_indices"),
-                              grad.shape)
+        return _SparseHandles(
+            mpi_ops.allgather_async(values, name=name + ".sparse_values",
+                                    process_set=self.process_set),
+            mpi_ops.allgather_async(indices, name=name + ".sparse_indices",
+                                    process_set=self.process_set),
+            grad.shape)
 
     def _sparse_result(self, handles, parameter):
         values = mpi_ops.synchronize(handles.values) * self._postscale
         indices = mpi_ops.synchronize(handles.indices)
         if self._op == ops.Average:
-            values = values / current().size
+            values = values / self._group.size
         elif self._op != ops.Sum:
             raise ValueError(f"sparse gradients are reduced with Sum or Average, got op={self._op};"
                              f" pass sparse_as_dense=True for other ops")

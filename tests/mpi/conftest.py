@@ -9,6 +9,8 @@ import sys
 
 # device-array tests run numba.cuda in its CPU simulator here (tests/gpu has the real thing)
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# add_process_set / remove_process_set are tested (Horovod's opt-in switch)
+os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
 
 import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402

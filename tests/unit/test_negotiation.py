@@ -119,6 +119,24 @@ def test_joined_ranks_count_as_zero_contributors_for_allreduce_only():
     assert join.name == JOIN_NAME and join.last_joined == 0
 
 
+def test_a_collective_other_than_allreduce_fails_at_once_while_a_rank_is_joined():
+    # rank 1 joined; ranks 0 and 2 each submit an allgather under a different name (their
+    # unnamed counters differ): neither can ever complete, so each fails without waiting
+    # for the other ranks
+    negotiator = Negotiator(size=3, cache_capacity=8)
+    negotiator.absorb(1, [], [(JOIN_NAME, Meta(kind="join"))], 0.0)
+    negotiator.absorb(0, [], [("allgather.noname.3", Meta(kind="allgather", dtype="int64",
+                                                          shape=(1,)))], 0.0)
+    (first,) = negotiator.ready()
+    assert first.name == "allgather.noname.3"
+    assert "Allgather is not supported with Join" in first.error
+    negotiator.absorb(2, [], [("allgather.noname.4", Meta(kind="broadcast", dtype="int64",
+                                                          shape=(1,), root=2))], 1.0)
+    (second,) = negotiator.ready()
+    assert "Broadcast is not supported with Join" in second.error
+    assert "rank(s) [1] called join()" in second.error
+
+
 def test_stalled_entries_name_the_missing_ranks_once_per_interval():
     negotiator = Negotiator(size=4, cache_capacity=8)
     negotiator.absorb(0, [], [("grad", allreduce_meta())], now=0.0)

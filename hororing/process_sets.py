@@ -1,0 +1,159 @@
+"""Process sets: collectives restricted to a subset of the ranks, as in Horovod.
+
+A ``ProcessSet`` names ranks of the job (``hvd.rank()`` numbering). Every set this rank
+belongs to gets its own communicator and its own engine, so collectives of disjoint sets
+run independently of each other. Sets come from ``init(process_sets=[...])`` (static) or
+from ``add_process_set`` after init when ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` (dynamic).
+Every rank of the job must add and remove the same sets in the same order.
+
+Example:
+    >>> even = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
+    >>> if hvd.rank() % 2 == 0:
+    ...     hvd.allreduce(x, process_set=even)
+"""
+
+from .context import current
+
+
+def _is_comm(value):
+    try:
+        from mpi4py import MPI
+    except ImportError:  # pragma: no cover - mpi4py is a dependency
+        return False
+    return isinstance(value, MPI.Comm)
+
+
+class ProcessSet:
+    """A set of ranks that run collectives together.
+
+    Args:
+        ranks_or_comm: a sequence of ranks (``hvd.rank()`` numbering) or an mpi4py
+            communicator whose processes form the set.
+
+    ``process_set_id`` is set once the set is registered (by ``init`` or ``add_process_set``).
+    """
+
+    def __init__(self, ranks_or_comm):
+        self.process_set_id = None
+        self.ranks = None
+        self.mpi_comm = None
+        if _is_comm(ranks_or_comm):
+            self.mpi_comm = ranks_or_comm
+            return
+        try:
+            ranks = sorted(ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet should be initialized with a list of process ranks or "
+                             "an mpi4py Comm object") from None
+        if any(isinstance(rank, bool) or not isinstance(rank, int) for rank in ranks):
+            raise ValueError("ProcessSet should be initialized with a list of process ranks or "
+                             "an mpi4py Comm object")
+        self.ranks = ranks
+
+    def size(self):
+        """Return the number of ranks in the set, or None if it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return len(current().set_ranks(self.process_set_id))
+
+    def rank(self):
+        """Return this rank's index within the set (None if unregistered or not a member).
+
+        Collectives still take ``root_rank`` in ``hvd.rank()`` numbering, not this one.
+        """
+        if self.process_set_id is None:
+            return None
+        ranks = current().set_ranks(self.process_set_id)
+        me = current().rank
+        return ranks.index(me) if me in ranks else None
+
+    def included(self):
+        """Return whether this rank belongs to the set (None if its ranks are unknown)."""
+        if self.ranks is None:
+            return None
+        return current().rank in self.ranks
+
+    def _invalidate(self):
+        self.process_set_id = None
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+def add_process_set(process_set):
+    """Register a new process set after init; every rank must call it, in the same order.
+
+    Needs ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` (use ``init(process_sets=...)`` otherwise).
+
+    Args:
+        process_set: a ``ProcessSet`` built from ranks, or a sequence of ranks.
+
+    Returns:
+        the registered ``ProcessSet``.
+
+    Raises:
+        ValueError: dynamic sets are off, the ranks are invalid or already form a set, or the
+            ranks passed differ between ranks of the job.
+    """
+    context = current()
+    if not context.config.dynamic_process_sets:
+        raise ValueError("add_process_set() needs dynamic process sets: set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 before hvd.init(), or pass the sets "
+                         "to hvd.init(process_sets=[...])")
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.ranks is None:
+        raise NotImplementedError("Dynamically adding process sets defined by an MPI communicator "
+                                  "is not implemented. Please build the process set via a list of "
+                                  "ranks.")
+    process_set.process_set_id = context.add_set(process_set.ranks)
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Remove a dynamically added set; every rank must call it. Return True if removed.
+
+    The global set (id 0) and unregistered sets are not removed (False).
+    """
+    context = current()
+    if not context.config.dynamic_process_sets:
+        raise ValueError("remove_process_set() needs dynamic process sets: set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 before hvd.init()")
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"remove_process_set takes a ProcessSet, got {type(process_set).__name__}")
+    set_id = process_set.process_set_id
+    if set_id is None or set_id == 0:
+        return False
+    removed = context.remove_set(set_id)
+    process_set._invalidate()
+    return removed
+
+
+def group_of(process_set):
+    """Return this rank's Group for ``process_set`` (None: the global set).
+
+    Raises:
+        ValueError: the set is not registered, or this rank is not one of its members.
+    """
+    context = current()
+    if process_set is None or process_set is global_process_set:
+        return context.group
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+    set_id = process_set.process_set_id
+    if set_id is None:
+        raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...)"
+                         f" or hvd.add_process_set() first")
+    group = context.groups.get(set_id)
+    if group is None:
+        if set_id not in context.set_ids():
+            raise ValueError(f"process set {set_id} has been removed or was never added")
+        raise ValueError(f"rank {context.rank} is not a member of process set {set_id} (ranks "
+                         f"{context.set_ranks(set_id)}); only its members may call its "
+                         f"collectives")
+    return group
+
+
+# the set of every rank (id 0); init() fills in its ranks
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0

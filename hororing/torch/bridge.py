@@ -1,0 +1,98 @@
+"""The bridge between torch tensors and the engine, and the handles the torch verbs return.
+
+CPU tensors are handed to the engine as numpy views of the same memory (no copy); CUDA
+tensors as themselves (the engine sees them through ``__cuda_array_interface__``, no copy),
+and results come back on the input's device. In-place verbs write straight into the tensor.
+bfloat16, which numpy lacks, travels as float32.
+"""
+
+import numpy as np
+import torch
+
+from .. import collectives as core
+
+_NUMPY_FREE = (torch.bfloat16,)
+
+
+class TorchHandle:
+    """An async collective on tensors: ``synchronize`` returns tensors.
+
+    Calling the handle is the same as ``synchronize(handle)`` (Horovod's sparse handles are
+    called that way).
+    """
+
+    __slots__ = ("inner", "finish")
+
+    def __init__(self, inner, finish):
+        self.inner = inner
+        self.finish = finish
+
+    def done(self):
+        return self.inner.done()
+
+    def __call__(self):
+        return synchronize(self)
+
+
+def synchronize(handle):
+    """Wait for an ``*_async`` call and return its tensor result (raises its error)."""
+    if not isinstance(handle, TorchHandle):
+        raise TypeError(f"synchronize takes a handle from an *_async call, got {type(handle).__name__}")
+    return handle.finish(core.synchronize(handle.inner))
+
+
+def poll(handle):
+    """Return True if the asynchronous collective has finished; never blocks."""
+    if not isinstance(handle, TorchHandle):
+        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
+    return handle.done()
+
+
+def as_numpy(tensor, argument="tensor"):
+    if not isinstance(tensor, torch.Tensor):
+        got = "None" if tensor is None else type(tensor).__name__
+        raise TypeError(f"{argument} must be a torch.Tensor, got {got}; convert it with torch.as_tensor(...)")
+    if tensor.is_sparse:
+        raise ValueError(f"{argument} is sparse; densify it with .to_dense() first, or use "
+                         f"sparse_allreduce_async")
+    detached = tensor.detach()
+    if detached.dtype in _NUMPY_FREE:
+        detached = detached.float()
+    if detached.device.type == "cuda":
+        return detached.contiguous()
+    if detached.device.type != "cpu":
+        raise ValueError(f"{argument} is on {tensor.device}; hororing reduces CPU and CUDA "
+                         f"tensors: move it with .cpu() or .cuda()")
+    return detached.numpy()
+
+
+def to_torch(array, like):
+    if isinstance(array, torch.Tensor):
+        result = array
+    elif isinstance(array, np.ndarray):
+        # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+        result = torch.from_numpy(array if array.flags.c_contiguous else array.copy())
+    else:  # a device array from the engine: viewed in place, on the input's device
+        result = torch.as_tensor(array, device=like.device)
+    return result.to(like.dtype) if result.dtype != like.dtype else result
+
+
+def in_place(tensor, submit):
+    """Run ``submit(array)`` on a numpy view of ``tensor`` so the result lands in it."""
+    array = as_numpy(tensor)
+    if (tensor.device.type == "cuda" and tensor.dtype not in _NUMPY_FREE
+            and array.data_ptr() != tensor.data_ptr()):
+        raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
+                         ".contiguous() first or use the out-of-place form")
+    if tensor.dtype in _NUMPY_FREE:  # the float32 copy comes back into the bf16 tensor
+        def finish(result):
+            tensor.data.copy_(to_torch(result, tensor))
+            return tensor
+    else:
+        def finish(result):
+            return tensor
+    return TorchHandle(submit(array), finish)
+
+
+def group_finish(tensors):
+    return lambda results: [to_torch(result, tensor) for result, tensor in zip(results, tensors)]

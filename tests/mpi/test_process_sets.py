@@ -1,0 +1,180 @@
+"""Process sets: collectives over a subset of the ranks, added at init or dynamically."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import hororing as hvd
+from hororing.context import current
+from reference import all_inputs, assert_close, rank_input, reference_allreduce
+
+
+def even_and_odd():
+    """The sets of even and odd ranks, and this rank's."""
+    size = hvd.size()
+    if size == 1:
+        pytest.skip("at one rank every set is the global set")
+    even = hvd.add_process_set([rank for rank in range(0, size, 2)])
+    odd = hvd.add_process_set([rank for rank in range(1, size, 2)])
+    mine = even if hvd.rank() % 2 == 0 else odd
+    return even, odd, mine
+
+
+def remove(*sets):
+    for process_set in sets:
+        if process_set is not None:
+            assert hvd.remove_process_set(process_set)
+
+
+def test_collectives_within_even_and_odd_sets_match_references():
+    even, odd, mine = even_and_odd()
+    members = mine.ranks
+    rank = hvd.rank()
+    try:
+        assert mine.size() == len(members) and mine.rank() == members.index(rank)
+        assert mine.included() and (odd is None or even.included() != odd.included())
+        shape = (7, 3)  # 7 rows: not divisible by a set of 2
+        inputs = all_inputs(hvd.size(), shape, "float64", seed=41)
+        total = hvd.allreduce(inputs[rank], op=hvd.Sum, name="ps.sum", process_set=mine)
+        assert_close(total, reference_allreduce([inputs[r] for r in members], hvd.Sum))
+        root = members[-1]  # in hvd.rank() numbering
+        got = hvd.broadcast(inputs[rank], root, name="ps.bcast", process_set=mine)
+        np.testing.assert_array_equal(got, inputs[root])
+        rows = [np.full((member + 1, 2), member, dtype=np.int32) for member in members]
+        gathered = hvd.allgather(rows[members.index(rank)], name="ps.gather", process_set=mine)
+        np.testing.assert_array_equal(gathered, np.concatenate(rows))
+        part = hvd.reducescatter(inputs[rank], op=hvd.Sum, name="ps.rs", process_set=mine)
+        full = reference_allreduce([inputs[r] for r in members], hvd.Sum)
+        index = members.index(rank)
+        per, extra = divmod(shape[0], len(members))
+        start = index * per + min(index, extra)
+        assert_close(part, full[start:start + per + (index < extra)])
+        sent = np.arange(len(members), dtype=np.int64) + 100 * rank
+        received, splits = hvd.alltoall(sent, name="ps.a2a", process_set=mine)
+        np.testing.assert_array_equal(received, [100 * member + index for member in members])
+        assert hvd.allgather_object(rank, process_set=mine) == members
+        assert hvd.broadcast_object({"from": root} if rank == root else None, root,
+                                    process_set=mine) == {"from": root}
+        hvd.barrier(process_set=mine)
+        # the global set still works beside them
+        assert hvd.allreduce(np.ones(2), op=hvd.Sum, name="ps.global").tolist() == [hvd.size()] * 2
+    finally:
+        remove(odd, even)
+
+
+def test_grouped_allgather_and_reducescatter_within_a_set():
+    even, odd, mine = even_and_odd()
+    members, rank = mine.ranks, hvd.rank()
+    try:
+        first, second = hvd.grouped_allgather([np.full((1,), rank), np.full((2, 2), rank)],
+                                              process_set=mine)
+        np.testing.assert_array_equal(first, members)
+        assert second.shape == (2 * len(members), 2)
+        a, b = hvd.grouped_reducescatter([np.ones((5, 2)), np.ones(len(members) * 2)],
+                                         op=hvd.Sum, process_set=mine)
+        assert (a == len(members)).all() and b.tolist() == [len(members)] * 2
+    finally:
+        remove(odd, even)
+
+
+def test_a_rank_outside_the_set_is_refused():
+    if hvd.size() < 2:
+        pytest.skip("needs a rank outside the set")
+    only_zero = hvd.add_process_set([0])
+    try:
+        if hvd.rank() != 0:
+            with pytest.raises(ValueError, match=r"rank \d+ is not a member of process set"):
+                hvd.allreduce(np.ones(1), process_set=only_zero)
+            assert only_zero.rank() is None and not only_zero.included()
+        else:
+            assert hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=only_zero).tolist() == [1.0]
+            with pytest.raises(ValueError, match="rank 1 is not in process set"):
+                hvd.broadcast(np.ones(1), 1, process_set=only_zero)
+    finally:
+        assert hvd.remove_process_set(only_zero)
+
+
+def test_bad_sets_are_refused_on_every_rank():
+    everyone = list(range(hvd.size()))
+    with pytest.raises(ValueError, match="Attempted to add a duplicate process set"):
+        hvd.add_process_set(everyone)  # the global set's ranks
+    with pytest.raises(ValueError, match=r"distinct ranks in \[0, \d+\)"):
+        hvd.add_process_set([0, hvd.size()])
+    with pytest.raises(ValueError, match="list of process ranks"):
+        hvd.ProcessSet(["a"])
+    if hvd.size() > 1:
+        with pytest.raises(ValueError, match="was given different ranks on different ranks"):
+            hvd.add_process_set([0] if hvd.rank() == 0 else [0, 1])
+    if hvd.size() == 1:
+        return  # [0] is the global set's ranks
+    added = hvd.add_process_set([0])
+    assert hvd.remove_process_set(added) and added.process_set_id is None
+    assert not hvd.remove_process_set(added)
+    assert not hvd.remove_process_set(hvd.global_process_set)
+    with pytest.raises(ValueError, match="is not registered"):
+        hvd.allreduce(np.ones(1), process_set=added)
+    with pytest.raises(TypeError, match="process_set must be a hvd.ProcessSet"):
+        hvd.allreduce(np.ones(1), process_set=[0])
+
+
+def test_dynamic_sets_need_the_switch(monkeypatch):
+    context = current()
+    monkeypatch.setattr(context, "config",
+                        dataclasses.replace(context.config, dynamic_process_sets=False))
+    with pytest.raises(ValueError, match="set HOROVOD_DYNAMIC_PROCESS_SETS=1"):
+        hvd.add_process_set([0])
+
+
+def test_static_sets_from_init_by_ranks_and_by_communicator():
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    hvd.shutdown()
+    by_ranks = hvd.ProcessSet(range(0, world.size, 2))
+    split = world.Split(color=world.rank % 2, key=world.rank)
+    by_comm = hvd.ProcessSet(split)
+    try:
+        hvd.init(process_sets=[by_ranks, by_comm])  # at size 1 both are the global set's ranks
+        assert hvd.global_process_set.ranks == list(range(world.size))
+        assert by_comm.ranks == list(range(world.rank % 2, world.size, 2))
+        assert by_ranks.ranks == list(range(0, world.size, 2)) and by_ranks.size() == len(by_ranks.ranks)
+        mine = by_comm
+        value = rank_input(hvd.rank(), (4,), "float32", seed=5)
+        total = hvd.allreduce(value, op=hvd.Sum, process_set=mine)
+        expected = reference_allreduce([rank_input(r, (4,), "float32", seed=5) for r in mine.ranks],
+                                       hvd.Sum)
+        assert_close(total, expected)
+    finally:
+        hvd.shutdown()
+        split.Free()
+        hvd.init()
+
+
+def test_more_misuse_is_refused_with_the_fix_named(monkeypatch):
+    from mpi4py import MPI
+    with pytest.raises(NotImplementedError, match="Please build the process set via a list"):
+        hvd.add_process_set(hvd.ProcessSet(MPI.COMM_WORLD))
+    with pytest.raises(TypeError, match="remove_process_set takes a ProcessSet"):
+        hvd.remove_process_set([0])
+    stale = hvd.ProcessSet([0])
+    stale.process_set_id = 999  # never registered under that id
+    with pytest.raises(ValueError, match="process set 999 has been removed or was never added"):
+        hvd.allreduce(np.ones(1), process_set=stale)
+    context = current()
+    monkeypatch.setattr(context, "config",
+                        dataclasses.replace(context.config, dynamic_process_sets=False))
+    with pytest.raises(ValueError, match=r"remove_process_set\(\) needs dynamic process sets"):
+        hvd.remove_process_set(stale)
+
+
+def test_init_refuses_process_sets_of_the_wrong_type():
+    hvd.shutdown()
+    try:
+        with pytest.raises(TypeError, match="takes a list of hvd.ProcessSet, got str"):
+            hvd.init(process_sets="dynamic")
+        assert not hvd.is_initialized()  # refused before anything was set up
+        with pytest.raises(TypeError, match="takes hvd.ProcessSet objects, got list"):
+            hvd.init(process_sets=[[0]])
+    finally:
+        hvd.shutdown()
+        hvd.init()

@@ -1,0 +1,48 @@
+"""Group: generated names per thread, and catching up after a collective this rank missed."""
+
+import threading
+
+from hororing.group import Group
+
+
+class _Comm:
+    def Get_rank(self):
+        return 1
+
+
+class _Engine:
+    on_missed_error = None
+
+
+def make_group():
+    return Group(3, [2, 5, 7], _Comm(), _Engine())
+
+
+def test_numbering_and_set_ranks():
+    group = make_group()
+    assert group.set_rank(5) == 1 and group.size == 3
+    assert [group.auto_name("allreduce") for _ in range(2)] == ["allreduce.noname.0",
+                                                                "allreduce.noname.1"]
+    assert group.auto_name("broadcast") == "broadcast.noname.0"
+
+
+def test_other_threads_number_their_own_calls():
+    group = make_group()
+    names = []
+    thread = threading.Thread(target=lambda: names.append(group.auto_name("allreduce")),
+                              name="loader")
+    thread.start()
+    thread.join()
+    assert names == ["allreduce.loader.noname.0"]
+    assert group.auto_name("allreduce") == "allreduce.noname.0"
+
+
+def test_a_missed_failure_advances_the_count_past_its_number():
+    group = make_group()
+    engine = group.engine
+    assert engine.on_missed_error == group.skip_name
+    engine.on_missed_error("broadcast.noname.4")
+    assert group.auto_name("broadcast") == "broadcast.noname.5"
+    engine.on_missed_error("broadcast.noname.1")  # already past it: no change
+    engine.on_missed_error("grad.fc1")            # a user's name: nothing to catch up
+    assert group.auto_name("broadcast") == "broadcast.noname.6"
