@@ -19,6 +19,11 @@ setup(
     extras_require={
         "mpi": ["mpich"],
         "torch": ["torch>=2.1"],
+        # the CPU build where PyPI has one (Linux x86_64), TensorFlow's own package elsewhere
+        "tensorflow": ["tensorflow-cpu>=2.16; platform_system == 'Linux' and "
+                       "platform_machine == 'x86_64'",
+                       "tensorflow>=2.16; platform_system != 'Linux' or "
+                       "platform_machine != 'x86_64'"],
         "cuda": ["cupy>=13", "numba>=0.59"],
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "hypothesis>=6",
                  "scikit-learn>=1.0", "numba>=0.59"],

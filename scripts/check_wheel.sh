@@ -16,7 +16,7 @@ pip=("$work/venv/bin/pip" install -q --disable-pip-version-check)
 wheel=$(ls "$work"/dist/hororing-*.whl)
 echo "built $(basename "$wheel")"
 "${pip[@]}" torch==2.13.0
-"${pip[@]}" "$wheel[mpi,torch]"
+"${pip[@]}" "$wheel[mpi,torch,tensorflow]"
 cd "$work"
 "$work/venv/bin/python" - <<'PY'
 import importlib, pkgutil, sys
@@ -31,7 +31,8 @@ for name in names:
         if error.name.split(".")[0] not in optional:
             raise
         print(f"skipped {name}: needs {error.name} (the cuda extra)")
-for needed in ("hororing.kernels", "hororing.gpu", "hororing.torch", "hororing.engine"):
+for needed in ("hororing.kernels", "hororing.gpu", "hororing.torch", "hororing.engine",
+               "hororing.tensorflow", "hororing.tensorflow.keras", "hororing.keras"):
     assert needed in names, needed
 print(f"imported {len(names)} modules from {hororing.__path__[0]}")
 PY
@@ -46,5 +47,9 @@ assert torch.equal(tensor, torch.arange(7.0) * 3), tensor
 import hororing
 array = hororing.allreduce(np.arange(5, dtype=np.int64) + rank, op=hororing.Sum)
 assert array.tolist() == [2 * i + 1 for i in range(5)], array
+import tensorflow as tf
+import hororing.tensorflow as hvd_tf
+gathered = hvd_tf.allgather(tf.fill([rank + 1], rank))
+assert gathered.numpy().tolist() == [0, 1, 1], gathered
 print(f"rank {rank}: 2-rank allreduce from the installed wheel OK")
 '

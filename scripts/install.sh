@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install hororing into it with the pip MPI, torch and test
-# extras. torch is pinned to the CPU build available here; the package accepts torch >= 2.0.
+# Create .venv (if missing) and install hororing into it with the pip MPI, torch, TensorFlow
+# and test extras. torch is pinned to the CPU build available here; the package accepts torch >= 2.1.
 # Sourced by examples/run.sh and tests/run.sh from the repository root; puts .venv on PATH.
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[mpi,test,torch]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[mpi,test,torch,tensorflow]"
 export PATH="$PWD/.venv/bin:$PATH"

@@ -1,0 +1,362 @@
+"""Horovod's collective verbs on TensorFlow tensors, eager and in ``tf.function``.
+
+Each verb is one stateful op (see bridge.py) and is differentiable, with the gradients
+Horovod's TensorFlow ops define: allreduce's is the same allreduce of the output gradient;
+allgather's is this rank's rows of the averaged gradient; broadcast's is the averaged
+gradient on the root and zero elsewhere; alltoall's sends the gradient back the way the rows
+came; reducescatter's is the allgather of the gradient, scaled as the forward was.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from .. import collectives as core
+from .. import ops
+from ..context import current
+from ..process_sets import global_process_set, group_of
+from ..validate import check_factor, resolve_op
+from .bridge import as_tensor, collective, op_name, restore, to_tf
+from .compression import Compression
+
+
+# ---- allreduce ------------------------------------------------------------------------------
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Reduce a ``tf.Tensor`` (or variable) over all ranks; Average by default.
+
+    A ``tf.IndexedSlices`` (a sparse gradient) is reduced by gathering every rank's values
+    and indices (Sum or Average only). ``compression=Compression.fp16`` sends floating
+    tensors as float16. ``device_*`` and ``ignore_name_scope`` are accepted for Horovod
+    compatibility. Every rank must call it with the same shape, dtype and op.
+    """
+    op = resolve_op(op, average)
+    prescale_factor = check_factor(prescale_factor, "prescale_factor")
+    postscale_factor = check_factor(postscale_factor, "postscale_factor")
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set)
+    compressed, ctx = compression.compress(to_tf(tensor))
+    wire = getattr(compression, "wire", "")
+    reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, wire)
+    return compression.decompress(reduced, ctx)
+
+
+def _sparse_allreduce(slices, op, prescale_factor, postscale_factor, name, process_set):
+    if op not in (ops.Sum, ops.Average):
+        raise ValueError(f"a tf.IndexedSlices (sparse gradient) reduces with Sum or Average "
+                         f"only, got {ops.op_name(op)}; densify it with tf.convert_to_tensor(...)")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise ValueError("prescale_factor/postscale_factor do not apply to a tf.IndexedSlices; "
+                         "densify it with tf.convert_to_tensor(...) or scale the values")
+    values = allgather(slices.values, name=None if name is None else name + ".values",
+                       process_set=process_set)
+    indices = allgather(slices.indices, name=None if name is None else name + ".indices",
+                        process_set=process_set)
+    if op == ops.Average:
+        values = values / tf.cast(group_of(process_set).size, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def _allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set, wire=""):
+    tensor, dtype = as_tensor(tensor, reduces=True)
+    label = op_name("allreduce", name, process_set)
+    float16_wire = wire == "float16" and tensor.dtype == tf.float16
+
+    def run(arrays, member):
+        if float16_wire:
+            return [core.synchronize(core.compressed_allreduce_async_(
+                arrays[0].copy(), member, op, prescale_factor, postscale_factor, process_set))]
+        return [core.allreduce(arrays[0], name=member, op=op, prescale_factor=prescale_factor,
+                               postscale_factor=postscale_factor, process_set=process_set)]
+
+    @tf.custom_gradient
+    def forward(x):
+        result = _same_shape(collective("allreduce", [x], run, [x.dtype], label), [x])[0]
+
+        def grad(upstream):
+            return _allreduce(upstream, op, prescale_factor, postscale_factor, None, process_set)
+        return result, grad
+    return restore(forward(tensor), dtype)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, name=None, process_set=global_process_set,
+                      ignore_name_scope=False):
+    """Allreduce a list of dense tensors in one op (fused by the engine); return the list."""
+    op = resolve_op(op, average)
+    prescale_factor = check_factor(prescale_factor, "prescale_factor")
+    postscale_factor = check_factor(postscale_factor, "postscale_factor")
+    tensors = _tensor_list(tensors, "grouped_allreduce")
+    if not tensors:
+        return []
+    compressed = [compression.compress(as_tensor(tensor, f"tensors[{index}]", reduces=True)[0])
+                  for index, tensor in enumerate(tensors)]
+    reduced = _grouped_allreduce([payload for payload, _ in compressed], op, prescale_factor,
+                                 postscale_factor, name, process_set)
+    return [compression.decompress(result, ctx) for result, (_, ctx) in zip(reduced, compressed)]
+
+
+def _grouped_allreduce(tensors, op, prescale_factor, postscale_factor, name, process_set):
+    converted = [as_tensor(tensor, f"tensors[{index}]", reduces=True)
+                 for index, tensor in enumerate(tensors)]
+    label = op_name("grouped_allreduce", name, process_set)
+
+    def run(arrays, base):
+        return core.grouped_allreduce(arrays, name=base, op=op, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor, process_set=process_set)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        results = _same_shape(collective("grouped_allreduce", xs, run, [x.dtype for x in xs],
+                                         label), xs)
+
+        def grad(*upstream):
+            upstream = [tf.zeros_like(x) if dy is None else dy for dy, x in zip(upstream, xs)]
+            return _grouped_allreduce(upstream, op, prescale_factor, postscale_factor, None,
+                                      process_set)
+        return results, grad
+    results = forward(*[tensor for tensor, _ in converted])
+    return [restore(result, dtype) for result, (_, dtype) in zip(results, converted)]
+
+
+# ---- allgather, broadcast, alltoall ---------------------------------------------------------
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate every rank's tensor along the first dimension (which may differ per rank)."""
+    return grouped_allgather([tensor], name=name, process_set=process_set, _kind="allgather")[0]
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set, _kind="grouped_allgather"):
+    """Allgather a list of tensors in one op; return the list."""
+    tensors = _tensor_list(tensors, _kind)
+    converted = [as_tensor(tensor, f"tensors[{index}]") for index, tensor in enumerate(tensors)]
+    for tensor, _ in converted:
+        _need_rows(tensor, _kind)
+    label = op_name(_kind, name, process_set)
+
+    def run(arrays, base):
+        if _kind == "allgather":
+            return [core.allgather(arrays[0], name=base, process_set=process_set)]
+        return core.grouped_allgather(arrays, name=base, process_set=process_set)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        results = collective(_kind, xs, run, [x.dtype for x in xs], label)
+        for result, x in zip(results, xs):
+            result.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+
+        def grad(*upstream):
+            return _allgather_grad(xs, upstream, process_set)
+        return results, grad
+    if not converted:
+        return []
+    results = forward(*[tensor for tensor, _ in converted])
+    return [restore(result, dtype) for result, (_, dtype) in zip(results, converted)]
+
+
+def _allgather_grad(inputs, upstream, process_set):
+    """This rank's rows of each averaged output gradient (Horovod's allgather gradient)."""
+    upstream = [dy for dy in upstream]
+    rows = [tf.shape(x, out_type=tf.int64)[:1] for x in inputs]
+    label = op_name("allgather_grad", None, process_set)
+
+    def run(arrays, base):
+        count = len(upstream)
+        gradients, local_rows = arrays[:count], arrays[count:]
+        reduced = core.grouped_allreduce(gradients, name=_sub(base, "reduce"), op=ops.Average,
+                                         process_set=process_set)
+        counts = core.allgather(np.concatenate(local_rows).astype(np.int64),
+                                name=_sub(base, "rows"), process_set=process_set)
+        counts = counts.reshape(group_of(process_set).size, count)
+        me = group_of(process_set).rank
+        starts = counts[:me].sum(axis=0)
+        return [gradient[start:start + rows_here]
+                for gradient, start, rows_here in zip(reduced, starts, counts[me])]
+    dtypes = [dy.dtype for dy in upstream]
+    results = collective("allgather_grad", upstream + rows, run, dtypes, label)
+    for result, x in zip(results, inputs):
+        result.set_shape(x.shape)
+    return results
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Return ``root_rank``'s tensor on every rank (``root_rank`` in ``hvd.rank()`` numbering)."""
+    tensor, dtype = as_tensor(tensor)
+    label = op_name("broadcast", name, process_set)
+    group_of(process_set).set_rank(_root(root_rank))
+
+    def run(arrays, member):
+        return [core.broadcast(arrays[0], root_rank, name=member, process_set=process_set)]
+
+    @tf.custom_gradient
+    def forward(x):
+        result = _same_shape(collective("broadcast", [x], run, [x.dtype], label), [x])[0]
+
+        def grad(upstream):
+            reduced = _allreduce(upstream, ops.Average, 1.0, 1.0, None, process_set)
+            return reduced if current().rank == root_rank else reduced * 0
+        return result, grad
+    return restore(forward(tensor), dtype)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Send ``splits[i]`` rows to rank i of the set (even splits when None).
+
+    Returns the received rows, and with ``splits`` given also the received splits (as
+    Horovod does).
+    """
+    tensor, dtype = as_tensor(tensor)
+    _need_rows(tensor, "alltoall")
+    label = op_name("alltoall", name, process_set)
+    given = splits is not None
+    split_tensor = (tf.cast(tf.convert_to_tensor(splits), tf.int64) if given
+                    else tf.zeros([0], tf.int64))
+
+    def run(arrays, member):
+        chosen = arrays[1] if given else None
+        received, received_splits = core.alltoall(arrays[0], splits=chosen, name=member,
+                                                  process_set=process_set)
+        return [received, np.asarray(received_splits, dtype=np.int32)]
+
+    @tf.custom_gradient
+    def forward(x, chosen):
+        received, received_splits = collective("alltoall", [x, chosen], run,
+                                               [x.dtype, tf.int32], label)
+        received.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+
+        def grad(upstream, _splits_upstream=None):
+            back = alltoall(upstream, splits=received_splits, process_set=process_set)[0]
+            return back, None
+        return (received, received_splits), grad
+    received, received_splits = forward(tensor, split_tensor)
+    received = restore(received, dtype)
+    return (received, received_splits) if given else received
+
+
+# ---- reducescatter --------------------------------------------------------------------------
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=ops.Average,
+                  name=None, process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce over all ranks and return this rank's block of rows (Average or Sum)."""
+    return grouped_reducescatter([tensor], device_dense, compression, op, name, process_set,
+                                 ignore_name_scope, prescale_factor, postscale_factor,
+                                 _kind="reducescatter")[0]
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=ops.Average,
+                          name=None, process_set=global_process_set, ignore_name_scope=False,
+                          prescale_factor=1.0, postscale_factor=1.0, _kind="grouped_reducescatter"):
+    """Reducescatter a list of tensors in one op; return the list of this rank's blocks."""
+    op = resolve_op(op, allowed=(ops.Average, ops.Sum))
+    prescale_factor = check_factor(prescale_factor, "prescale_factor")
+    postscale_factor = check_factor(postscale_factor, "postscale_factor")
+    tensors = _tensor_list(tensors, _kind)
+    compressed = [compression.compress(as_tensor(tensor, f"tensors[{index}]", reduces=True)[0])
+                  for index, tensor in enumerate(tensors)]
+    for payload, _ in compressed:
+        _need_rows(payload, _kind)
+    label = op_name(_kind, name, process_set)
+
+    def run(arrays, base):
+        if _kind == "reducescatter":
+            return [core.reducescatter(arrays[0], base, op, process_set, prescale_factor,
+                                       postscale_factor)]
+        return core.grouped_reducescatter(arrays, base, op, process_set, prescale_factor,
+                                          postscale_factor)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        results = collective(_kind, xs, run, [x.dtype for x in xs], label)
+        for result, x in zip(results, xs):
+            result.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+
+        def grad(*upstream):
+            scale = prescale_factor * postscale_factor
+            if op == ops.Sum:
+                scale *= group_of(process_set).size
+            return grouped_allgather([dy * tf.cast(scale, dy.dtype) for dy in upstream],
+                                     process_set=process_set)
+        return results, grad
+    if not compressed:
+        return []
+    results = forward(*[payload for payload, _ in compressed])
+    return [compression.decompress(result, ctx) for result, (_, ctx) in zip(results, compressed)]
+
+
+# ---- synchronization and queries -------------------------------------------------------------
+
+def join():
+    """Declare this rank out of data; return the rank that joined last (an int32 tensor)."""
+    return tf.constant(core.join(), dtype=tf.int32)
+
+
+def barrier(process_set=global_process_set):
+    """Return once every rank of ``process_set`` has called barrier()."""
+    core.barrier(process_set)
+
+
+def size_op(process_set_id=0, name=None):
+    """An int32 tensor holding the number of ranks (of the process set with this id)."""
+    return _query(lambda: len(current().set_ranks(process_set_id)), name or "size_op")
+
+
+def rank_op(name=None):
+    """An int32 tensor holding this process's rank."""
+    return _query(lambda: current().rank, name or "rank_op")
+
+
+def local_size_op(name=None):
+    """An int32 tensor holding the number of ranks on this node."""
+    return _query(lambda: current().local_size, name or "local_size_op")
+
+
+def local_rank_op(name=None):
+    """An int32 tensor holding this process's rank on its node."""
+    return _query(lambda: current().local_rank, name or "local_rank_op")
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """An int32 tensor: 1 if this process belongs to the process set with this id, else 0."""
+    return _query(lambda: int(current().rank in current().set_ranks(process_set_id)),
+                  name or "process_set_included_op")
+
+
+def _query(value, name):
+    """A query evaluated when the op runs (so a traced function reads the live value)."""
+    return tf.numpy_function(lambda: np.int32(value()), [], tf.int32, stateful=False, name=name)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _tensor_list(tensors, kind):
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{kind} takes a list of tensors, got {type(tensors).__name__}")
+    return list(tensors)
+
+
+def _need_rows(tensor, kind):
+    if tensor.shape.rank == 0:
+        raise ValueError(f"{kind} needs tensors with at least one dimension, got a scalar; "
+                         f"reshape it with tf.reshape(t, [1])")
+
+
+def _same_shape(results, inputs):
+    for result, x in zip(results, inputs):
+        result.set_shape(x.shape)
+    return results
+
+
+def _root(root_rank):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    return int(root_rank)
+
+
+def _sub(base, part):
+    return None if base is None else f"{base}.{part}"

@@ -1,0 +1,43 @@
+"""examples/train_keras.py under mpiexec: Keras 3 model.fit with hororing, ring and PS."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import mpiexec
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("sklearn")
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_keras.py"
+
+
+def run(ranks, *args, timeout=300):
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(EXAMPLE), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def accuracy(job):
+    assert job.returncode == 0, job.stderr[-3000:]
+    return float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_keras_training_reaches_95_percent(ranks, tmp_path):
+    checkpoint = tmp_path / "best.keras"
+    job = run(ranks, "--checkpoint", str(checkpoint))
+    assert accuracy(job) >= 0.95
+    assert f"({ranks} ranks, ring)" in job.stdout
+    assert checkpoint.exists()
+
+
+def test_keras_ps_mode_gives_the_ring_result():
+    # 2 workers and 1 server rank: averaging through the server is the ring's arithmetic
+    ps = run(3, "--mode", "ps", "--ps-servers", "1", "--epochs", "3")
+    ring = run(2, "--epochs", "3")
+    assert "PS, 1 server(s)" in ps.stdout and "[hororing PS server 0]" in ps.stdout
+    assert accuracy(ps) == accuracy(ring)

@@ -1,0 +1,162 @@
+"""hororing.keras with Keras 3: fit with DistributedOptimizer equals large-batch training.
+
+The reference is plain single-process Keras on the concatenated global batches, computed
+on every rank from the same seeded data, never with hororing.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import hororing.keras as hvd  # noqa: E402
+
+ROWS_PER_RANK, BATCH, FEATURES = 12, 3, 6
+
+
+def data():
+    rng = np.random.default_rng(0)
+    total = ROWS_PER_RANK * hvd.size()
+    return (rng.normal(size=(total, FEATURES)).astype(np.float32),
+            rng.normal(size=(total, 1)).astype(np.float32))
+
+
+def build(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def shard(x, y):
+    rows = slice(hvd.rank() * ROWS_PER_RANK, (hvd.rank() + 1) * ROWS_PER_RANK)
+    return x[rows], y[rows]
+
+
+def global_order():
+    """The rows of each global batch: batch k is rows k of every rank's shard, in rank order."""
+    steps = ROWS_PER_RANK // BATCH
+    return np.concatenate([np.arange(peer * ROWS_PER_RANK + BATCH * step,
+                                     peer * ROWS_PER_RANK + BATCH * (step + 1))
+                           for step in range(steps) for peer in range(hvd.size())])
+
+
+def weights(model):
+    return np.concatenate([variable.numpy().ravel() for variable in model.trainable_variables])
+
+
+def reference_weights(lr, passes=1, epochs=2):
+    x, y = data()
+    model = build(seed=1)
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    order = global_order()
+    model.fit(x[order], y[order], batch_size=BATCH * hvd.size() * passes, epochs=epochs,
+              shuffle=False, verbose=0)
+    return weights(model)
+
+
+def train(optimizer, callbacks=(), epochs=2):
+    x, y = shard(*data())
+    model = build(seed=1 + hvd.rank())  # different starting weights: the broadcast fixes them
+    model.compile(optimizer=optimizer, loss="mse")
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), *callbacks])
+    return model, history
+
+
+def assert_same_on_every_rank(values):
+    gathered = hvd.allgather_object(values)
+    for other in gathered:
+        np.testing.assert_array_equal(other, gathered[0])
+
+
+def test_fit_equals_large_batch_training_and_ranks_agree():
+    model, _ = train(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+    assert_same_on_every_rank(weights(model))
+    np.testing.assert_allclose(weights(model), reference_weights(0.1), rtol=1e-5, atol=1e-6)
+
+
+def test_adam_state_stays_identical_across_ranks():
+    model, _ = train(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)))
+    assert_same_on_every_rank(weights(model))
+    assert_same_on_every_rank(np.concatenate([np.ravel(v.numpy()) for v in model.optimizer.variables]))
+
+
+@pytest.mark.parametrize("average, reference_lr", [(True, 0.1), (False, 0.2)])
+def test_backward_passes_per_step_accumulates_locally(average, reference_lr):
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                         average_aggregated_gradients=average)
+    model, _ = train(optimizer)
+    # two local batches per update: the mean (or, by default, the sum) of two global batches
+    np.testing.assert_allclose(weights(model), reference_weights(reference_lr, passes=2),
+                               rtol=1e-5, atol=1e-6)
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs, self.rates = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(dict(logs))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+
+def test_metric_average_callback_averages_the_logs():
+    before, after = Recorder(), Recorder()
+    train(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+          callbacks=[before, hvd.callbacks.MetricAverageCallback(), after], epochs=1)
+    own = before.epochs[0]["loss"]
+    expected = np.mean(hvd.allgather_object(own))
+    assert after.epochs[0]["loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_learning_rate_warmup_ramps_from_the_single_rank_rate():
+    recorder = Recorder()
+    steps, size = ROWS_PER_RANK // BATCH, hvd.size()
+    warmup = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2,
+                                                      steps_per_epoch=steps)
+    train(hvd.DistributedOptimizer(keras.optimizers.SGD(0.4)), callbacks=[warmup, recorder],
+          epochs=3)
+    first = 0.4 / size * ((1.0 / steps) * (size - 1) / 2 + 1)
+    assert recorder.rates[0] == pytest.approx(first, rel=1e-6)
+    last_warm = 0.4 / size * ((1 + (steps - 1 + 1) / steps) * (size - 1) / 2 + 1)
+    assert recorder.rates[2 * steps - 1] == pytest.approx(last_warm, rel=1e-6)
+    assert recorder.rates[-1] == pytest.approx(0.4, rel=1e-6)  # after warmup: left alone
+
+
+def test_best_model_checkpoint_writes_from_rank_zero_only_and_load_model_resumes(tmp_path):
+    base = hvd.broadcast_object(str(tmp_path), root_rank=0)
+    path = os.path.join(base, f"best-from-rank{hvd.rank()}.keras")
+    checkpoint = hvd.callbacks.BestModelCheckpoint(path, monitor="loss")
+    model, _ = train(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                     callbacks=[hvd.callbacks.MetricAverageCallback(), checkpoint])
+    hvd.barrier()
+    written = sorted(name for name in os.listdir(base) if name.endswith(".keras"))
+    assert written == ["best-from-rank0.keras"]
+    loaded = hvd.load_model(os.path.join(base, "best-from-rank0.keras"))
+    assert getattr(loaded.optimizer, "_hororing", None) is not None
+    x, y = shard(*data())
+    loaded.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_same_on_every_rank(weights(loaded))
+    hvd.barrier()  # rank 0's directory outlives every rank's read
+
+
+def test_wrapping_errors_name_the_fix():
+    import tensorflow as tf
+    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="already wrapped"):
+        hvd.DistributedOptimizer(optimizer)
+    used = keras.optimizers.SGD(0.1)
+    variable = keras.Variable(np.ones(2, np.float32))
+    used.apply([np.ones(2, np.float32)], [variable])
+    with pytest.raises(ValueError, match="has not been used yet"):
+        hvd.DistributedOptimizer(used, backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an int"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=0)
