@@ -303,3 +303,15 @@ def test_mismatched_shapes_fail_on_every_rank():
         hvd.allreduce(tf.ones([2 + hvd.rank()]), name="tf.mismatched")
     # the job goes on afterwards
     assert hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy().tolist() == [float(hvd.size())] * 2
+
+
+def test_mismatch_inside_tf_function_keeps_the_message():
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks")
+
+    @tf.function
+    def step(x):
+        return hvd.allreduce(x)
+    with pytest.raises(tf.errors.UnknownError, match="Mismatched ALLREDUCE tensor shapes"):
+        step(tf.ones([2 + hvd.rank()]))
+    assert step(tf.ones([2])).numpy().tolist() == [1.0, 1.0]
