@@ -8,4 +8,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install -q --disable-pip-version-check -e ".[mpi,test,torch,tensorflow]"
+# tf-keras (TF_USE_LEGACY_KERAS=1) for its test; it names the full "tensorflow" package as
+# a dependency, which would install a second copy of the tensorflow-cpu files just installed
+.venv/bin/pip install -q --disable-pip-version-check --no-deps "tf-keras==2.21.*"
 export PATH="$PWD/.venv/bin:$PATH"

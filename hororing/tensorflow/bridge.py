@@ -83,10 +83,25 @@ def op_name(kind, name, process_set=None):
         return name
     if tf.executing_eagerly():
         return None
-    graph = tf.compat.v1.get_default_graph()
+    graph = _traced_function_graph()
     label = group_of(process_set).set_id
     unique = graph.unique_name(f"hororing_{kind}_set{label}", mark_as_used=True)
     return f"{graph.name}/{unique}"
+
+
+def _traced_function_graph():
+    """The graph of the outermost ``tf.function`` being traced.
+
+    Graphs nested in it (the branches of a ``tf.cond``, a loop body) are named with a
+    process-wide counter (``cond_true_12``) that differs between ranks whose programs built
+    different numbers of ops before; the outermost function's name is the function's own,
+    and its name counter numbers the collectives of the whole trace in program order.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    outer = getattr(graph, "outer_graph", None)
+    while outer is not None and hasattr(outer, "outer_graph"):
+        graph, outer = outer, outer.outer_graph
+    return graph
 
 
 def collective(kind, tensors, run, out_dtypes, name=None):

@@ -50,7 +50,8 @@ class GradientReducer:
         Over a set of one rank the average is the gradient itself: nothing is exchanged, so
         a one-process run costs what plain TensorFlow does.
         """
-        grads = list(grads)
+        grads = [tf.convert_to_tensor(grad) if self.sparse_as_dense and
+                 isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
         if group_of(self.process_set).size == 1:
             return grads
         reduced = list(grads)
@@ -59,10 +60,8 @@ class GradientReducer:
             if grad is None:
                 continue
             if isinstance(grad, tf.IndexedSlices):
-                if not self.sparse_as_dense:
-                    reduced[index] = allreduce(grad, op=self.op, process_set=self.process_set)
-                    continue
-                grad = tf.convert_to_tensor(grad)
+                reduced[index] = allreduce(grad, op=self.op, process_set=self.process_set)
+                continue
             dense.append((index, grad))
         for members in self._split(dense, variables):
             results = grouped_allreduce([grad for _, grad in members], op=self._wire_op(),

@@ -292,13 +292,23 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 # ---- synchronization and queries -------------------------------------------------------------
 
 def join():
-    """Declare this rank out of data; return the rank that joined last (an int32 tensor)."""
-    return tf.constant(core.join(), dtype=tf.int32)
+    """Declare this rank out of data; return the rank that joined last (an int32 tensor).
+
+    Eagerly it returns when every rank has joined; in a ``tf.function`` it is an op that
+    does so when it runs.
+    """
+    def run(arrays, name):
+        return [np.int32(core.join())]
+    return collective("join", [], run, [tf.int32], None)[0]
 
 
 def barrier(process_set=global_process_set):
-    """Return once every rank of ``process_set`` has called barrier()."""
-    core.barrier(process_set)
+    """Return once every rank of ``process_set`` has called barrier() (an op in a tf.function)."""
+    def run(arrays, name):
+        core.barrier(process_set)
+        return [np.int32(0)]
+    done = collective("barrier", [], run, [tf.int32], None)[0]
+    return None if tf.executing_eagerly() else done
 
 
 def size_op(process_set_id=0, name=None):

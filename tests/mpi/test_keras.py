@@ -148,7 +148,7 @@ def test_best_model_checkpoint_writes_from_rank_zero_only_and_load_model_resumes
 
 def test_wrapping_errors_name_the_fix():
     import tensorflow as tf
-    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+    with pytest.raises(TypeError, match="Keras 3 or tf-keras optimizer"):
         hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
     optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
     with pytest.raises(ValueError, match="already wrapped"):

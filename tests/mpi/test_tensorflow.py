@@ -113,6 +113,17 @@ def test_object_helpers_and_queries():
     hvd.barrier()
 
 
+def test_join_and_barrier_run_when_the_function_runs():
+    @tf.function
+    def finish():
+        hvd.barrier()
+        return hvd.join()
+    for _ in range(2):  # traced once, joined on every call
+        last = int(finish())
+        assert hvd.allgather_object(last) == [last] * hvd.size() and 0 <= last < hvd.size()
+    assert int(hvd.join()) in range(hvd.size())
+
+
 def test_broadcast_variables_assigns_root_values():
     rank = hvd.rank()
     variables = [tf.Variable(tf.fill([3], float(rank))), tf.Variable(rank, dtype=tf.int64),
@@ -146,6 +157,20 @@ def test_tf_function_runs_collectives_in_program_order_every_call():
         assert c.numpy().tolist() == [0.0] * 3
         assert d.numpy().max() == size - 1
     assert step.experimental_get_tracing_count() == 1  # one trace: the names are reused
+
+
+def test_collective_in_a_cond_branch_pairs_up_after_rank_dependent_tracing():
+    @tf.function
+    def busy(x):
+        for _ in range(hvd.rank() + 1):  # each rank builds a different number of graphs
+            x = tf.cond(x[0] > 0, lambda: x + 1, lambda: x)
+        return x
+    busy(tf.ones([1]))
+
+    @tf.function
+    def step(x):  # the branch's own graph is numbered process-wide; the name must not be
+        return tf.cond(x[0] > 0, lambda: hvd.allreduce(x, op=hvd.Sum), lambda: x)
+    assert step(tf.ones([2])).numpy().tolist() == [float(hvd.size())] * 2
 
 
 def test_tf_function_with_jit_compile_is_refused_with_the_fix():

@@ -1,6 +1,6 @@
 """``import hororing.tensorflow.keras as hvd`` (or ``hororing.keras``): Horovod's Keras API.
 
-For Keras 3 with the TensorFlow backend::
+For Keras 3 with the TensorFlow backend, or tf-keras when ``TF_USE_LEGACY_KERAS=1``::
 
     hvd.init()
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())),
@@ -10,8 +10,6 @@ For Keras 3 with the TensorFlow backend::
               verbose=1 if hvd.rank() == 0 else 0)
 """
 
-import keras
-
 from ... import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
                  add_process_set, cross_rank, cross_size, global_process_set, init,
                  is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,
@@ -20,6 +18,7 @@ from ..compression import Compression
 from ..functions import allgather_object, broadcast_object, broadcast_variables
 from ..mpi_ops import allgather, allreduce, alltoall, barrier, broadcast, join, reducescatter
 from . import callbacks
+from ._backend import keras
 from .optimizer import DistributedOptimizer
 
 

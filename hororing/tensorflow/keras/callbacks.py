@@ -1,11 +1,11 @@
-"""Horovod's Keras callbacks, for Keras 3 ``model.fit``."""
+"""Horovod's Keras callbacks, for ``model.fit`` (Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1)."""
 
-import keras
 import numpy as np
 
 from ... import collectives as core
 from ...context import current
 from ..functions import broadcast_variables
+from ._backend import keras
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -31,8 +31,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             return
         variables = [variable for variable in self.model.variables if id(variable) not in self._local]
         optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            variables += list(optimizer.variables)
+        if optimizer is not None:  # tf-keras's legacy optimizers give them by a method
+            held = optimizer.variables
+            variables += list(held() if callable(held) else held)
         broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True
 
@@ -105,12 +106,12 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["learning_rate"] = float(keras.ops.convert_to_numpy(
-                self.model.optimizer.learning_rate))
+            logs["learning_rate"] = _value(self.model.optimizer.learning_rate)
 
     def _set(self, value):
         optimizer = self.model.optimizer
-        if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        if isinstance(getattr(optimizer, "_learning_rate", None),
+                      keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError("the optimizer's learning rate is a LearningRateSchedule; give it a "
                              "float learning rate to use a hororing learning-rate callback")
         optimizer.learning_rate = value
@@ -139,7 +140,11 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose and current().rank == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
-                  f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):g}.")
+                  f"{_value(self.model.optimizer.learning_rate):g}.")
+
+
+def _value(variable):
+    return float(np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable))
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):

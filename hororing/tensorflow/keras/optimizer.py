@@ -1,4 +1,4 @@
-"""``DistributedOptimizer`` for Keras 3 optimizers (TensorFlow backend).
+"""``DistributedOptimizer`` for Keras 3 optimizers (TensorFlow backend) and tf-keras ones.
 
 Keras 3 applies gradients through ``apply(grads, variables)``, which clips them and updates
 the variables, or, with ``gradient_accumulation_steps``, adds them to accumulators and
@@ -8,6 +8,9 @@ accumulation, and only on update steps when there is (``backward_passes_per_step
 Keras's own accumulation, so N-1 of N steps move no data). The optimizer is wrapped in
 place: it stays an instance of its own class, so ``model.save`` and ``load_model`` see a
 plain Keras optimizer, and no class is created at run time.
+
+tf-keras optimizers (``TF_USE_LEGACY_KERAS=1``) apply through ``apply_gradients``, which
+clips inside: the wrapper averages the gradients on their way in.
 """
 
 import threading
@@ -23,7 +26,12 @@ _HOOKS = ("apply", "_backend_apply_gradients", "_clip_gradients")
 
 
 def is_keras_optimizer(optimizer):
-    return isinstance(optimizer, keras.optimizers.Optimizer)
+    return isinstance(optimizer, keras.optimizers.Optimizer) or _is_tf_keras(optimizer)
+
+
+def _is_tf_keras(optimizer):
+    return (type(optimizer).__module__.startswith("tf_keras.")
+            and callable(getattr(optimizer, "apply_gradients", None)))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -53,23 +61,30 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Horovod compatibility.
     """
     if not is_keras_optimizer(optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
-                        f"(keras.optimizers.Optimizer), got {type(optimizer).__module__}."
-                        f"{type(optimizer).__name__}; for tf.compat.v1 optimizers use "
-                        f"hororing.tensorflow.DistributedOptimizer")
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 or tf-keras optimizer, got "
+                        f"{type(optimizer).__module__}.{type(optimizer).__name__}; for "
+                        f"tf.compat.v1 optimizers use hororing.tensorflow.DistributedOptimizer")
+    if getattr(optimizer, "_hororing", None) is not None:
+        raise ValueError("this optimizer is already wrapped by DistributedOptimizer")
+    if num_groups and groups is None:
+        groups = num_groups
+    if _is_tf_keras(optimizer):
+        if backward_passes_per_step != 1:
+            raise ValueError("backward_passes_per_step > 1 needs a Keras 3 optimizer (Keras's "
+                             "gradient accumulation); tf-keras optimizers have none")
+        reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                                  groups, process_set)
+        _TfKerasHook(optimizer, reducer).install()
+        return optimizer
     if keras.backend.backend() != "tensorflow":
         raise ValueError(f"hororing's Keras optimizer needs the TensorFlow backend, but "
                          f"KERAS_BACKEND is {keras.backend.backend()!r}; set "
                          f"KERAS_BACKEND=tensorflow (hororing.torch serves PyTorch models)")
-    if getattr(optimizer, "_hororing", None) is not None:
-        raise ValueError("this optimizer is already wrapped by DistributedOptimizer")
     missing = [hook for hook in _HOOKS if not hasattr(type(optimizer), hook)]
     if missing:
         raise TypeError(f"{type(optimizer).__name__} lacks {missing}, which hororing wraps to "
                         f"average gradients; this Keras version ({keras.__version__}) is not "
                         f"supported")
-    if num_groups and groups is None:
-        groups = num_groups
     steps = backward_passes_per_step
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}")
@@ -126,3 +141,21 @@ class _Hooks:
             grads = [None if grad is None else grad * self.rescale for grad in grads]
         self.state.reduced = True
         return self.original["_clip_gradients"](grads)
+
+
+class _TfKerasHook:
+    """tf-keras: average the gradients on their way into ``apply_gradients``."""
+
+    def __init__(self, optimizer, reducer):
+        self.optimizer = optimizer
+        self.reducer = reducer
+        self.original = optimizer.apply_gradients
+
+    def install(self):
+        object.__setattr__(self.optimizer, "_hororing", self)
+        object.__setattr__(self.optimizer, "apply_gradients", self.apply_gradients)
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        grads = self.reducer.reduce([grad for grad, _ in pairs], [var for _, var in pairs])
+        return self.original(list(zip(grads, [var for _, var in pairs])), *args, **kwargs)
