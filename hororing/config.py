@@ -33,6 +33,12 @@ class Config:
     # reduction in rank order); from it up, the pipelined ring. Measured crossover:
     # scripts/bench_allreduce.py --sweep-threshold, docs/benchmarks.md.
     small_allreduce_bytes: int = 64 * 1024
+    # Hierarchical allreduce (reduce inside each node, across nodes by slices, gather):
+    # None = when the job spans several nodes, for buckets from the threshold up; True =
+    # always (HOROVOD_HIERARCHICAL_ALLREDUCE=1); False = never (=0). Threshold measured:
+    # scripts/bench_allreduce.py --hierarchical under two simulated nodes, docs/benchmarks.md.
+    hierarchical_allreduce: object = None
+    hierarchical_threshold_bytes: int = 256 * 1024
     # Ring sub-chunk: the unit that is in flight while the previous one is reduced.
     # Measured: scripts/bench_allreduce.py --sweep-subchunk, docs/benchmarks.md.
     ring_subchunk_bytes: int = 1024 * 1024
@@ -76,6 +82,9 @@ class Config:
             raise ValueError(f"cache capacity must be >= 0, got {self.cache_capacity}")
         if self.ring_subchunk_bytes <= 0:
             raise ValueError(f"ring sub-chunk must be > 0 bytes, got {self.ring_subchunk_bytes}")
+        if self.hierarchical_threshold_bytes < 0:
+            raise ValueError(f"hierarchical threshold must be >= 0 bytes, got "
+                             f"{self.hierarchical_threshold_bytes}")
         if self.small_allreduce_bytes < 0:
             raise ValueError(f"small allreduce threshold must be >= 0, got {self.small_allreduce_bytes}")
         if self.mode not in MODES:
@@ -130,6 +139,8 @@ _ENV_FIELDS = {
     "timeline_mark_cycles": (_names("TIMELINE_MARK_CYCLES"), _flag),
     "small_allreduce_bytes": (("HORORING_SMALL_ALLREDUCE_BYTES",), int),
     "ring_subchunk_bytes": (("HORORING_RING_SUBCHUNK_BYTES",), int),
+    "hierarchical_allreduce": (_names("HIERARCHICAL_ALLREDUCE"), _flag),
+    "hierarchical_threshold_bytes": (("HORORING_HIERARCHICAL_THRESHOLD_BYTES",), int),
     "log_level": (_names("LOG_LEVEL"), str),
     "mode": (("HORORING_MODE",), str.lower),
     "ps_servers": (("HORORING_PS_SERVERS",), _servers),

@@ -8,6 +8,13 @@ Algorithms, all on the same buffers in the same run:
   native  MPI_Allreduce through mpi4py
   plain   a 20-line Python ring: blocking Sendrecv + np.add, no sub-chunks (the baseline)
   gloo    torch.distributed's gloo all_reduce (when torch is installed)
+  flat    hororing's pipelined ring alone, on its own communicator (no negotiation)
+  hier    hororing's hierarchical allreduce alone (reduce in each node, across nodes by
+          slices, gather), on its own communicator
+
+--hierarchical times flat, hier and native from 1 MiB up and reports, for flat and hier,
+the bytes one allreduce sends between nodes, per rank (nodes as MPI_COMM_TYPE_SHARED sees
+them: run it under MPIR_CVAR_NUM_CLIQUES=2 to split one machine into two).
 
 Columns: size (B), count, dtype, time (us: the algorithms take turns in --rounds rounds, each
 round timing a block of calls; the median over rounds of a block's mean per call on the
@@ -34,6 +41,9 @@ from mpi4py import MPI
 
 import hororing as hvd
 from benchinfo import machine_info, machine_line, setup_gloo
+from hororing.algorithms.hierarchical import Hierarchical, node_layout
+from hororing.algorithms.ring import Ring
+from hororing.config import Config
 from hororing.costmodel import Machine, bus_bandwidth, ring_time
 
 COMM = MPI.COMM_WORLD
@@ -45,6 +55,9 @@ def main():
     hvd.init()
     rank, size = COMM.Get_rank(), COMM.Get_size()
     machine, copy_bw = calibrate()
+    if args.hierarchical:
+        args.algorithms = ["flat", "hier", "native"]
+        args.min_bytes = max(args.min_bytes, 1024 * 1024)
     algorithms = {name: ALGORITHMS[name] for name in args.algorithms}
     if "gloo" in algorithms and not setup_gloo(COMM):
         del algorithms["gloo"]
@@ -57,6 +70,7 @@ def main():
         count = nbytes // 4
         wrong = {name: check(run, count) for name, run in algorithms.items()}
         times = timed_rounds(algorithms, count, args)
+        crossing = cross_node_bytes(count) if args.hierarchical else {}
         for name in algorithms:
             seconds = float(np.median(times[name]))
             predicted = ring_time(machine, size, count * 4)
@@ -66,6 +80,8 @@ def main():
                    "busbw_GBs": bus_bandwidth(size, count * 4, seconds) / 1e9,
                    "wrong": wrong[name], "model_us": predicted * 1e6,
                    "measured_over_model": seconds / predicted if predicted else None}
+            if name in crossing:
+                row["cross_node_bytes_per_rank"] = crossing[name]
             rows.append(row)
             if rank == 0:
                 print(f"{row['bytes']:>12} {count:>10} {'float32':>7} {name:>9} "
@@ -73,6 +89,14 @@ def main():
                       f"{wrong[name]:>6} {row['model_us']:>10.1f} "
                       f"{(row['measured_over_model'] or 0):>10.2f}", flush=True)
     fusion = fusion_benchmark(args) if args.fusion else None
+    if args.hierarchical and rank == 0:
+        print(f"\nbytes sent between nodes per rank by one allreduce ({Layout.get().nodes} "
+              f"nodes of {Layout.get().node_sizes} ranks):")
+        for row in rows:
+            if "cross_node_bytes_per_rank" in row:
+                print(f"{row['bytes']:>12} {row['algorithm']:>9} "
+                      f"{row['cross_node_bytes_per_rank']:>14.0f} "
+                      f"({row['cross_node_bytes_per_rank'] / row['bytes']:.3f} x size)")
     if rank == 0:
         if fusion:
             print(f"\nfusion: 64 x 16 KiB allreduces: blocking {fusion['blocking_us']:.0f} us, "
@@ -101,6 +125,9 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds per size; every algorithm is timed once per round")
     parser.add_argument("--fusion", action="store_true", help="also time 64 x 16 KiB async vs blocking")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="flat ring vs hierarchical vs native from 1 MiB, with the bytes "
+                             "sent between nodes")
     parser.add_argument("--json", help="write results as JSON (rank 0)")
     parser.add_argument("--plot", help="write a PNG of busbw against size (rank 0)")
     return parser.parse_args()
@@ -157,7 +184,54 @@ def run_gloo(buffer):
     dist.all_reduce(torch.from_numpy(buffer))
 
 
-ALGORITHMS = {"ring": run_ring, "native": run_native, "plain": run_plain, "gloo": run_gloo}
+class Layout:
+    """The flat ring and the hierarchical allreduce on communicators of their own."""
+    made = None
+
+    @classmethod
+    def get(cls):
+        if cls.made is None:
+            cls.made = cls()
+        return cls.made
+
+    def __init__(self):
+        subchunk = Config.from_environ().ring_subchunk_bytes
+        self.flat = Ring(COMM.Dup(), subchunk)
+        self.hier = Hierarchical(COMM.Dup(), subchunk)
+        self.nodes = self.hier.nodes
+        local, _, _ = node_layout(COMM)
+        leader = local.bcast(COMM.Get_rank(), root=0)  # a node's id: its first rank
+        self.node_of = COMM.allgather(leader)
+        self.node_sizes = sorted((self.node_of.count(node) for node in set(self.node_of)),
+                                 reverse=True)
+        local.Free()
+
+
+def run_flat(buffer):
+    Layout.get().flat.allreduce(buffer, "sum")
+
+
+def run_hier(buffer):
+    Layout.get().hier.allreduce(buffer, "sum")
+
+
+def cross_node_bytes(count):
+    """Bytes one call sends between nodes, averaged over the ranks, for flat and hier."""
+    layout = Layout.get()
+    rank, size = COMM.Get_rank(), COMM.Get_size()
+    buffer = np.zeros(count, dtype=np.float32)
+    before = layout.flat.bytes_sent
+    run_flat(buffer)
+    crosses = layout.node_of[(rank + 1) % size] != layout.node_of[rank]  # right neighbour
+    flat = (layout.flat.bytes_sent - before) if crosses else 0
+    before = layout.hier.cross_bytes_sent()
+    run_hier(buffer)
+    hier = layout.hier.cross_bytes_sent() - before
+    return {"flat": COMM.allreduce(flat) / size, "hier": COMM.allreduce(hier) / size}
+
+
+ALGORITHMS = {"ring": run_ring, "native": run_native, "plain": run_plain, "gloo": run_gloo,
+              "flat": run_flat, "hier": run_hier}
 
 
 # ---- measuring ----------------------------------------------------------------------------

@@ -19,6 +19,11 @@ worker, and times ``--steps`` steps of ``model.fit`` per round over ``--rounds``
                          collectives). Keras 3's ``fit`` does not run under that strategy
                          (keras-team/keras#20585), so the two are compared on the loop that
                          TensorFlow's own documentation uses for it.
+                         ``ParameterServerStrategy``: TensorFlow's parameter servers on the
+                         same loop (a chief scheduling steps through a ClusterCoordinator,
+                         2 worker tasks, 1 ps task, on 127.0.0.1). It is asynchronous: each
+                         worker applies its own gradient to the ps variables; the time per
+                         step is per worker step (elapsed time x 2 workers / steps).
 """
 
 import argparse
@@ -53,7 +58,8 @@ def parse_args():
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--json")
     parser.add_argument("--markdown")
-    parser.add_argument("--child", choices=["single", "ring", "ps", "tape", "mwms"])
+    parser.add_argument("--child", choices=["single", "ring", "ps", "tape", "mwms", "pss",
+                                              "tf-server"])
     parser.add_argument("--child-output")
     return parser.parse_args()
 
@@ -74,6 +80,7 @@ def driver(args):
     rows += run_mpi(args, 3, "ps", common)
     rows += run_mpi(args, 2, "tape", common)
     rows += run_mwms(args, common)
+    rows += run_pss(args, common)
     from benchinfo import machine_info, machine_line
     info = machine_info()
     import tensorflow as tf
@@ -87,7 +94,8 @@ def driver(args):
     by_name = {row["variant"]: row for row in rows}
     for row in rows:
         base = by_name[{"keras": "keras", "hororing": "keras",
-                        "MultiWorkerMirrored": "hororing tape", "hororing tape": "hororing tape"}
+                        "MultiWorkerMirrored": "hororing tape", "hororing tape": "hororing tape",
+                        "ParameterServerStrategy (async, 1 ps)": "hororing tape"}
                        .get(row["variant"], "hororing ring")]
         lines.append(f"| {row['workers']} | {row['variant']} | {row['step_ms']:.2f} | "
                      f"{row['step_ms'] / base['step_ms']:.2f}x |")
@@ -130,6 +138,33 @@ def run_mwms(args, common):
                 raise
             _check(subprocess.CompletedProcess(command, job.returncode, stdout, stderr), command)
         return json.load(open(output.name))
+
+
+def run_pss(args, common):
+    """A TensorFlow parameter-server cluster: 1 ps and 2 worker servers, and the chief."""
+    cluster = {"chief": [f"127.0.0.1:{_free_port()}"],
+               "worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)],
+               "ps": [f"127.0.0.1:{_free_port()}"]}
+    servers = []
+    try:
+        for task, index in (("worker", 0), ("worker", 1), ("ps", 0)):
+            env = dict(os.environ, TF_CONFIG=json.dumps(
+                {"cluster": cluster, "task": {"type": task, "index": index}}))
+            servers.append(subprocess.Popen([sys.executable, __file__, "--child", "tf-server"],
+                                            env=env, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+        with tempfile.NamedTemporaryFile(suffix=".json") as output:
+            env = dict(os.environ, TF_CONFIG=json.dumps(
+                {"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+            command = [sys.executable, __file__, "--child", "pss", "--child-output",
+                       output.name, *common]
+            _check(subprocess.run(command, env=env, timeout=args.timeout, capture_output=True,
+                                  text=True), command)
+            return json.load(open(output.name))
+    finally:
+        for server in servers:  # they serve until killed
+            server.kill()
+            server.wait()
 
 
 def _check(done, command):
@@ -230,6 +265,16 @@ def child(args):
                            "step_ms": statistics.median(steps), "rounds": steps}])
         return
 
+    if args.child == "tf-server":
+        import tensorflow as tf
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                             task_index=resolver.task_id, protocol="grpc", start=True).join()
+        return
+    if args.child == "pss":
+        pss_chief(args)
+        return
+
     import hororing.keras as hvd
     if args.child == "ps":
         hvd.init(mode="ps", num_servers=1)  # the server rank serves here and exits
@@ -289,6 +334,39 @@ def child(args):
     if rank == 0:
         _write(args, rows)
     hvd.shutdown()
+
+
+def pss_chief(args):
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        variables = mlp_variables(args.width)
+    x, y = digits(args.batch_size, args.steps, 0, 1)
+
+    def dataset_fn():
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch_size)
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(iterator):
+        def replica(features, labels):
+            with tf.GradientTape() as tape:
+                loss = mlp_loss(variables, features, labels)
+            grads = tape.gradient(loss, variables)
+            for variable, grad in zip(variables, grads):
+                variable.assign_sub(0.01 * grad)
+        features, labels = next(iterator)
+        strategy.run(replica, args=(features, labels))
+
+    def fit():  # 2 x steps steps scheduled: steps on each of the 2 workers
+        for _ in range(2 * args.steps):
+            coordinator.schedule(step, args=(iterator,))
+        coordinator.join()
+    steps = timed_rounds(fit, args, lambda seconds: seconds)
+    _write(args, [{"workers": 2, "variant": "ParameterServerStrategy (async, 1 ps)",
+                   "step_ms": statistics.median(steps), "rounds": steps}])
 
 
 def _write(args, rows):

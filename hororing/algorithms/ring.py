@@ -35,6 +35,7 @@ class Ring:
         }
         self._scratch = np.empty(0, dtype=np.uint8)
         self.contributors = self.size  # ranks whose data is in a reduced result
+        self.bytes_sent = 0  # to the right neighbour, over this ring's life
 
     def allreduce(self, buffer, op, finalize=None, segments=None, stage=None):
         """Reduce the flat ``buffer`` over all ranks in place.
@@ -98,6 +99,8 @@ class Ring:
                     for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
 
         first = steps[0].send_chunk
+        self.bytes_sent += buffer.itemsize * sum(
+            bounds[step.send_chunk][1] - bounds[step.send_chunk][0] for step in steps)
         stage.need(first)
         pending_sends[first] = [comm.Isend(buffer[start:stop], right, tag)
                                 for tag, (start, stop) in enumerate(pieces[first])]

@@ -357,6 +357,8 @@ class Engine:
                 request.Cancel()
                 request.Wait()
         MPI.Request.Waitall(self._wake_sends)
+        if self.executor.hierarchical is not None:
+            self.executor.hierarchical.free()
         for comm in (self._comm_negotiate, self._comm_wake, self.executor.comm):
             comm.Free()
         if self.timeline is not None:

@@ -2,8 +2,9 @@
 
 Allreduces that share dtype, op and scale factors are fused into buckets of at most the
 fusion threshold; a bucket below the small-message threshold takes the gather-reduce
-latency path, a larger one the pipelined ring (in PS mode, every bucket goes through the
-parameter servers). The other collectives run one by one
+latency path, a larger one the pipelined ring, or, when the job spans several nodes and
+the bucket reaches the hierarchical threshold, the hierarchical allreduce (in PS mode,
+every bucket goes through the parameter servers). The other collectives run one by one
 through MPI on byte views of contiguous buffers.
 """
 
@@ -14,6 +15,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
 from ..algorithms.small import GatherReduce
@@ -36,6 +38,7 @@ class Executor:
         self.small = GatherReduce(comm)
         # PS mode: every allreduce bucket goes through the parameter servers
         self.reducer = reducer
+        self.hierarchical = None if reducer is not None else _hierarchical(comm, config)
         self._fusion = np.empty(0, dtype=np.uint8)
         self._device = None  # DeviceCollectives, made on the first device collective
 
@@ -113,7 +116,7 @@ class Executor:
         algorithm = self.reducer
         segments = None  # the ring splits by position; only the servers place by tensor
         if algorithm is None:
-            algorithm = self.small if buffer.nbytes < self.config.small_allreduce_bytes else self.ring
+            algorithm = self._algorithm_for(buffer.nbytes)
         else:
             segments = segments_of([response.name for response, _ in items],
                                    ranges or [(0, buffer.size)])
@@ -128,6 +131,15 @@ class Executor:
             self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
         for (response, request), output in zip(items, outputs):
             _complete(request, output)
+
+    def _algorithm_for(self, nbytes):
+        if nbytes < self.config.small_allreduce_bytes:
+            return self.small
+        if self.hierarchical is not None and (
+                self.config.hierarchical_allreduce
+                or nbytes >= self.config.hierarchical_threshold_bytes):
+            return self.hierarchical
+        return self.ring
 
     def _fusion_view(self, dtype, count):
         needed = count * dtype.itemsize
@@ -219,6 +231,17 @@ class Executor:
             ended = time.monotonic()
             for response, _ in items:
                 self.timeline.span(response.name, activity, started, ended)
+
+
+def _hierarchical(comm, config):
+    """The hierarchical allreduce for ``comm`` where it applies, else None (collective)."""
+    if config.hierarchical_allreduce is False:
+        return None
+    layout = node_layout(comm)
+    if layout[1] > 1 or config.hierarchical_allreduce:
+        return Hierarchical(comm, config.ring_subchunk_bytes, layout)
+    layout[0].Free()
+    return None
 
 
 def segments_of(names, ranges):

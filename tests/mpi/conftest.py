@@ -44,11 +44,12 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture
 def wire_dtypes():
-    """Record the dtype of every buffer the executor hands to the ring or the latency path."""
+    """Record the dtype of every buffer the executor hands to an allreduce algorithm."""
     from hororing.context import current
     executor = current().engine.executor
     seen = []
-    originals = {algorithm: algorithm.allreduce for algorithm in (executor.ring, executor.small)}
+    originals = {algorithm: algorithm.allreduce for algorithm in (executor.ring, executor.small, executor.hierarchical)
+                 if algorithm is not None}
 
     def recorder(original):
         def allreduce(buffer, *args, **kwargs):

@@ -26,7 +26,8 @@ def reductions():
     """Count the buffers the executor reduces (a fused batch of tensors is one buffer)."""
     executor = current().engine.executor
     count = []
-    originals = {algorithm: algorithm.allreduce for algorithm in (executor.ring, executor.small)}
+    originals = {algorithm: algorithm.allreduce for algorithm in (executor.ring, executor.small, executor.hierarchical)
+                 if algorithm is not None}
 
     def recorder(original):
         def allreduce(buffer, *args, **kwargs):

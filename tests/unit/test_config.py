@@ -55,3 +55,15 @@ def test_ps_settings_from_the_environment():
 def test_bad_ps_settings_are_named(environ, message):
     with pytest.raises(ValueError, match=message):
         Config.from_environ(environ)
+
+
+def test_hierarchical_allreduce_switch_and_threshold():
+    assert Config.from_environ({}).hierarchical_allreduce is None  # automatic across nodes
+    assert Config.from_environ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).hierarchical_allreduce is True
+    assert Config.from_environ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}).hierarchical_allreduce is False
+    config = Config.from_environ({"HORORING_HIERARCHICAL_THRESHOLD_BYTES": "4096"})
+    assert config.hierarchical_threshold_bytes == 4096
+    with pytest.raises(ValueError, match="hierarchical threshold must be >= 0 bytes, got -1"):
+        Config.from_environ({"HORORING_HIERARCHICAL_THRESHOLD_BYTES": "-1"})
+    with pytest.raises(ValueError, match="HORORING_HIERARCHICAL_ALLREDUCE .* invalid value 'maybe'"):
+        Config.from_environ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "maybe"})

@@ -1,0 +1,85 @@
+"""Hierarchical allreduce: reduce inside each node, across nodes by slices, gather back.
+
+Three stages on one flat host buffer, in place:
+
+1. inside each node, a ring reduce-scatter: local rank j ends holding its node's sum of
+   part j of the buffer;
+2. across nodes, a ring allreduce of part j among the ranks with local rank j (one per
+   node), so every byte crosses between nodes once per node slice instead of travelling the
+   whole flat ring;
+3. inside each node, an allgather of the parts.
+
+Nodes of different sizes: the buffer is cut into as many parts as the smallest node has
+ranks (P). Every node has a rank for each part; in larger nodes the local ranks from P up
+hold an empty part and take no cross-node step. Every rank ends with the same bytes: each
+part is reduced once, by the cross-node ring, and copied from there.
+
+"Node" is what MPI calls a shared-memory domain (``MPI_COMM_TYPE_SHARED``): the ranks of one
+host, or, under MPICH's ``MPIR_CVAR_NUM_CLIQUES``, one simulated node.
+"""
+
+from mpi4py import MPI
+
+from .. import transport
+from .plan import chunk_bounds
+from .ring import Ring
+
+
+def node_layout(comm):
+    """Return (local communicator, number of nodes, smallest node's rank count) for ``comm``.
+
+    Collective over ``comm``.
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    nodes = comm.allreduce(1 if local.Get_rank() == 0 else 0, op=MPI.SUM)
+    smallest = comm.allreduce(local.Get_size(), op=MPI.MIN)
+    return local, nodes, smallest
+
+
+class Hierarchical:
+    """Executes hierarchical allreduces on one communicator (see the module docstring).
+
+    Collective to construct: every rank of ``comm`` builds one at the same time.
+    """
+
+    def __init__(self, comm, subchunk_bytes, layout=None):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.contributors = self.size
+        self.local, self.nodes, self.parts = layout or node_layout(comm)
+        self.local_rank = self.local.Get_rank()
+        self.local_size = self.local.Get_size()
+        color = self.local_rank if self.local_rank < self.parts else MPI.UNDEFINED
+        self.cross = comm.Split(color, key=comm.Get_rank())
+        self.local_ring = Ring(self.local, subchunk_bytes)
+        self.cross_ring = Ring(self.cross, subchunk_bytes) if self.cross != MPI.COMM_NULL else None
+
+    def allreduce(self, buffer, op, finalize=None, segments=None):
+        """Reduce the flat ``buffer`` over all ranks in place (arguments as ``Ring.allreduce``)."""
+        parts = chunk_bounds(buffer.size, self.parts)
+        empty = (buffer.size, buffer.size)
+        bounds = parts + [empty] * (self.local_size - self.parts)
+        self.local_ring.reducescatter(buffer, op, bounds)
+        if self.cross_ring is not None:
+            start, stop = bounds[self.local_rank]
+            self.cross_ring.allreduce(buffer[start:stop], op, finalize)
+        self._gather_parts(buffer, bounds)
+
+    def cross_bytes_sent(self):
+        """Bytes this rank has sent to other nodes (the cross-node ring's sends)."""
+        return self.cross_ring.bytes_sent if self.cross_ring is not None else 0
+
+    def _gather_parts(self, buffer, bounds):
+        if self.local_size == 1:
+            return
+        itemsize = buffer.itemsize
+        counts = [(stop - start) * itemsize for start, stop in bounds]
+        displacements = [start * itemsize for start, _ in bounds]
+        request = self.local.Iallgatherv(
+            MPI.IN_PLACE, [transport.byte_view(buffer), counts, displacements, MPI.BYTE])
+        transport.wait(request)
+
+    def free(self):
+        for comm in (self.cross, self.local):
+            if comm != MPI.COMM_NULL:
+                comm.Free()
