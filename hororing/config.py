@@ -34,11 +34,14 @@ class Config:
     # scripts/bench_allreduce.py --sweep-threshold, docs/benchmarks.md.
     small_allreduce_bytes: int = 64 * 1024
     # Hierarchical allreduce (reduce inside each node, across nodes by slices, gather):
-    # None = when the job spans several nodes, for buckets from the threshold up; True =
-    # always (HOROVOD_HIERARCHICAL_ALLREDUCE=1); False = never (=0). Threshold measured:
-    # scripts/bench_allreduce.py --hierarchical under two simulated nodes, docs/benchmarks.md.
+    # True = every ring-sized bucket (HOROVOD_HIERARCHICAL_ALLREDUCE=1); False = never (=0);
+    # None = automatic: when the job spans several nodes, buckets from
+    # hierarchical_threshold_bytes up. That threshold is unset (automatic choice off) by
+    # default: on the one multi-node layout measurable here, MPICH's simulated nodes on one
+    # host, the flat ring was as fast or faster from 2 MiB up (scripts/bench_allreduce.py
+    # --hierarchical, docs/benchmarks.md); set it from that benchmark on a real cluster.
     hierarchical_allreduce: object = None
-    hierarchical_threshold_bytes: int = 256 * 1024
+    hierarchical_threshold_bytes: object = None
     # Ring sub-chunk: the unit that is in flight while the previous one is reduced.
     # Measured: scripts/bench_allreduce.py --sweep-subchunk, docs/benchmarks.md.
     ring_subchunk_bytes: int = 1024 * 1024
@@ -82,7 +85,7 @@ class Config:
             raise ValueError(f"cache capacity must be >= 0, got {self.cache_capacity}")
         if self.ring_subchunk_bytes <= 0:
             raise ValueError(f"ring sub-chunk must be > 0 bytes, got {self.ring_subchunk_bytes}")
-        if self.hierarchical_threshold_bytes < 0:
+        if self.hierarchical_threshold_bytes is not None and self.hierarchical_threshold_bytes < 0:
             raise ValueError(f"hierarchical threshold must be >= 0 bytes, got "
                              f"{self.hierarchical_threshold_bytes}")
         if self.small_allreduce_bytes < 0:

@@ -135,9 +135,9 @@ class Executor:
     def _algorithm_for(self, nbytes):
         if nbytes < self.config.small_allreduce_bytes:
             return self.small
+        threshold = self.config.hierarchical_threshold_bytes
         if self.hierarchical is not None and (
-                self.config.hierarchical_allreduce
-                or nbytes >= self.config.hierarchical_threshold_bytes):
+                self.config.hierarchical_allreduce or nbytes >= threshold):
             return self.hierarchical
         return self.ring
 
@@ -235,7 +235,8 @@ class Executor:
 
 def _hierarchical(comm, config):
     """The hierarchical allreduce for ``comm`` where it applies, else None (collective)."""
-    if config.hierarchical_allreduce is False:
+    if config.hierarchical_allreduce is False or (
+            config.hierarchical_allreduce is None and config.hierarchical_threshold_bytes is None):
         return None
     layout = node_layout(comm)
     if layout[1] > 1 or config.hierarchical_allreduce:

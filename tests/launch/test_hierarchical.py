@@ -12,7 +12,9 @@ import pytest
 @pytest.mark.parametrize("ranks, cliques, layout", [(4, 2, {2: 4}), (5, 2, {3: 3, 2: 2}),
                                                     (6, 4, {2: 4, 1: 2})])
 def test_hierarchical_allreduce_across_simulated_nodes(launch, ranks, cliques, layout):
-    job = launch(ranks, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": str(cliques)},
+    # automatic choice from 256 KiB up: the 300001-element allreduce takes it
+    job = launch(ranks, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": str(cliques),
+                                                "HORORING_HIERARCHICAL_THRESHOLD_BYTES": "262144"},
                  timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
     found = re.findall(r"rank (\d+) nodes (\d+) local size (\d+) parts (\d+) cross-node bytes (\d+)",
@@ -27,8 +29,13 @@ def test_hierarchical_allreduce_across_simulated_nodes(launch, ranks, cliques, l
     assert "UCX WARN" not in job.stderr + job.stdout
 
 
-def test_hierarchical_allreduce_can_be_switched_off(launch):
-    job = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2",
-                                            "HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
-    assert job.stdout.count("hierarchical off") == 4
+def test_hierarchical_allreduce_forced_on_and_off(launch):
+    on = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2",
+                                           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, timeout=120)
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert on.stdout.count("nodes 2 local size 2") == 4
+    for env in ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, {}):  # off, and the default
+        off = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2", **env},
+                     timeout=120)
+        assert off.returncode == 0, off.stderr[-3000:]
+        assert off.stdout.count("hierarchical off") == 4

@@ -58,7 +58,9 @@ def test_bad_ps_settings_are_named(environ, message):
 
 
 def test_hierarchical_allreduce_switch_and_threshold():
-    assert Config.from_environ({}).hierarchical_allreduce is None  # automatic across nodes
+    defaults = Config.from_environ({})
+    # automatic across nodes, but with no threshold it never chooses the hierarchical path
+    assert defaults.hierarchical_allreduce is None and defaults.hierarchical_threshold_bytes is None
     assert Config.from_environ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).hierarchical_allreduce is True
     assert Config.from_environ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}).hierarchical_allreduce is False
     config = Config.from_environ({"HORORING_HIERARCHICAL_THRESHOLD_BYTES": "4096"})

@@ -9,7 +9,9 @@ from hororing.context import current
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 hierarchical = current().engine.executor.hierarchical
-if os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "0":
+chosen = (os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1"
+          or "HORORING_HIERARCHICAL_THRESHOLD_BYTES" in os.environ)
+if not chosen:
     assert hierarchical is None
     print(f"rank {rank} hierarchical off", flush=True)
 else:
