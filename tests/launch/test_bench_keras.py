@@ -23,6 +23,7 @@ def test_bench_keras_reports_every_variant(tmp_path):
     rows = json.loads(output.read_text())["results"]
     assert [(row["workers"], row["variant"]) for row in rows] == [
         (1, "keras"), (1, "hororing"), (2, "hororing ring"), (2, "hororing PS (1 server rank)"),
-        (2, "hororing tape"), (2, "MultiWorkerMirrored")]
+        (2, "hororing tape"), (2, "MultiWorkerMirrored"),
+        (2, "ParameterServerStrategy (async, 1 ps)")]
     assert all(row["step_ms"] > 0 for row in rows)
     assert "| 2 | MultiWorkerMirrored |" in job.stdout
