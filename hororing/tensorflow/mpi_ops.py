@@ -144,9 +144,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 
     @tf.custom_gradient
     def forward(*xs):
-        results = collective(_kind, xs, run, [x.dtype for x in xs], label)
-        for result, x in zip(results, xs):
-            result.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+        results = _rows_vary(collective(_kind, xs, run, [x.dtype for x in xs], label), xs)
 
         def grad(*upstream):
             return _allgather_grad(xs, upstream, process_set)
@@ -227,7 +225,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     def forward(x, chosen):
         received, received_splits = collective("alltoall", [x, chosen], run,
                                                [x.dtype, tf.int32], label)
-        received.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+        _rows_vary([received], [x])
 
         def grad(upstream, _splits_upstream=None):
             back = alltoall(upstream, splits=received_splits, process_set=process_set)[0]
@@ -272,9 +270,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 
     @tf.custom_gradient
     def forward(*xs):
-        results = collective(_kind, xs, run, [x.dtype for x in xs], label)
-        for result, x in zip(results, xs):
-            result.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+        results = _rows_vary(collective(_kind, xs, run, [x.dtype for x in xs], label), xs)
 
         def grad(*upstream):
             scale = prescale_factor * postscale_factor
@@ -354,6 +350,13 @@ def _need_rows(tensor, kind):
     if tensor.shape.rank == 0:
         raise ValueError(f"{kind} needs tensors with at least one dimension, got a scalar; "
                          f"reshape it with tf.reshape(t, [1])")
+
+
+def _rows_vary(results, inputs):
+    """Give each result its input's static shape, but for a first dimension left unknown."""
+    for result, x in zip(results, inputs):
+        result.set_shape([None] + x.shape[1:].as_list() if x.shape.rank else None)
+    return results
 
 
 def _same_shape(results, inputs):

@@ -43,17 +43,19 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def wire_dtypes():
-    """Record the dtype of every buffer the executor hands to an allreduce algorithm."""
+def reduced_buffers():
+    """Record (dtype name, element count) of every buffer the executor hands to an allreduce
+    algorithm (a fused batch of tensors is one buffer)."""
     from hororing.context import current
     executor = current().engine.executor
     seen = []
-    originals = {algorithm: algorithm.allreduce for algorithm in (executor.ring, executor.small, executor.hierarchical)
+    originals = {algorithm: algorithm.allreduce
+                 for algorithm in (executor.ring, executor.small, executor.hierarchical)
                  if algorithm is not None}
 
     def recorder(original):
         def allreduce(buffer, *args, **kwargs):
-            seen.append(buffer.dtype.name)
+            seen.append((buffer.dtype.name, buffer.size))
             return original(buffer, *args, **kwargs)
         return allreduce
     for algorithm, original in originals.items():

@@ -77,7 +77,7 @@ def test_float16_accumulates_in_float32():
 
 
 @pytest.mark.parametrize("count", [5, 300_001])  # the latency path, and the ring
-def test_compressed_float16_moves_as_float16_and_plain_float16_as_float32(wire_dtypes, count):
+def test_compressed_float16_moves_as_float16_and_plain_float16_as_float32(reduced_buffers, count):
     from hororing.collectives import compressed_allreduce_async_
     values = (np.arange(count) % 5 + hvd.rank()).astype(np.float16)  # small integers: exact
     expected = (np.arange(count) % 5 * hvd.size() + hvd.size() * (hvd.size() - 1) / 2)
@@ -87,7 +87,7 @@ def test_compressed_float16_moves_as_float16_and_plain_float16_as_float32(wire_d
     np.testing.assert_array_equal(compressed, expected.astype(np.float16))
     np.testing.assert_array_equal(plain, expected.astype(np.float16))
     if hvd.size() > 1:
-        assert wire_dtypes == ["float16", "float32"]
+        assert [dtype for dtype, _ in reduced_buffers] == ["float16", "float32"]
 
 
 def test_compressed_average_divides_before_summing_so_float16_cannot_overflow():
