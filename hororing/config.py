@@ -56,6 +56,8 @@ class Config:
     # Device buffers straight to MPI (True) or staged through pinned host memory (False);
     # None: ask the MPI library (hororing/gpu/aware.py).
     cuda_aware: object = None
+    # init() makes GPU local_rank % device_count current (False: leave the current GPU alone).
+    select_device: bool = True
     # add_process_set()/remove_process_set() after init (Horovod's opt-in switch).
     dynamic_process_sets: bool = False
     # Seconds every rank has to reach init() (hororun --start-timeout); 0: wait for ever.
@@ -151,6 +153,7 @@ _ENV_FIELDS = {
     "ps_partition_bytes": (("HORORING_PS_PARTITION_BYTES",), int),
     "ps_replicas": (("HORORING_PS_REPLICAS_TO_AGGREGATE",), int),
     "cuda_aware": (("HORORING_CUDA_AWARE",), _flag),
+    "select_device": (("HORORING_SELECT_DEVICE",), _flag),
     "dynamic_process_sets": (_names("DYNAMIC_PROCESS_SETS"), _flag),
     "start_timeout_s": (_names("START_TIMEOUT"), float),
 }

@@ -41,7 +41,7 @@ class Context:
         self.cross_rank = self.cross_comm.Get_rank()
         self.cross_size = self.cross_comm.Get_size()
         # one GPU per rank, where a GPU library is in use and the user has not chosen one
-        self.device = gpu.select_device(self.local_rank)
+        self.device = gpu.select_device(self.local_rank, config.select_device)
         timeline = None
         if config.timeline_path and self.rank == 0:
             timeline = Timeline(config.timeline_path, config.timeline_mark_cycles)

@@ -1,17 +1,17 @@
 """One GPU per rank: pick ``local_rank % device_count`` unless the user already chose."""
 
-import os
 import sys
 
 
-def select_device(local_rank):
+def select_device(local_rank, enabled=True):
     """Make GPU ``local_rank % count`` current for cupy and numba (whichever are imported).
 
     Does nothing when no GPU library is imported, when the process sees no GPU, when
-    HORORING_SELECT_DEVICE=0, or when the user already made a device current through torch
-    (``torch.cuda.set_device``). Returns the selected device index, or None.
+    ``enabled`` is false (``Config.select_device``: HORORING_SELECT_DEVICE=0), or when the
+    user already made a device current through torch (``torch.cuda.set_device``). Returns
+    the selected device index, or None.
     """
-    if os.environ.get("HORORING_SELECT_DEVICE", "1") == "0":
+    if not enabled:
         return None
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -69,3 +69,8 @@ def test_hierarchical_allreduce_switch_and_threshold():
         Config.from_environ({"HORORING_HIERARCHICAL_THRESHOLD_BYTES": "-1"})
     with pytest.raises(ValueError, match="HORORING_HIERARCHICAL_ALLREDUCE .* invalid value 'maybe'"):
         Config.from_environ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "maybe"})
+
+
+def test_gpu_selection_switch():
+    assert Config.from_environ({}).select_device is True
+    assert Config.from_environ({"HORORING_SELECT_DEVICE": "0"}).select_device is False

@@ -61,3 +61,7 @@ def test_numba_device_arrays_are_checked():
     assert gpu.as_device_view(array) is array
     with pytest.raises(ValueError, match=r"non-contiguous device array \(shape \(4, 2\)"):
         gpu.check_device_array(array[:, ::2])
+
+
+def test_device_selection_can_be_turned_off():
+    assert gpu.select_device(0, enabled=False) is None
