@@ -59,25 +59,8 @@ def _sparse_allreduce(slices, op, prescale_factor, postscale_factor, name, proce
 
 
 def _allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set, wire=""):
-    tensor, dtype = as_tensor(tensor, reduces=True)
-    label = op_name("allreduce", name, process_set)
-    float16_wire = wire == "float16" and tensor.dtype == tf.float16
-
-    def run(arrays, member):
-        if float16_wire:
-            return [core.synchronize(core.compressed_allreduce_async_(
-                arrays[0].copy(), member, op, prescale_factor, postscale_factor, process_set))]
-        return [core.allreduce(arrays[0], name=member, op=op, prescale_factor=prescale_factor,
-                               postscale_factor=postscale_factor, process_set=process_set)]
-
-    @tf.custom_gradient
-    def forward(x):
-        result = _same_shape(collective("allreduce", [x], run, [x.dtype], label), [x])[0]
-
-        def grad(upstream):
-            return _allreduce(upstream, op, prescale_factor, postscale_factor, None, process_set)
-        return result, grad
-    return restore(forward(tensor), dtype)
+    return _reduce("allreduce", [tensor], op, prescale_factor, postscale_factor, name,
+                   process_set, wire)[0]
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
@@ -91,31 +74,47 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     tensors = _tensor_list(tensors, "grouped_allreduce")
     if not tensors:
         return []
-    compressed = [compression.compress(as_tensor(tensor, f"tensors[{index}]", reduces=True)[0])
+    compressed = [compression.compress(to_tf(tensor, f"tensors[{index}]"))
                   for index, tensor in enumerate(tensors)]
-    reduced = _grouped_allreduce([payload for payload, _ in compressed], op, prescale_factor,
-                                 postscale_factor, name, process_set)
+    reduced = _reduce("grouped_allreduce", [payload for payload, _ in compressed], op,
+                      prescale_factor, postscale_factor, name, process_set,
+                      getattr(compression, "wire", ""))
     return [compression.decompress(result, ctx) for result, (_, ctx) in zip(reduced, compressed)]
 
 
-def _grouped_allreduce(tensors, op, prescale_factor, postscale_factor, name, process_set):
-    converted = [as_tensor(tensor, f"tensors[{index}]", reduces=True)
+def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_set, wire=""):
+    """Allreduce ``tensors`` in one op; with ``wire="float16"`` float16 ones travel as float16.
+
+    Each tensor is its own engine request (the engine fuses them), named ``name`` when it
+    is alone and ``name.i`` in a group. The gradient is the same reduction of the output
+    gradients (Horovod's rule), without compression.
+    """
+    alone = kind == "allreduce"
+    converted = [as_tensor(tensor, "tensor" if alone else f"tensors[{index}]", reduces=True)
                  for index, tensor in enumerate(tensors)]
-    label = op_name("grouped_allreduce", name, process_set)
+    label = op_name(kind, name, process_set)
 
     def run(arrays, base):
-        return core.grouped_allreduce(arrays, name=base, op=op, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor, process_set=process_set)
+        handles = []
+        for index, array in enumerate(arrays):
+            member = base if alone else _sub(base, index)
+            if wire == "float16" and array.dtype == np.float16:
+                handles.append(core.compressed_allreduce_async_(
+                    array.copy(), member, op, prescale_factor, postscale_factor, process_set))
+            else:
+                handles.append(core.allreduce_async(
+                    array, name=member, op=op, prescale_factor=prescale_factor,
+                    postscale_factor=postscale_factor, process_set=process_set))
+        return [core.synchronize(handle) for handle in handles]
 
     @tf.custom_gradient
     def forward(*xs):
-        results = _same_shape(collective("grouped_allreduce", xs, run, [x.dtype for x in xs],
-                                         label), xs)
+        results = _same_shape(collective(kind, xs, run, [x.dtype for x in xs], label), xs)
 
         def grad(*upstream):
             upstream = [tf.zeros_like(x) if dy is None else dy for dy, x in zip(upstream, xs)]
-            return _grouped_allreduce(upstream, op, prescale_factor, postscale_factor, None,
-                                      process_set)
+            return _reduce(kind, upstream, op, prescale_factor, postscale_factor, None,
+                           process_set)
         return results, grad
     results = forward(*[tensor for tensor, _ in converted])
     return [restore(result, dtype) for result, (_, dtype) in zip(results, converted)]
@@ -157,7 +156,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 
 def _allgather_grad(inputs, upstream, process_set):
     """This rank's rows of each averaged output gradient (Horovod's allgather gradient)."""
-    upstream = [dy for dy in upstream]
+    upstream = list(upstream)
     rows = [tf.shape(x, out_type=tf.int64)[:1] for x in inputs]
     label = op_name("allgather_grad", None, process_set)
 

@@ -210,6 +210,21 @@ def test_distributed_gradient_tape_averages_and_fuses(reduced_buffers):
         assert [count for _, count in reduced_buffers] == [sum(np.prod(s) for s in shapes)]
 
 
+def test_fp16_compression_sends_a_tapes_gradients_as_float16(reduced_buffers):
+    size, rank = hvd.size(), hvd.rank()
+    weights = [tf.Variable(tf.ones([5])), tf.Variable(tf.ones([3]))]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(weights[0] * float(rank + 1)) + tf.reduce_sum(weights[1])
+    del reduced_buffers[:]
+    grads = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16).gradient(
+        loss, weights)
+    assert [grad.dtype for grad in grads] == [tf.float32, tf.float32]
+    assert grads[0].numpy().tolist() == [(size + 1) / 2] * 5
+    assert grads[1].numpy().tolist() == [1.0] * 3
+    if size > 1:  # half the bytes: the fused buffer is float16
+        assert reduced_buffers and {dtype for dtype, _ in reduced_buffers} == {"float16"}
+
+
 def test_gradient_tape_in_tf_function_and_sparse_gradients():
     size, rank = hvd.size(), hvd.rank()
     table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
