@@ -1,8 +1,12 @@
 """One engine per rank: announces submitted collectives, negotiates, executes, completes handles.
 
-Cycles are collective: in cycle k every rank contributes a small header (its newly
-submitted tensors' metadata, or one bit per already-negotiated tensor) to one
-MPI_Iallgather, and every rank then computes the same ready list (``negotiation``).
+Cycles are collective. Each starts with a vote: one fixed-size MPI_Iallreduce (bitwise AND)
+of one bit per already-negotiated tensor this rank has pending, and a field saying whether
+this rank needs more. In the steady state nobody does, and the AND is the ready list: one
+reduction of ~(cache capacity / 8) bytes, whatever the number of ranks. A rank with a new
+name, new metadata or a flag asks for a gathered cycle: every rank's header row and payload
+are then gathered too, and every rank computes the same ready list from the same table
+(``negotiation``).
 A rank starts a cycle only when it has something to announce; it then sends a one-word
 wake-up to its peers, whose background threads answer by taking part. An idle job
 therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
@@ -31,7 +35,8 @@ from mpi4py import MPI
 from .. import transport
 from ..errors import HorovodInternalError
 from .executor import Executor
-from .negotiation import JOIN_NAME, Negotiator, encode_header, header_words
+from .negotiation import (JOIN_NAME, Negotiator, agreed_bits, encode_header, encode_vote,
+                          header_words, vote_needs_gather, vote_words)
 
 log = logging.getLogger("hororing")
 
@@ -60,6 +65,8 @@ class Engine:
         self._queue = []          # submitted, not yet announced
         self._async_waiting = False  # the queue holds a submission nobody is driving
         self._pending = {}        # name -> Request, until completed
+        self._by_bit = {}         # name -> Request announced by its cache bit (driver only)
+        self._gather_requested = False  # a cached announcement waits long: go by name
         self._cycle = 0
         self._last_cycle_at = 0.0
         self._outgoing_flags = 0
@@ -70,6 +77,9 @@ class Engine:
         self._header = np.zeros(header_words(config.cache_capacity), dtype=np.int64)
         self._headers = np.zeros((self.size, self._header.size), dtype=np.int64)
         self._header_key = None   # what self._header encodes, less the cycle number
+        self._vote = np.zeros(vote_words(config.cache_capacity), dtype=np.int64)
+        self._agreed = np.zeros_like(self._vote)
+        self._vote_key = None     # what self._vote encodes
         self._peers = [peer for peer in range(self.size) if peer != self.rank]
         self._wake_in = np.zeros((self.size, 1), dtype=np.int64)  # one slot per peer
         self._wake_requests = [self._comm_wake.Irecv(self._wake_in[peer], peer, WAKE_TAG)
@@ -78,6 +88,7 @@ class Engine:
         self._wakes_received = np.zeros(self.size, dtype=np.int64)
         self._wake_sends = []
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
+        self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "received_bytes": 0}
         self._work = threading.Event()
         self._drivers = 0         # user threads inside wait(), driving cycles themselves
         # called with the name of a collective that failed on every rank but this one never
@@ -152,6 +163,13 @@ class Engine:
                 handle.wait(idle_wait)
                 idle_wait = min(idle_wait * 2, ceiling)
         return handle.result()
+
+    def stats(self):
+        """Counters of this rank's negotiation: ``cycles`` run, ``gather_cycles`` that
+        gathered every rank's header (some rank had a new name, new metadata or a flag, or
+        asked because a tensor announced by bit waited a second: ``stall_gathers`` counts
+        this rank's asks), ``received_bytes`` by negotiation."""
+        return dict(self._stats)
 
     def set_timeline(self, timeline):
         """Replace the timeline (None stops it); the old one is closed."""
@@ -248,43 +266,73 @@ class Engine:
         with self._queue_lock:
             fresh, self._queue = self._queue, []
             self._async_waiting = False
+        negotiator = self.negotiator
         submissions = []
         for request in fresh:
-            request.cache_id = self.negotiator.cache.lookup(request.name, request.meta)
             request.announced = True
+            if not negotiator.holds(request.name):
+                request.cache_id = negotiator.cache.lookup(request.name, request.meta)
             if request.cache_id is None:
                 submissions.append((request.name, request.meta))
-        cache_ids = tuple(request.cache_id for request in self._pending.values()
-                          if request.announced and request.cache_id is not None)
+            else:
+                self._by_bit[request.name] = request
+        # every cycle repeats the bits of what is still waiting: the vote has no memory
+        cache_ids = tuple(request.cache_id for request in self._by_bit.values())
+        self._encode_vote(bool(submissions or self._outgoing_flags or self._gather_requested),
+                          cache_ids)
+        if not transport.wait(self._comm_negotiate.Iallreduce(self._vote, self._agreed,
+                                                              op=MPI.BAND), deadline=deadline):
+            return False
+        self._stats["cycles"] += 1
+        self._stats["received_bytes"] += self._agreed.nbytes
+        if vote_needs_gather(self._agreed):
+            responses = self._gathered_cycle(submissions, cache_ids, deadline)
+            if responses is None:
+                return False
+        else:
+            responses = negotiator.cache.agreed_responses(agreed_bits(self._agreed))
+        if self.timeline is not None:
+            self.timeline.cycle(self._cycle)
+        if responses:
+            self.executor.execute(responses, self._take, self._missed)
+        return True
+
+    def _gathered_cycle(self, submissions, cache_ids, deadline):
+        """Gather every rank's header row and payload into the table; return the ready
+        responses (None: the deadline passed)."""
+        self._gather_requested = False
+        self._stats["gather_cycles"] += 1
         payload = b""
         if submissions or self._outgoing_flags:
             payload = pickle.dumps((submissions, self._outgoing_message))
         self._encode_header(len(payload), cache_ids)
         if not transport.wait(self._comm_negotiate.Iallgather(self._header, self._headers),
                               deadline=deadline):
-            return False
-        submissions = None
+            return None
+        self._stats["received_bytes"] += self._headers.nbytes
+        gathered = None
         if np.count_nonzero(self._headers[:, 1]):  # metadata or flags: both come with a payload
             payloads = self._gather_payloads(payload, deadline)
             if payloads is None:
-                return False
+                return None
+            self._stats["received_bytes"] += int(self._headers[:, 1].sum())
             if np.count_nonzero(self._headers[:, 2]):
                 self._apply_flags(payloads)
-                return True
-            submissions = [payload[0] if payload else None for payload in payloads]
-        now = time.monotonic()
-        if self.timeline is not None:
-            self.timeline.cycle(self._cycle)
-        responses = self.negotiator.absorb_cycle(self._headers, submissions, now)
-        if responses is None:
-            responses = self.negotiator.ready()
-        if responses:
-            self.executor.execute(responses, self._take, self._missed)
-        return True
+                return ()
+            gathered = [payload[0] if payload else None for payload in payloads]
+        self.negotiator.absorb_cycle(self._headers, gathered, time.monotonic())
+        self._by_bit.clear()  # the bits are in the table now: matched by name from here on
+        return self.negotiator.ready()
 
     def _missed(self, name):
         if self.on_missed_error is not None:
             self.on_missed_error(name)
+
+    def _encode_vote(self, needs_gather, cache_ids):
+        key = (needs_gather, cache_ids)
+        if key != self._vote_key:  # a steady state repeats one vote
+            encode_vote(self._vote, needs_gather, cache_ids)
+            self._vote_key = key
 
     def _encode_header(self, payload_bytes, cache_ids):
         # a steady state repeats one header: then only the cycle number changes
@@ -310,6 +358,7 @@ class Engine:
 
     def _take(self, name):
         """Remove and return this rank's request for ``name`` (None if it has none)."""
+        self._by_bit.pop(name, None)
         with self._queue_lock:
             return self._pending.pop(name, None)
 
@@ -342,6 +391,7 @@ class Engine:
                 self._failure = error
             self._stopped = True
             pending, self._pending, self._queue = self._pending, {}, []
+            self._by_bit = {}
         for request in pending.values():
             request.handle.set_error(HorovodInternalError(str(self._failure)))
         self._work.set()
@@ -387,6 +437,13 @@ class Engine:
         if not self.config.stall_check_enabled or now < self._next_stall_check:
             return
         self._next_stall_check = now + _STALL_CHECK_EVERY_S
+        if any(now - request.submitted >= _STALL_CHECK_EVERY_S
+               for request in self._by_bit.values()):
+            # announced by bit, it is invisible to the table: a gathered cycle puts it there,
+            # so the ranks that never submit it can be named
+            self._gather_requested = True
+            self._stats["stall_gathers"] += 1
+            self._run_cycle(initiate=True)
         shutdown_after = self.config.stall_shutdown_seconds
         for name, missing, waited in self.negotiator.stalled(now, self.config.stall_check_seconds):
             kind = "join" if name == JOIN_NAME else name

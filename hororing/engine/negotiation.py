@@ -8,7 +8,13 @@ metadata is compared and a mismatch becomes an error, worded as Horovod words it
 tensor on every rank.
 
 A tensor negotiated once is remembered (the response cache): a rank that submits it again
-with the same metadata announces one bit instead of its metadata.
+with the same metadata announces one bit instead of its metadata. Every cycle starts with a
+vote: one fixed-size bitwise-AND reduction of each rank's cache bits and one field. When no
+rank asks for more (the steady state of a training loop), the AND is the ready set, read
+off with one dictionary lookup: the cycle's bytes and work do not grow with the ranks.
+A rank asks for a gathered cycle when it has a new name, new metadata, or a flag: then
+every rank's header row and payload are gathered and enter the table (``absorb_cycle``),
+including the cached bits, which are matched by name from then on.
 """
 
 import dataclasses
@@ -69,7 +75,7 @@ class ResponseCache:
         self._entries = []
         self._responses = []  # the agreed Response for each id, reused in the steady state
         self._ids = {}
-        self._steady = {}     # a header's cache bits -> the Responses they stand for
+        self._agreed = {}     # a vote's cache bits -> the Responses they stand for
 
     def lookup(self, name, meta):
         """Return the id of (name, meta) if cached with exactly this metadata, else None."""
@@ -81,16 +87,15 @@ class ResponseCache:
     def resolve(self, cache_id):
         return self._entries[cache_id]
 
-    def steady_responses(self, bits):
-        """The Responses for the cache bits of a header row (its bytes after the fields),
-        when every rank announced exactly these ids: a training loop repeats a few such rows,
-        so each is decoded once."""
-        responses = self._steady.get(bits)
+    def agreed_responses(self, bits):
+        """The Responses for the bytes of a reduced vote's cache bits: the tensors every
+        rank announced. A training loop repeats a few such votes, so each is decoded once."""
+        responses = self._agreed.get(bits)
         if responses is None:
-            if len(self._steady) >= _STEADY_ROWS:
-                self._steady.clear()
+            if len(self._agreed) >= _AGREED_VOTES:
+                self._agreed.clear()
             ids = _decode_bits(np.frombuffer(bits, dtype=np.uint64))
-            responses = self._steady[bits] = tuple(self._responses[cache_id] for cache_id in ids)
+            responses = self._agreed[bits] = tuple(self._responses[cache_id] for cache_id in ids)
         return responses
 
     def record(self, name, meta):
@@ -98,7 +103,7 @@ class ResponseCache:
         if meta.kind in UNCACHED_KINDS:
             return
         response = Response(name=name, meta=meta, metas=_SameForEveryRank(meta))
-        self._steady.clear()  # a decoded row may name the entry this replaces
+        self._agreed.clear()  # a decoded vote may name the entry this replaces
         cache_id = self._ids.get(name)
         if cache_id is not None:
             self._entries[cache_id] = (name, meta)
@@ -127,23 +132,19 @@ class Negotiator:
             self._add(rank, name, meta, now)
 
     def absorb_cycle(self, headers, submissions, now):
-        """Record a whole cycle: every rank's header row and its (name, Meta) submissions
-        (None: no rank sent any).
-
-        Returns the responses that need no table work, or None. In the steady state
-        (every rank announces the same cached tensors and nothing else is pending) the
-        ready set is read straight off the headers, with no per-tensor bookkeeping.
-        """
+        """Record a gathered cycle: every rank's header row and its (name, Meta) submissions
+        (None: no rank sent any). Cached ids in the rows enter the table too, so from here
+        on those tensors are matched by name, with the ranks that have not announced them
+        named if they stall."""
         if submissions is None:
-            if not self._table:
-                bits = headers[:, HEADER_FIELDS:]
-                first = bits[0].tobytes()
-                if bits.tobytes() == first * self.size:
-                    return self.cache.steady_responses(first)
             submissions = (None,) * self.size
         for rank in range(self.size):
             self.absorb(rank, decode_cache_ids(headers[rank]), submissions[rank] or (), now)
-        return None
+
+    def holds(self, name):
+        """True if a tensor of this name must be announced by name, not by its cache bit:
+        some rank's announcement of it is already in the table, or a rank has joined."""
+        return name in self._table or JOIN_NAME in self._table
 
     def ready(self):
         """Return the responses this cycle, in the same order on every rank, and drop them."""
@@ -283,12 +284,18 @@ def _wire_name(meta):
 
 
 HEADER_FIELDS = 3  # cycle, payload bytes, flags
-_STEADY_ROWS = 64  # distinct steady-state header rows remembered
+VOTE_FIELDS = 1    # all ones: this rank needs no gathered cycle; zero: it does
+_AGREED_VOTES = 64  # distinct reduced votes remembered
 
 
 def header_words(cache_capacity):
     """Length in int64 words of a cycle header: fields, then one bit per cache id."""
     return HEADER_FIELDS + (cache_capacity + 63) // 64
+
+
+def vote_words(cache_capacity):
+    """Length in int64 words of a cycle's vote: the field, then one bit per cache id."""
+    return VOTE_FIELDS + (cache_capacity + 63) // 64
 
 
 def encode_header(header, cycle, payload_bytes, flags, cache_ids):
@@ -297,12 +304,35 @@ def encode_header(header, cycle, payload_bytes, flags, cache_ids):
     header[0] = cycle
     header[1] = payload_bytes
     header[2] = flags
-    words = {}
+    _set_bits(header[HEADER_FIELDS:], cache_ids)
+
+
+def encode_vote(vote, needs_gather, cache_ids):
+    """Fill the int64 ``vote`` in place. Reduced with a bitwise AND over the ranks, its
+    field stays all ones only if no rank needs a gathered cycle, and its bits are the
+    cached tensors every rank announced."""
+    vote[:] = 0
+    vote[0] = 0 if needs_gather else -1
+    _set_bits(vote[VOTE_FIELDS:], cache_ids)
+
+
+def vote_needs_gather(agreed):
+    """True if some rank asked for a gathered cycle in the reduced vote ``agreed``."""
+    return agreed[0] != -1
+
+
+def agreed_bits(agreed):
+    """The bytes of the reduced vote's cache bits (for ResponseCache.agreed_responses)."""
+    return agreed[VOTE_FIELDS:].tobytes()
+
+
+def _set_bits(words, cache_ids):
+    values = {}
     for cache_id in cache_ids:
-        words[cache_id >> 6] = words.get(cache_id >> 6, 0) | (1 << (cache_id & 63))
-    if words:
-        bits = header[HEADER_FIELDS:].view(np.uint64)
-        for word, value in words.items():
+        values[cache_id >> 6] = values.get(cache_id >> 6, 0) | (1 << (cache_id & 63))
+    if values:
+        bits = words.view(np.uint64)
+        for word, value in values.items():
             bits[word] = value
 
 

@@ -15,8 +15,10 @@ def test_an_exception_on_one_rank_fails_the_others_with_its_reason(launch):
     assert "waiting" not in job.stderr
 
 
-def test_stall_warning_names_the_missing_rank_and_tensor(launch):
-    job = launch(3, "stall.py", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=60)
+@pytest.mark.parametrize("mode", [[], ["cached"]], ids=["new_name", "cached_name"])
+def test_stall_warning_names_the_missing_rank_and_tensor(launch, mode):
+    # a cached name is announced by its bit alone: the stall must still name the rank
+    job = launch(3, "stall.py", *mode, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=60)
     assert job.returncode == 0, job.stderr
     assert "tensor 'late.tensor' has been waiting" in job.stderr
     assert "rank(s) [2]" in job.stderr

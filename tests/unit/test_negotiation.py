@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 
 from hororing import ops
-from hororing.engine.negotiation import (JOIN_NAME, Meta, Negotiator, decode_cache_ids,
-                                         encode_header, header_words)
+from hororing.engine.negotiation import (HEADER_FIELDS, JOIN_NAME, Meta, Negotiator,
+                                         agreed_bits, decode_cache_ids, encode_header,
+                                         encode_vote, header_words, vote_needs_gather,
+                                         vote_words)
 
 
 def allreduce_meta(shape=(5,), dtype="float32", op=ops.Average, **fields):
@@ -171,30 +173,68 @@ def _negotiate(negotiator, name, meta):
     return response
 
 
-def test_steady_state_cycle_reads_the_ready_set_off_identical_headers():
+def _agreed(capacity, ids_per_rank, gather_ranks=()):
+    """The bitwise AND of every rank's vote, as MPI_BAND computes it."""
+    votes = np.zeros((len(ids_per_rank), vote_words(capacity)), dtype=np.int64)
+    for rank, ids in enumerate(ids_per_rank):
+        encode_vote(votes[rank], rank in gather_ranks, ids)
+    return np.bitwise_and.reduce(votes, axis=0)
+
+
+def test_steady_state_vote_reads_the_ready_set_off_the_and_of_the_bits():
     negotiator = Negotiator(size=3, cache_capacity=70)
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         _negotiate(negotiator, name, allreduce_meta())
-    ids = [negotiator.cache.lookup(name, allreduce_meta()) for name in ("b", "a")]
-    responses = negotiator.absorb_cycle(_headers(3, 70, [ids] * 3), None, now=1.0)
-    assert [response.name for response in responses] == ["a", "b"]  # cache-id order
-    assert negotiator.pending_names() == []
+    a, b, c = (negotiator.cache.lookup(name, allreduce_meta()) for name in ("a", "b", "c"))
+    # rank 1 has not submitted c yet: only a and b are ready, in cache-id order
+    agreed = _agreed(70, [[c, b, a], [b, a], [a, c, b]])
+    assert not vote_needs_gather(agreed)
+    responses = negotiator.cache.agreed_responses(agreed_bits(agreed))
+    assert [response.name for response in responses] == ["a", "b"]
+    assert negotiator.pending_names() == []  # nothing entered the table
 
 
-def test_steady_state_headers_that_differ_go_through_the_table():
+def test_one_rank_asking_for_a_gathered_cycle_is_seen_by_every_rank():
+    assert vote_needs_gather(_agreed(8, [[0], [0], [0]], gather_ranks=(2,)))
+    assert not vote_needs_gather(_agreed(8, [[0], [], [0]]))
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 64, 65, 1024])
+def test_vote_bits_roundtrip_and_do_not_grow_with_the_ranks(capacity):
+    ids = sorted({0, 63, capacity - 1, capacity // 2} & set(range(capacity)))
+    agreed = _agreed(capacity, [ids] * 5)
+    assert agreed.size == 1 + (capacity + 63) // 64
+    assert decode_cache_ids(np.concatenate([np.zeros(HEADER_FIELDS - 1, np.int64), agreed])) == ids
+
+
+def test_gathered_rows_put_cached_announcements_in_the_table_by_name():
     negotiator = Negotiator(size=2, cache_capacity=8)
     _negotiate(negotiator, "a", allreduce_meta())
-    assert negotiator.absorb_cycle(_headers(2, 8, [[0], []]), None, now=1.0) is None
+    negotiator.absorb_cycle(_headers(2, 8, [[0], []]), None, now=1.0)
     assert negotiator.pending_names() == ["a"]
     assert negotiator.ready() == []  # rank 1 has not announced it yet
+    assert negotiator.holds("a") and not negotiator.holds("b")
+    # rank 1 now announces "a" by name (it is held): the entry completes
+    negotiator.absorb(1, [], [("a", allreduce_meta())], now=2.0)
+    (response,) = negotiator.ready()
+    assert response.name == "a" and response.error is None
 
 
-def test_steady_state_rows_follow_a_name_whose_metadata_changed():
+def test_a_joined_rank_makes_every_name_go_by_name():
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    _negotiate(negotiator, "a", allreduce_meta())
+    negotiator.absorb(1, [], [(JOIN_NAME, Meta(kind="join"))], now=1.0)
+    negotiator.ready()
+    assert negotiator.holds("a")
+
+
+def test_agreed_votes_follow_a_name_whose_metadata_changed():
     negotiator = Negotiator(size=2, cache_capacity=8)
     _negotiate(negotiator, "a", allreduce_meta(shape=(5,)))
-    (before,) = negotiator.absorb_cycle(_headers(2, 8, [[0], [0]]), None, now=1.0)
+    bits = agreed_bits(_agreed(8, [[0], [0]]))
+    (before,) = negotiator.cache.agreed_responses(bits)
     assert before.meta.shape == (5,)
     _negotiate(negotiator, "a", allreduce_meta(shape=(7,)))  # same name, new shape, same id
     assert negotiator.cache.lookup("a", allreduce_meta(shape=(7,))) == 0
-    (after,) = negotiator.absorb_cycle(_headers(2, 8, [[0], [0]]), None, now=2.0)
+    (after,) = negotiator.cache.agreed_responses(bits)
     assert after.meta.shape == (7,)
