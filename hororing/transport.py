@@ -34,16 +34,18 @@ def end_job(message):
     MPI.COMM_WORLD.Abort(1)
 
 
-def wait(request, deadline=None):
+def wait(request, deadline=None, unless_soon=None):
     """Block until ``request`` completes, polling with back-off.
 
     Args:
         deadline: optional ``time.monotonic()`` value; past it, give up.
+        unless_soon: optional callable, called once if the request has not completed by
+            the end of the spin phase (e.g. to wake peers that are not taking part yet).
 
     Returns:
         True when the request completed, False when the deadline passed first.
     """
-    return wait_until(request.Test, deadline)
+    return wait_until(request.Test, deadline, unless_soon)
 
 
 def wait_all(requests):
@@ -52,8 +54,9 @@ def wait_all(requests):
         wait_until(lambda: MPI.Request.Testall(requests))
 
 
-def wait_until(done, deadline=None):
-    """Poll ``done()`` with the same back-off until it is true (or the deadline passes)."""
+def wait_until(done, deadline=None, unless_soon=None):
+    """Poll ``done()`` with the same back-off until it is true (or the deadline passes);
+    ``unless_soon`` as for ``wait``."""
     tests = 0
     sleep_s = 1e-5
     while not done():
@@ -62,6 +65,8 @@ def wait_until(done, deadline=None):
             return False
         if tests < _SPIN_TESTS:
             continue
+        if tests == _SPIN_TESTS and unless_soon is not None:
+            unless_soon()
         if tests < _YIELD_TESTS:
             os.sched_yield()
             continue

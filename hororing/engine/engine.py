@@ -7,8 +7,11 @@ reduction of ~(cache capacity / 8) bytes, whatever the number of ranks. A rank w
 name, new metadata or a flag asks for a gathered cycle: every rank's header row and payload
 are then gathered too, and every rank computes the same ready list from the same table
 (``negotiation``).
-A rank starts a cycle only when it has something to announce; it then sends a one-word
-wake-up to its peers, whose background threads answer by taking part. An idle job
+A rank starts a cycle only when it has something to announce; if the cycle's first
+exchange has not completed after a brief spin, it sends a one-word wake-up to its peers,
+whose background threads answer by taking part. A peer that started the same cycle on its
+own (a loop of blocking calls: every rank submits and drives) is never sent one; a peer
+that did not always is, because the exchange cannot complete without it. An idle job
 therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
 
 Wake-ups are received through one pre-posted receive per peer, never a single wildcard
@@ -46,6 +49,7 @@ FLAG_SHUTDOWN = 2
 _POLL_ACTIVE_S = 0.0005    # background wake-up check while collectives are flowing
 _POLL_IDLE_S = 0.005       # ... and after a second without any
 _STALL_CHECK_EVERY_S = 1.0
+_INLINE_FIELDS = 2  # a folded row: all ones (or 0: not this time), the cache id (or -1)
 
 
 class Engine:
@@ -80,6 +84,12 @@ class Engine:
         self._vote = np.zeros(vote_words(config.cache_capacity), dtype=np.int64)
         self._agreed = np.zeros_like(self._vote)
         self._vote_key = None     # what self._vote encodes
+        # a lone small allreduce that repeats is folded into the negotiation exchange: its
+        # size in bytes, agreed by every rank from the cycles they all ran (None: no fold)
+        self._inline_bytes = None
+        self._last_lone_bytes = None
+        self._inline_rows = None  # uint8 (size, fields + bytes): the gathered exchange
+        self._inline_row = self._inline_fields = None  # this rank's row, and its fields
         self._peers = [peer for peer in range(self.size) if peer != self.rank]
         self._wake_in = np.zeros((self.size, 1), dtype=np.int64)  # one slot per peer
         self._wake_requests = [self._comm_wake.Irecv(self._wake_in[peer], peer, WAKE_TAG)
@@ -88,7 +98,8 @@ class Engine:
         self._wakes_received = np.zeros(self.size, dtype=np.int64)
         self._wake_sends = []
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
-        self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "received_bytes": 0}
+        self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
+                       "inline_hits": 0, "received_bytes": 0}
         self._work = threading.Event()
         self._drivers = 0         # user threads inside wait(), driving cycles themselves
         # called with the name of a collective that failed on every rank but this one never
@@ -261,8 +272,12 @@ class Engine:
     def _run_cycle(self, initiate, deadline=None):
         self._cycle += 1
         self._last_cycle_at = time.monotonic()
+        wake = None
         if initiate:
-            self._send_wakes(self._cycle)
+            cycle = self._cycle
+
+            def wake():
+                self._send_wakes(cycle)
         with self._queue_lock:
             fresh, self._queue = self._queue, []
             self._async_waiting = False
@@ -276,12 +291,19 @@ class Engine:
                 submissions.append((request.name, request.meta))
             else:
                 self._by_bit[request.name] = request
+        if self._inline_bytes is not None:
+            folded = self._inline_cycle(bool(submissions), deadline, wake)
+            if folded is None:
+                return False
+            if folded:
+                return True
+            wake = None  # the peers have all taken part in this cycle already
         # every cycle repeats the bits of what is still waiting: the vote has no memory
         cache_ids = tuple(request.cache_id for request in self._by_bit.values())
         self._encode_vote(bool(submissions or self._outgoing_flags or self._gather_requested),
                           cache_ids)
         if not transport.wait(self._comm_negotiate.Iallreduce(self._vote, self._agreed,
-                                                              op=MPI.BAND), deadline=deadline):
+                                                              op=MPI.BAND), deadline, wake):
             return False
         self._stats["cycles"] += 1
         self._stats["received_bytes"] += self._agreed.nbytes
@@ -294,7 +316,51 @@ class Engine:
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
         if responses:
+            self._predict_inline(responses)
             self.executor.execute(responses, self._take, self._missed)
+        return True
+
+    def _predict_inline(self, responses):
+        """Fold the next cycle's allreduce into its negotiation when the last two cycles
+        that ran anything each ran one lone small allreduce of the same size (a loop of
+        blocking calls). Decided from the responses alone, so every rank decides alike."""
+        lone = None
+        if len(responses) == 1:
+            lone = self.executor.inline_bytes(responses[0])
+        self._inline_bytes = lone if lone is not None and lone == self._last_lone_bytes else None
+        self._last_lone_bytes = lone
+
+    def _inline_cycle(self, has_submissions, deadline, wake):
+        """Gather rows of (field, cache id, data): when every rank's row holds the same
+        cached allreduce, it is complete in this one exchange. Returns True if it was,
+        False if the cycle must go on to the vote (the rows are then discarded), None if
+        the deadline passed."""
+        head = _INLINE_FIELDS * 8
+        if self._inline_rows is None or self._inline_rows.shape[1] != head + self._inline_bytes:
+            self._inline_rows = np.empty((self.size, head + self._inline_bytes), dtype=np.uint8)
+            self._inline_row = np.zeros(head + self._inline_bytes, dtype=np.uint8)
+            self._inline_fields = self._inline_row[:head].view(np.int64)
+        row, fields = self._inline_row, self._inline_fields
+        fields[:] = (0, -1)  # not this time (a row of zeros is never agreed on)
+        if (len(self._by_bit) == 1 and not has_submissions and not self._outgoing_flags
+                and not self._gather_requested):
+            (request,) = self._by_bit.values()
+            if self.executor.inline_contribution(request, row[head:]):
+                fields[:] = (-1, request.cache_id)
+        rows = self._inline_rows
+        if not transport.wait(self._comm_negotiate.Iallgather(row, rows), deadline, wake):
+            return None
+        self._stats["inline_cycles"] += 1
+        self._stats["received_bytes"] += rows.nbytes
+        # agreed only if every rank's fields are this rank's, and this rank's say "folded"
+        if fields[0] != -1 or rows[:, :head].tobytes() != row[:head].tobytes() * self.size:
+            return False
+        self._stats["inline_hits"] += 1
+        self._stats["cycles"] += 1
+        response = self.negotiator.cache.response(int(fields[1]))
+        if self.timeline is not None:
+            self.timeline.cycle(self._cycle)
+        self.executor.finish_inline(response, self._take(response.name), rows[:, head:])
         return True
 
     def _gathered_cycle(self, submissions, cache_ids, deadline):

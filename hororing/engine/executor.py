@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
-from ..algorithms.small import GatherReduce
+from ..algorithms.small import REDUCE_BY_NAME, GatherReduce
 from ..errors import HorovodInternalError
 from ..kernels import divide_into, divide_trunc, pack, scale_into, unpack
 from ..ops import Average, KERNEL_OP, Sum
@@ -131,6 +131,51 @@ class Executor:
             self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
         for (response, request), output in zip(items, outputs):
             _complete(request, output)
+
+    # ---- an allreduce folded into the negotiation exchange -----------------------------
+
+    def inline_bytes(self, response):
+        """The bytes ``response`` (a lone allreduce) would put in a gathered negotiation row,
+        or None where it must take the executor's own route (the same on every rank)."""
+        meta = response.meta
+        if (self.reducer is not None or meta.kind != "allreduce" or meta.device != "cpu"
+                or response.joined or response.error is not None):
+            return None
+        nbytes = math.prod(meta.shape) * _wire_dtype(meta.dtype, meta.wire).itemsize
+        return nbytes if nbytes < self.config.small_allreduce_bytes else None
+
+    def inline_contribution(self, request, out):
+        """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
+        False if it does not fit them exactly (then it goes the usual way)."""
+        meta = request.meta
+        if self.reducer is not None or meta.kind != "allreduce" or meta.device != "cpu":
+            return False
+        wire = _wire_dtype(meta.dtype, meta.wire)
+        if math.prod(meta.shape) * wire.itemsize != out.nbytes:
+            return False
+        buffer = out.view(wire)
+        buffer[...] = request.tensor.reshape(-1)
+        scale_into(buffer, _scaling(meta, self.size)[0])
+        return True
+
+    def finish_inline(self, response, request, rows):
+        """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
+        rank): reduced in rank order, as the latency path reduces its gathered rows, so the
+        result is bitwise what that path gives."""
+        started = time.monotonic()
+        meta = response.meta
+        wire = _wire_dtype(meta.dtype, meta.wire)
+        output = _output_for(request, meta)
+        flat = output.reshape(-1)
+        buffer = flat if wire == flat.dtype else np.empty(flat.size, dtype=wire)
+        REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce(rows.view(wire), axis=0, out=buffer)
+        finalize = _scaling(meta, self.size)[1]
+        if finalize is not None:
+            finalize(buffer)
+        if buffer is not flat:
+            flat[...] = buffer
+        self._span([(response, request)], "ALLREDUCE", started)
+        _complete(request, output)
 
     def _algorithm_for(self, nbytes):
         if nbytes < self.config.small_allreduce_bytes:

@@ -87,6 +87,10 @@ class ResponseCache:
     def resolve(self, cache_id):
         return self._entries[cache_id]
 
+    def response(self, cache_id):
+        """The agreed Response of a cached id (every rank sent the same metadata)."""
+        return self._responses[cache_id]
+
     def agreed_responses(self, bits):
         """The Responses for the bytes of a reduced vote's cache bits: the tensors every
         rank announced. A training loop repeats a few such votes, so each is decoded once."""

@@ -7,7 +7,8 @@ from mpi4py import MPI
 
 import hororing as hvd
 from hororing.context import current
-from reference import all_inputs, assert_close, rank_input, reference_allreduce
+from reference import (all_inputs, assert_close, assert_identical_on_every_rank, rank_input,
+                       reference_allreduce)
 
 SINGLE = pytest.mark.skipif("hvd.size() < 2", reason="a mismatch needs two ranks")
 
@@ -75,3 +76,50 @@ def test_a_late_rank_with_a_cached_name_joins_the_waiting_ones():
     if hvd.rank() == 0:
         handle = hvd.allreduce_async(np.ones(3), name="late.cached", op=hvd.Sum)
     assert_close(hvd.synchronize(handle), np.full(3, float(hvd.size())))
+
+
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
+@pytest.mark.parametrize("op", OPS, ids=lambda op: hvd.ops.op_name(op))
+def test_a_loop_of_small_blocking_allreduces_moves_data_with_negotiation(dtype, op):
+    """From the third call on, a repeated lone small allreduce travels inside the
+    negotiation exchange: still correct, and bitwise what the latency path gives."""
+    length = 1001  # not divisible by 2, 3 or 4
+    prescale, postscale = (1.0, 1.0) if dtype == "int32" else (0.5, 3.0)
+    before = _stats()
+    results = []
+    for seed in range(5):  # nothing between the calls: the checks come after
+        mine = rank_input(hvd.rank(), (length,), dtype, seed, op)
+        results.append(hvd.allreduce(mine, name=f"folded.{dtype}", op=op,
+                                     prescale_factor=prescale, postscale_factor=postscale))
+    hits = _stats()["inline_hits"] - before["inline_hits"]
+    for seed, result in enumerate(results):
+        expected = reference_allreduce(all_inputs(hvd.size(), (length,), dtype, seed, op), op,
+                                       prescale, postscale)
+        assert_close(result, expected)
+        assert_identical_on_every_rank(result)
+    assert hits >= 3, hits  # calls 3, 4 and 5 (an async stall gather could only add misses)
+    # the last input again, fused with another tensor: the latency path's own Allgather
+    mine = rank_input(hvd.rank(), (length,), dtype, 4, op)
+    handles = [hvd.allreduce_async(mine, name=f"unfolded.{dtype}", op=op,
+                                   prescale_factor=prescale, postscale_factor=postscale),
+               hvd.allreduce_async(mine.copy(), name=f"unfolded.{dtype}.2", op=op,
+                                   prescale_factor=prescale, postscale_factor=postscale)]
+    unfolded = [hvd.synchronize(handle) for handle in handles]
+    assert unfolded[0].tobytes() == results[-1].tobytes()
+
+
+def test_a_predicted_fold_that_does_not_come_falls_back_in_the_same_cycle():
+    values = np.arange(10, dtype=np.float64) + hvd.rank()
+    expected = np.arange(10, dtype=np.float64) * hvd.size() + sum(range(hvd.size()))
+    for _ in range(3):  # the fold is predicted for the next 80-byte lone allreduce
+        assert_close(hvd.allreduce(values, name="fold.a", op=hvd.Sum), expected)
+    # the next cycle brings a new name of the same size, then two tensors, then a barrier
+    assert_close(hvd.allreduce(values, name="fold.b", op=hvd.Sum), expected)
+    handles = [hvd.allreduce_async(values, name=name, op=hvd.Sum) for name in ("fold.a", "fold.b")]
+    for handle in handles:
+        assert_close(hvd.synchronize(handle), expected)
+    hvd.barrier()
+    assert_close(hvd.allreduce(values, name="fold.a", op=hvd.Sum), expected)
