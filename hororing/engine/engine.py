@@ -38,8 +38,9 @@ from mpi4py import MPI
 from .. import transport
 from ..errors import HorovodInternalError
 from .executor import Executor
-from .negotiation import (JOIN_NAME, Negotiator, agreed_bits, encode_header, encode_vote,
-                          header_words, vote_needs_gather, vote_words)
+from .negotiation import (CYCLE, FLAGS, JOIN_NAME, PAYLOAD_BYTES, Negotiator, agreed_bits,
+                          encode_header, encode_vote, header_words, vote_needs_gather,
+                          vote_words)
 
 log = logging.getLogger("hororing")
 
@@ -377,12 +378,12 @@ class Engine:
             return None
         self._stats["received_bytes"] += self._headers.nbytes
         gathered = None
-        if np.count_nonzero(self._headers[:, 1]):  # metadata or flags: both come with a payload
+        if np.count_nonzero(self._headers[:, PAYLOAD_BYTES]):  # metadata or flags come with one
             payloads = self._gather_payloads(payload, deadline)
             if payloads is None:
                 return None
-            self._stats["received_bytes"] += int(self._headers[:, 1].sum())
-            if np.count_nonzero(self._headers[:, 2]):
+            self._stats["received_bytes"] += int(self._headers[:, PAYLOAD_BYTES].sum())
+            if np.count_nonzero(self._headers[:, FLAGS]):
                 self._apply_flags(payloads)
                 return ()
             gathered = [payload[0] if payload else None for payload in payloads]
@@ -404,13 +405,13 @@ class Engine:
         # a steady state repeats one header: then only the cycle number changes
         key = (payload_bytes, self._outgoing_flags, cache_ids)
         if key == self._header_key:
-            self._header[0] = self._cycle
+            self._header[CYCLE] = self._cycle
         else:
             encode_header(self._header, self._cycle, payload_bytes, self._outgoing_flags, cache_ids)
             self._header_key = key
 
     def _gather_payloads(self, payload, deadline):
-        lengths = self._headers[:, 1]
+        lengths = self._headers[:, PAYLOAD_BYTES]
         gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         offsets = np.zeros(self.size, dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
@@ -439,7 +440,7 @@ class Engine:
     def _apply_flags(self, payloads):
         reasons = []
         for rank in range(self.size):
-            flags = int(self._headers[rank, 2])
+            flags = int(self._headers[rank, FLAGS])
             message = payloads[rank][1] if payloads[rank] else None
             if flags & FLAG_FAILED:
                 self._failed_job = True

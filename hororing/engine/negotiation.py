@@ -126,6 +126,7 @@ class Negotiator:
         self.cache = ResponseCache(cache_capacity)
         self._table = {}
         self._counter = itertools.count()
+        self._join_order = {}  # rank -> when it joined, while a join is pending
 
     def absorb(self, rank, cache_ids, submissions, now):
         """Record what ``rank`` announced this cycle: cached ids and (name, Meta) pairs."""
@@ -182,7 +183,8 @@ class Negotiator:
             responses.append(response)
         if join_entry is not None and len(join_entry.metas) == self.size:
             response = self._pop(JOIN_NAME)
-            response.last_joined = max(join_entry.metas, key=lambda rank: join_entry.metas[rank].root)
+            response.last_joined = max(join_entry.metas, key=self._join_order.__getitem__)
+            self._join_order.clear()
             responses.append(response)
         return responses
 
@@ -208,8 +210,7 @@ class Negotiator:
         if entry is None:
             entry = self._table[name] = _Entry(next(self._counter), now, {})
         if name == JOIN_NAME:
-            # the join order decides the "last rank to join": keep it in root
-            meta = meta._replace(root=next(self._counter))
+            self._join_order.setdefault(rank, next(self._counter))  # for the last to join
         entry.metas.setdefault(rank, meta)
 
     def _pop(self, name, error=None):
@@ -287,7 +288,8 @@ def _wire_name(meta):
     return meta.wire or ("float32" if meta.dtype == "float16" else meta.dtype)
 
 
-HEADER_FIELDS = 3  # cycle, payload bytes, flags
+HEADER_FIELDS = 3  # the header's fields, then its cache bits:
+CYCLE, PAYLOAD_BYTES, FLAGS = range(HEADER_FIELDS)
 VOTE_FIELDS = 1    # all ones: this rank needs no gathered cycle; zero: it does
 _AGREED_VOTES = 64  # distinct reduced votes remembered
 
@@ -305,9 +307,9 @@ def vote_words(cache_capacity):
 def encode_header(header, cycle, payload_bytes, flags, cache_ids):
     """Fill the int64 ``header`` in place."""
     header[:] = 0
-    header[0] = cycle
-    header[1] = payload_bytes
-    header[2] = flags
+    header[CYCLE] = cycle
+    header[PAYLOAD_BYTES] = payload_bytes
+    header[FLAGS] = flags
     _set_bits(header[HEADER_FIELDS:], cache_ids)
 
 
