@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from mpi4py import MPI
+from ._mpi import MPI
 
 from .algorithms import ps
 from . import gpu, transport

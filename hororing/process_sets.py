@@ -12,15 +12,16 @@ Example:
     ...     hvd.allreduce(x, process_set=even)
 """
 
+import sys
+
 from .context import current
 
 
 def _is_comm(value):
-    try:
-        from mpi4py import MPI
-    except ImportError:  # pragma: no cover - mpi4py is a dependency
-        return False
-    return isinstance(value, MPI.Comm)
+    # an mpi4py communicator exists only once mpi4py.MPI is imported: asking must not
+    # import it (that would initialize MPI at ``import hororing``)
+    module = sys.modules.get("mpi4py.MPI")
+    return module is not None and isinstance(value, module.Comm)
 
 
 class ProcessSet:

@@ -11,7 +11,7 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
+from ._mpi import MPI
 
 _SPIN_TESTS = 50
 _YIELD_TESTS = 2000

@@ -18,7 +18,7 @@ part is reduced once, by the cross-node ring, and copied from there.
 host, or, under MPICH's ``MPIR_CVAR_NUM_CLIQUES``, one simulated node.
 """
 
-from mpi4py import MPI
+from .._mpi import MPI
 
 from .. import transport
 from .plan import chunk_bounds

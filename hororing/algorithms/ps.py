@@ -18,7 +18,7 @@ op, dtype, element count) then the data.
 import logging
 
 import numpy as np
-from mpi4py import MPI
+from .._mpi import MPI
 
 from .. import transport
 from ..kernels import reduce_into

@@ -1,8 +1,8 @@
 """A channel's producer: streams one rank's files into that rank's FIFO, then an END frame.
 
 Run as a script in a child process (``python producer.py SPEC``), never imported by the
-library: importing hororing would initialize MPI in the child. It needs only the standard
-library, numpy and the sibling ``records`` module. The END frame carries the number of bytes sent before it, so the reader can tell that nothing
+library: the child starts without importing hororing, and needs only the standard library,
+numpy and the sibling ``records`` module. The END frame carries the number of bytes sent before it, so the reader can tell that nothing
 was lost. SPEC is a JSON file with ``fifo``,
 ``format`` (``records`` or ``npy``), ``files`` and ``block_bytes``.
 """

@@ -12,7 +12,7 @@ second word = number of bytes sent) and ERROR (length 0xFFFFFFFE, second word = 
 a UTF-8 message that follows).
 
 This module imports only the standard library (numpy when .npy files are read): a channel's
-producer process runs it without importing hororing, which would initialize MPI in the child.
+producer process runs it without importing the rest of hororing.
 """
 
 import os

@@ -33,7 +33,7 @@ import threading
 import time
 
 import numpy as np
-from mpi4py import MPI
+from .._mpi import MPI
 
 from .. import transport
 from ..errors import HorovodInternalError

@@ -13,7 +13,7 @@ import math
 import time
 
 import numpy as np
-from mpi4py import MPI
+from .._mpi import MPI
 
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds

@@ -8,7 +8,7 @@ import ctypes
 import logging
 import re
 
-from mpi4py import MPI
+from .._mpi import MPI
 
 log = logging.getLogger("hororing")
 

@@ -8,11 +8,17 @@ import zipfile
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_import_does_not_pull_in_frameworks():
-    code = ("import sys, hororing, hororing.kernels; "
-            "print(sorted(m for m in ('torch', 'cupy', 'numba') if m in sys.modules))")
+def test_import_does_not_pull_in_frameworks_or_start_mpi():
+    # importing mpi4py.MPI initializes MPI: that belongs to hvd.init(), not to the import
+    code = ("import sys, hororing, hororing.kernels, hororing.engine.negotiation; "
+            "print(sorted(m for m in ('torch', 'cupy', 'numba', 'mpi4py.MPI') "
+            "if m in sys.modules))")
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert output.stdout.strip() == "[]"
+    code = ("import hororing as hvd; hvd.init(); from mpi4py import MPI; "
+            "print(MPI.Is_initialized(), hvd.size()); hvd.shutdown()")
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert output.stdout.split() == ["True", "1"]
 
 
 def test_wheel_contains_kernels_and_imports(tmp_path):
