@@ -9,7 +9,7 @@ Rows, all from the same run:
              is cached after the first call), so the time is the negotiation alone, with
              the Python around it
   allreduce  a blocking 4-byte hvd.allreduce of a cached name: negotiation and a tiny
-             data exchange
+             data exchange (its result is checked once, untimed: "wrong" counts bad ranks)
   gather     the exchange alone, as one header row per rank gathered to every rank
              (MPI_Iallgather of the header: the bytes grow with the ranks)
   vote       the exchange alone, as one fixed-size bitwise-AND reduction of the same
@@ -55,7 +55,7 @@ def main():
         hvd.barrier()
 
     def allreduce():
-        hvd.allreduce(value, name="bench.negotiation", op=hvd.Sum)
+        return hvd.allreduce(value, name="bench.negotiation", op=hvd.Sum)
 
     comm = COMM.Dup()
     header = np.zeros(header_words(capacity), dtype=np.int64)
@@ -88,7 +88,10 @@ def main():
         else:
             per_cycle = (after["received_bytes"] - before["received_bytes"]) / max(cycles, 1)
             gathers = after["gather_cycles"] - before["gather_cycles"]
-        row = {"case": name, "ranks": size, "time_us": float(np.median(times)) * 1e6,
+        wrong = 0
+        if name == "allreduce":  # checked outside the timing: every rank's sum is the size
+            wrong = COMM.allreduce(int(allreduce()[0] != size), op=MPI.SUM)
+        row = {"case": name, "ranks": size, "time_us": float(np.median(times)) * 1e6, "wrong": wrong,
                "round_times_us": [t * 1e6 for t in times], "bytes_per_cycle": per_cycle,
                "gather_cycles": COMM.allreduce(gathers, op=MPI.MAX), "calls": calls}
         rows.append(row)

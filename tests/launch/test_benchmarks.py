@@ -71,3 +71,22 @@ def test_bench_gpu_runs_every_part_in_the_cuda_simulator(tmp_path):
     assert all(row["wrong"] == 0 for row in rows), rows
     assert report["pack"]["tensors"] == 5 and report["ring"]["transport"] == "staged"
     assert report["ring"]["ranks"] == 2 and report["ring"]["device_s"] > 0
+
+
+def test_bench_negotiation_shows_a_fixed_size_vote_and_a_correct_allreduce(tmp_path):
+    output = tmp_path / "negotiation.jsonl"
+    job = subprocess.run([mpiexec(), "-n", "3", sys.executable,
+                          str(SCRIPTS / "bench_negotiation.py"), "--seconds", "0.01",
+                          "--rounds", "2", "--json", str(output)],
+                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
+    assert job.returncode == 0, job.stderr[-3000:]
+    report = json.loads(output.read_text())
+    rows = {row["case"]: row for row in report["rows"]}
+    assert set(rows) == {"barrier", "allreduce", "gather", "vote"}
+    vote_bytes = 8 * (1 + (report["capacity"] + 63) // 64)
+    # a cached barrier is one vote per cycle, whatever the ranks; nothing is gathered
+    assert rows["barrier"]["bytes_per_cycle"] == vote_bytes
+    assert rows["barrier"]["gather_cycles"] == 0
+    assert rows["vote"]["bytes_per_cycle"] == vote_bytes
+    assert rows["gather"]["bytes_per_cycle"] == 3 * (vote_bytes + 16)  # a header row per rank
+    assert rows["allreduce"]["wrong"] == 0
