@@ -13,14 +13,7 @@ whose background threads answer by taking part. A peer that started the same cyc
 own (a loop of blocking calls: every rank submits and drives) is never sent one; a peer
 that did not always is, because the exchange cannot complete without it. An idle job
 therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
-
-Wake-ups are received through one pre-posted receive per peer, never a single wildcard
-receive: some transports (MPICH over UCX between nodes) can leave a message that has
-arrived unmatched by an ``ANY_SOURCE`` receive, which stalled every rank waiting on the
-cycle. A receive per peer is matched by that peer's messages in the order they were sent
-(MPI's non-overtaking rule), so each wake-up is seen. Each rank counts what it sent to each
-peer; at shutdown the counts are exchanged and every wake-up still in flight is received
-before the receives are cancelled, so no message is left for the transport to warn about.
+How wake-ups travel, and are drained at shutdown, is ``wakeups``.
 
 Whoever needs progress drives it under ``_drive_lock``: the background thread for
 asynchronous submissions (after a cycle time, so tensors submitted together fuse), or the
@@ -38,13 +31,13 @@ from .._mpi import MPI
 from .. import transport
 from ..errors import HorovodInternalError
 from .executor import Executor
+from .wakeups import Wakeups
 from .negotiation import (CYCLE, FLAGS, JOIN_NAME, PAYLOAD_BYTES, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather,
                           vote_words)
 
 log = logging.getLogger("hororing")
 
-WAKE_TAG = 1
 FLAG_FAILED = 1
 FLAG_SHUTDOWN = 2
 _POLL_ACTIVE_S = 0.0005    # background wake-up check while collectives are flowing
@@ -61,7 +54,7 @@ class Engine:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._comm_negotiate = comm.Dup()
-        self._comm_wake = comm.Dup()
+        self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.timeline = timeline
         self.negotiator = Negotiator(self.size, config.cache_capacity)
@@ -91,13 +84,6 @@ class Engine:
         self._last_lone_bytes = None
         self._inline_rows = None  # uint8 (size, fields + bytes): the gathered exchange
         self._inline_row = self._inline_fields = None  # this rank's row, and its fields
-        self._peers = [peer for peer in range(self.size) if peer != self.rank]
-        self._wake_in = np.zeros((self.size, 1), dtype=np.int64)  # one slot per peer
-        self._wake_requests = [self._comm_wake.Irecv(self._wake_in[peer], peer, WAKE_TAG)
-                               for peer in self._peers]
-        self._wakes_sent = np.zeros(self.size, dtype=np.int64)
-        self._wakes_received = np.zeros(self.size, dtype=np.int64)
-        self._wake_sends = []
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
         self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
                        "inline_hits": 0, "received_bytes": 0}
@@ -248,27 +234,11 @@ class Engine:
         """
         if self._stopped:
             return False
-        woken_for = self._drain_wakes()
+        woken_for = self._wakeups.latest()
         if woken_for > self._cycle or (include_queue and self._queue):
             self._run_cycle(initiate=woken_for <= self._cycle)
             return True
         return False
-
-    def _drain_wakes(self):
-        """Return the highest cycle a peer has asked for since the last call (0: none)."""
-        latest = 0
-        if not self._wake_requests:
-            return latest
-        while True:
-            done = MPI.Request.Testsome(self._wake_requests)
-            if not done:  # None or empty: nothing has arrived
-                return latest
-            for index in done:
-                peer = self._peers[index]
-                latest = max(latest, int(self._wake_in[peer, 0]))
-                self._wakes_received[peer] += 1
-                self._wake_requests[index] = self._comm_wake.Irecv(self._wake_in[peer], peer,
-                                                                   WAKE_TAG)
 
     def _run_cycle(self, initiate, deadline=None):
         self._cycle += 1
@@ -278,7 +248,7 @@ class Engine:
             cycle = self._cycle
 
             def wake():
-                self._send_wakes(cycle)
+                self._wakeups.send(cycle)
         with self._queue_lock:
             fresh, self._queue = self._queue, []
             self._async_waiting = False
@@ -292,8 +262,9 @@ class Engine:
                 submissions.append((request.name, request.meta))
             else:
                 self._by_bit[request.name] = request
+        needs_gather = bool(submissions or self._outgoing_flags or self._gather_requested)
         if self._inline_bytes is not None:
-            folded = self._inline_cycle(bool(submissions), deadline, wake)
+            folded = self._inline_cycle(needs_gather, deadline, wake)
             if folded is None:
                 return False
             if folded:
@@ -301,8 +272,7 @@ class Engine:
             wake = None  # the peers have all taken part in this cycle already
         # every cycle repeats the bits of what is still waiting: the vote has no memory
         cache_ids = tuple(request.cache_id for request in self._by_bit.values())
-        self._encode_vote(bool(submissions or self._outgoing_flags or self._gather_requested),
-                          cache_ids)
+        self._encode_vote(needs_gather, cache_ids)
         if not transport.wait(self._comm_negotiate.Iallreduce(self._vote, self._agreed,
                                                               op=MPI.BAND), deadline, wake):
             return False
@@ -331,7 +301,7 @@ class Engine:
         self._inline_bytes = lone if lone is not None and lone == self._last_lone_bytes else None
         self._last_lone_bytes = lone
 
-    def _inline_cycle(self, has_submissions, deadline, wake):
+    def _inline_cycle(self, needs_gather, deadline, wake):
         """Gather rows of (field, cache id, data): when every rank's row holds the same
         cached allreduce, it is complete in this one exchange. Returns True if it was,
         False if the cycle must go on to the vote (the rows are then discarded), None if
@@ -343,8 +313,7 @@ class Engine:
             self._inline_fields = self._inline_row[:head].view(np.int64)
         row, fields = self._inline_row, self._inline_fields
         fields[:] = (0, -1)  # not this time (a row of zeros is never agreed on)
-        if (len(self._by_bit) == 1 and not has_submissions and not self._outgoing_flags
-                and not self._gather_requested):
+        if len(self._by_bit) == 1 and not needs_gather:
             (request,) = self._by_bit.values()
             if self.executor.inline_contribution(request, row[head:]):
                 fields[:] = (-1, request.cache_id)
@@ -429,14 +398,6 @@ class Engine:
         with self._queue_lock:
             return self._pending.pop(name, None)
 
-    def _send_wakes(self, cycle):
-        if self._wake_sends and MPI.Request.Testall(self._wake_sends):
-            self._wake_sends = []
-        word = np.array([cycle], dtype=np.int64)
-        for peer in self._peers:
-            self._wake_sends.append(self._comm_wake.Isend(word, peer, WAKE_TAG))
-            self._wakes_sent[peer] += 1
-
     def _apply_flags(self, payloads):
         reasons = []
         for rank in range(self.size):
@@ -467,37 +428,14 @@ class Engine:
         """Release MPI resources; call after ``stop``."""
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-        if not self._failed_job:  # after a failure, peers may be gone: leave the rest to MPI
-            self._drain_wakes_in_flight(deadline=time.monotonic() + 10.0)
-        for request in self._wake_requests:
-            if not request.Test():
-                request.Cancel()
-                request.Wait()
-        MPI.Request.Waitall(self._wake_sends)
+        # after a failure, peers may be gone: leave what is in flight to MPI
+        self._wakeups.close(None if self._failed_job else time.monotonic() + 10.0)
         if self.executor.hierarchical is not None:
             self.executor.hierarchical.free()
-        for comm in (self._comm_negotiate, self._comm_wake, self.executor.comm):
+        for comm in (self._comm_negotiate, self.executor.comm):
             comm.Free()
         if self.timeline is not None:
             self.timeline.close()
-
-    def _drain_wakes_in_flight(self, deadline):
-        """Receive every wake-up the peers sent this rank, so none is left in the transport.
-
-        The peers' sent counts come in one exchange (every rank closes its engine at
-        shutdown); past the deadline (a peer that died) the rest is left to MPI.
-        """
-        if not self._peers:
-            return
-        sent_to_me = np.zeros(self.size, dtype=np.int64)
-        if not transport.wait(self._comm_wake.Ialltoall(self._wakes_sent, sent_to_me),
-                              deadline=deadline):
-            return
-
-        def all_received():
-            self._drain_wakes()
-            return not (sent_to_me > self._wakes_received).any()
-        transport.wait_until(all_received, deadline=deadline)
 
     def _check_stalls(self):
         now = time.monotonic()

@@ -137,26 +137,27 @@ class Executor:
     def inline_bytes(self, response):
         """The bytes ``response`` (a lone allreduce) would put in a gathered negotiation row,
         or None where it must take the executor's own route (the same on every rank)."""
-        meta = response.meta
-        if (self.reducer is not None or meta.kind != "allreduce" or meta.device != "cpu"
-                or response.joined or response.error is not None):
+        if response.joined or response.error is not None:
             return None
-        nbytes = math.prod(meta.shape) * _wire_dtype(meta.dtype, meta.wire).itemsize
-        return nbytes if nbytes < self.config.small_allreduce_bytes else None
+        return self._foldable_bytes(response.meta)
 
     def inline_contribution(self, request, out):
         """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
         False if it does not fit them exactly (then it goes the usual way)."""
         meta = request.meta
-        if self.reducer is not None or meta.kind != "allreduce" or meta.device != "cpu":
+        if self._foldable_bytes(meta) != out.nbytes:
             return False
-        wire = _wire_dtype(meta.dtype, meta.wire)
-        if math.prod(meta.shape) * wire.itemsize != out.nbytes:
-            return False
-        buffer = out.view(wire)
+        buffer = out.view(_wire_dtype(meta.dtype, meta.wire))
         buffer[...] = request.tensor.reshape(-1)
         scale_into(buffer, _scaling(meta, self.size)[0])
         return True
+
+    def _foldable_bytes(self, meta):
+        """The wire bytes of a host allreduce that the latency path would take, else None."""
+        if self.reducer is not None or meta.kind != "allreduce" or meta.device != "cpu":
+            return None
+        nbytes = math.prod(meta.shape) * _wire_dtype(meta.dtype, meta.wire).itemsize
+        return nbytes if nbytes < self.config.small_allreduce_bytes else None
 
     def finish_inline(self, response, request, rows):
         """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per

@@ -1,0 +1,83 @@
+"""Wake-ups: how a rank that starts a cycle asks its peers to take part.
+
+A wake-up is one int64 word, the cycle number, sent to every peer on a communicator of its
+own. They are received through one pre-posted receive per peer, never a single wildcard
+receive: some transports (MPICH over UCX between nodes) can leave a message that has
+arrived unmatched by an ``ANY_SOURCE`` receive, which stalled every rank waiting on the
+cycle. A receive per peer is matched by that peer's messages in the order they were sent
+(MPI's non-overtaking rule), so each wake-up is seen. Each rank counts what it sent to each
+peer; at shutdown the counts are exchanged and every wake-up still in flight is received
+before the receives are cancelled, so no message is left for the transport to warn about.
+"""
+
+import numpy as np
+
+from .. import transport
+from .._mpi import MPI
+
+WAKE_TAG = 1
+
+
+class Wakeups:
+    """This rank's wake-up receives (one per peer) and sends, on its own communicator."""
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        self._peers = [peer for peer in range(size) if peer != rank]
+        self._inbox = np.zeros((size, 1), dtype=np.int64)  # one slot per peer
+        self._receives = [self.comm.Irecv(self._inbox[peer], peer, WAKE_TAG)
+                          for peer in self._peers]
+        self._sent = np.zeros(size, dtype=np.int64)
+        self._received = np.zeros(size, dtype=np.int64)
+        self._sends = []
+
+    def latest(self):
+        """Return the highest cycle a peer has asked for since the last call (0: none)."""
+        latest = 0
+        if not self._receives:
+            return latest
+        while True:
+            done = MPI.Request.Testsome(self._receives)
+            if not done:  # None or empty: nothing has arrived
+                return latest
+            for index in done:
+                peer = self._peers[index]
+                latest = max(latest, int(self._inbox[peer, 0]))
+                self._received[peer] += 1
+                self._receives[index] = self.comm.Irecv(self._inbox[peer], peer, WAKE_TAG)
+
+    def send(self, cycle):
+        """Ask every peer to take part in ``cycle``."""
+        if self._sends and MPI.Request.Testall(self._sends):
+            self._sends = []
+        word = np.array([cycle], dtype=np.int64)
+        for peer in self._peers:
+            self._sends.append(self.comm.Isend(word, peer, WAKE_TAG))
+            self._sent[peer] += 1
+
+    def close(self, drain_deadline=None):
+        """Receive what is still in flight (collective; skipped without a deadline, e.g.
+        after a failure, when peers may be gone), cancel the receives, free the communicator."""
+        if drain_deadline is not None:
+            self._drain(drain_deadline)
+        for request in self._receives:
+            if not request.Test():
+                request.Cancel()
+                request.Wait()
+        MPI.Request.Waitall(self._sends)
+        self.comm.Free()
+
+    def _drain(self, deadline):
+        """Receive every wake-up the peers sent this rank. The peers' sent counts come in one
+        exchange; past the deadline (a peer that died) the rest is left to MPI."""
+        if not self._peers:
+            return
+        sent_to_me = np.zeros_like(self._sent)
+        if not transport.wait(self.comm.Ialltoall(self._sent, sent_to_me), deadline=deadline):
+            return
+
+        def all_received():
+            self.latest()
+            return not (sent_to_me > self._received).any()
+        transport.wait_until(all_received, deadline=deadline)
