@@ -40,6 +40,8 @@ def parse_args():
                         help="PS mode: asynchronous SGD on the servers (AsyncPSOptimizer) instead "
                              "of synchronous averaging")
     parser.add_argument("--save-params", help="write the final parameters here (.npz)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model and data live; cuda: GPU local_rank %% GPU count")
     return parser.parse_args()
 
 
@@ -55,6 +57,18 @@ def load_data(seed):
 def shard(tensors, rank, size):
     """This rank's rows: every size-th sample, starting at rank."""
     return tuple(tensor[rank::size] for tensor in tensors)
+
+
+def pick_device(name):
+    """The CPU, or this rank's GPU: local rank modulo the GPUs this node has."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        sys.exit("--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is "
+                 "False); install a CUDA build of torch or run with --device cpu")
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def build_model():
@@ -84,16 +98,18 @@ def main():
     # in PS mode the server ranks serve inside init() and exit there when training is done
     hvd.init(mode=args.mode, num_servers=servers, placement=args.placement)
     rank, size = hvd.rank(), hvd.size()
+    device = pick_device(args.device)
     torch.manual_seed(args.seed)
     (train_x, train_y), (test_x, test_y) = load_data(args.seed)
     train_x, train_y = shard((train_x, train_y), rank, size)
     test_x, test_y = shard((test_x, test_y), rank, size)
+    train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
 
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
     first_epoch = 0
     if args.resume and rank == 0 and os.path.exists(args.checkpoint):
-        saved = torch.load(args.checkpoint)
+        saved = torch.load(args.checkpoint, map_location=device)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         first_epoch = saved["epoch"] + 1
@@ -150,7 +166,7 @@ def main():
         print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits "
               f"({size} ranks, {mode}, {time.time() - started:.1f} s of training)")
         if args.save_params:
-            np.savez(args.save_params, **{name: value.detach().numpy()
+            np.savez(args.save_params, **{name: value.detach().cpu().numpy()
                                           for name, value in model.state_dict().items()})
     hvd.shutdown()
 

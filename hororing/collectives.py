@@ -330,7 +330,7 @@ def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, field
         raise ValueError(f"tensor must have at least {min_ndim} dimension(s), got shape "
                          f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1, -1)")
     name = check_name(name) or group.auto_name(kind)
-    meta = Meta(kind=kind, dtype=np.dtype(tensor.dtype).name, shape=tuple(tensor.shape),
+    meta = Meta(kind=kind, dtype=gpu.device_dtype(tensor).name, shape=tuple(tensor.shape),
                 device="cuda", **fields)
     request = Request(name, meta, tensor, tensor if inplace else None, Handle(name, group.engine))
     request.ready = gpu.ready_event(tensor)

@@ -40,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hororing as hvd
-from benchinfo import machine_info, machine_line, setup_gloo
+from benchinfo import machine_info, machine_line, setup_torch_distributed
 from hororing.algorithms.hierarchical import Hierarchical, node_layout
 from hororing.algorithms.ring import Ring
 from hororing.config import Config
@@ -59,7 +59,7 @@ def main():
         args.algorithms = ["flat", "hier", "native"]
         args.min_bytes = max(args.min_bytes, 1024 * 1024)
     algorithms = {name: ALGORITHMS[name] for name in args.algorithms}
-    if "gloo" in algorithms and not setup_gloo(COMM):
+    if "gloo" in algorithms and not setup_torch_distributed(COMM, "gloo"):
         del algorithms["gloo"]
     if rank == 0:
         print(header(size, copy_bw, machine))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training step time: hororing's DistributedOptimizer beside plain PyTorch and DDP (gloo).
+"""Training step time: hororing's DistributedOptimizer beside plain PyTorch and DDP.
 
     python scripts/bench_training.py [--json results/training.json] [--markdown table.md]
 
@@ -12,7 +12,9 @@ digits, each rank on its own shard with batch ``--batch-size``:
 
 Variants, timed side by side in the same processes: at size 1 ``torch`` (the optimizer
 alone) and ``hororing`` (the same optimizer wrapped by hvd.DistributedOptimizer); at larger
-sizes ``hororing`` and ``ddp`` (torch DistributedDataParallel over gloo). Every round times
+sizes ``hororing`` and ``ddp`` (torch DistributedDataParallel: over gloo on the CPU; with
+``--device cuda`` over NCCL when every rank has a GPU of its own, else over gloo, since NCCL
+refuses two ranks on one GPU). Every round times
 ``--steps`` steps of each variant in turn (the order rotates between rounds); the step time
 of a round is the slowest rank's, and the table gives the median over ``--rounds`` rounds.
 
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from benchinfo import machine_info, machine_line, setup_gloo
+from benchinfo import machine_info, machine_line, setup_torch_distributed
 
 MODELS = {"small": (64, 128, 64, 10), "large": (64, 1024, 1024, 1024, 10)}
 
@@ -52,7 +54,8 @@ def driver(args):
     for size in args.sizes:
         command = [args.mpiexec, "-n", str(size), sys.executable, __file__, "--child",
                    "--steps", str(args.steps), "--rounds", str(args.rounds),
-                   "--batch-size", str(args.batch_size), "--models", *args.models]
+                   "--batch-size", str(args.batch_size), "--models", *args.models,
+                   "--device", args.device]
         with tempfile.NamedTemporaryFile(suffix=".json") as output:
             command += ["--child-output", output.name]
             done = subprocess.run(command, timeout=args.timeout, stdout=sys.stderr)
@@ -60,7 +63,8 @@ def driver(args):
                 sys.exit(f"bench_training: {' '.join(command)} exited with {done.returncode}")
             results.append(json.load(open(output.name)))
     info = results[0]["machine"]
-    lines = [machine_line(info) + f", torch {info['torch']}",
+    lines = [machine_line(info) + f", torch {info['torch']}" + (
+                 f", {info['gpu']}, DDP over {results[-1]['ddp_backend']}" if args.device == "cuda" else ""),
              f"# {info['cores']} cores; sizes above {info['cores']} ranks are oversubscribed. "
              f"batch {args.batch_size} per rank, {args.steps} steps x {args.rounds} rounds, "
              f"torch threads per rank = cores // ranks",
@@ -107,25 +111,30 @@ def child(args):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    device = torch.device("cpu")
+    if args.device == "cuda":  # ranks share the GPUs round-robin
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     digits = load_digits()
-    features = torch.from_numpy((digits.data / 16.0).astype(np.float32))[rank::size]
-    labels = torch.from_numpy(digits.target)[rank::size]
+    features = torch.from_numpy((digits.data / 16.0).astype(np.float32))[rank::size].to(device)
+    labels = torch.from_numpy(digits.target)[rank::size].to(device)
     batches = [(features[i:i + args.batch_size], labels[i:i + args.batch_size])
                for i in range(0, len(features) - args.batch_size + 1, args.batch_size)]
-    ddp = size > 1 and setup_gloo(comm)
+    ddp_backend = ddp_backend_for(args.device, size, torch)
+    ddp = size > 1 and setup_torch_distributed(comm, ddp_backend)
     reports = []
     for name in args.models:
         variants = {}
         if size == 1:
-            model = build(name)
+            model = build(name, device)
             variants["torch"] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
-        model = build(name)
+        model = build(name, device)
         optimizer = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
             named_parameters=model.named_parameters())
         variants["hororing"] = (model, optimizer)
         if ddp:
-            model = torch.nn.parallel.DistributedDataParallel(build(name))
+            model = torch.nn.parallel.DistributedDataParallel(build(name, device))
             variants["ddp"] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         step_ms = time_variants(variants, batches, args, comm)
         peer = "torch" if size == 1 else "ddp"
@@ -141,7 +150,8 @@ def child(args):
         reports.append(report)
     if rank == 0:
         with open(args.child_output, "w") as handle:
-            json.dump({"size": size, "machine": machine(torch), "models": reports}, handle)
+            json.dump({"size": size, "machine": machine(torch, device), "models": reports,
+                       "device": str(device), "ddp_backend": ddp_backend}, handle)
     hvd.shutdown()
 
 
@@ -150,14 +160,22 @@ def max_difference(model, other):
     return max(float((mine - theirs).detach().abs().max()) for mine, theirs in pairs)
 
 
-def build(name):
+def ddp_backend_for(device, size, torch):
+    """gloo on the CPU; NCCL when every rank has a GPU of its own (NCCL refuses two ranks on
+    one GPU), else gloo, which also reduces CUDA tensors."""
+    if device == "cuda" and torch.cuda.device_count() >= size and torch.distributed.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def build(name, device):
     import torch
     torch.manual_seed(0)
     widths = MODELS[name]
     layers = []
     for inputs, outputs in zip(widths[:-1], widths[1:]):
         layers += [torch.nn.Linear(inputs, outputs), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1])
+    return torch.nn.Sequential(*layers[:-1]).to(device)
 
 
 def train_steps(model, optimizer, batches, steps, start):
@@ -173,6 +191,7 @@ def train_steps(model, optimizer, batches, steps, start):
 def time_variants(variants, batches, args, comm):
     """Median over rounds of the slowest rank's mean step time, per variant, in ms."""
     from mpi4py import MPI
+    import torch
     names = list(variants)
     for name in names:  # warm-up: allocations, DDP's buckets, the engine's response cache
         train_steps(*variants[name], batches, 10, 0)
@@ -183,6 +202,8 @@ def time_variants(variants, batches, args, comm):
             comm.Barrier()
             started = time.perf_counter()
             train_steps(*variants[name], batches, args.steps, round_ * args.steps)
+            if batches[0][0].is_cuda:  # the last step's kernels may still be queued
+                torch.cuda.synchronize()
             elapsed = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
             times[name].append(elapsed / args.steps * 1e3)
     return {name: statistics.median(values) for name, values in times.items()}
@@ -206,9 +227,11 @@ def timeline_overlap(variant, batches, hvd, overlap_report, comm, steps=20):
     return comm.bcast(report)
 
 
-def machine(torch):
+def machine(torch, device):
     info = machine_info()
     info["torch"] = torch.__version__
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
     return info
 
 
@@ -219,6 +242,8 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--steps", type=int, default=50, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: models and batches on the GPUs (local rank modulo GPU count)")
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per MPI job")
     parser.add_argument("--json", help="write all results here")

@@ -37,8 +37,8 @@ def json_rows_of(command, timeout, what):
     return [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")]
 
 
-def setup_gloo(comm):
-    """Start torch.distributed's gloo group over ``comm``'s ranks on loopback.
+def setup_torch_distributed(comm, backend="gloo"):
+    """Start a torch.distributed group (``backend``: gloo or nccl) over ``comm``'s ranks on loopback.
 
     Returns False when torch is not installed. Rank 0 picks a free port and broadcasts it.
     """
@@ -48,7 +48,7 @@ def setup_gloo(comm):
         return False
     port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    dist.init_process_group(backend, rank=comm.Get_rank(), world_size=comm.Get_size())
     return True
 
 

@@ -41,16 +41,28 @@ def result_like(original, view):
     return view
 
 
+def device_dtype(array):
+    """The numpy dtype of a device array; torch tensors' own dtype is not numpy's, so theirs is
+    read from ``__cuda_array_interface__``."""
+    try:
+        return np.dtype(array.dtype)
+    except TypeError:
+        return np.dtype(array.__cuda_array_interface__["typestr"])
+
+
 def check_device_array(array, argument="tensor"):
     """Raise a clear error for a device array the kernels or transports cannot take."""
-    dtype = np.dtype(array.dtype)
+    dtype = device_dtype(array)
     if dtype not in SUPPORTED_DTYPES:
         names = ", ".join(supported.name for supported in SUPPORTED_DTYPES)
         raise TypeError(f"{argument} is a device array of unsupported dtype {dtype}; supported "
                         f"dtypes: {names}. Convert it with .astype(...)")
     if not _c_contiguous(array):
+        strides = getattr(array, "strides", None)
+        if strides is None or callable(strides):  # torch: a method; the interface has them
+            strides = array.__cuda_array_interface__["strides"]
         raise ValueError(f"{argument} is a non-contiguous device array (shape {tuple(array.shape)},"
-                         f" strides {tuple(array.strides)}); pass a contiguous one, e.g. "
+                         f" strides {tuple(strides)}); pass a contiguous one, e.g. "
                          f"cupy.ascontiguousarray({argument})")
     if type(array).__module__.startswith("cupy"):
         import cupy
@@ -99,8 +111,11 @@ def _c_contiguous(array):
         return bool(flags.c_contiguous)
     if hasattr(array, "is_c_contiguous"):
         return bool(array.is_c_contiguous())
-    expected = np.dtype(array.dtype).itemsize
-    for extent, stride in zip(reversed(array.shape), reversed(array.strides)):
+    interface = array.__cuda_array_interface__
+    if interface.get("strides") is None:  # the interface's way of saying C-contiguous
+        return True
+    expected = device_dtype(array).itemsize
+    for extent, stride in zip(reversed(interface["shape"]), reversed(interface["strides"])):
         if extent > 1 and stride != expected:
             return False
         expected *= extent

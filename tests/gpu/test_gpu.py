@@ -77,3 +77,17 @@ def test_numpy_example_trains_on_cupy_arrays(launch):
     job = launch(2, str(example), "--device", "gpu")
     assert job.returncode == 0, job.stderr[-3000:]
     assert float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1)) >= 0.95
+
+
+def test_torch_example_trains_on_cuda(launch, tmp_path):
+    import pathlib
+    import re
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train.py"
+    job = launch(2, str(example), "--device", "cuda",
+                 "--checkpoint", str(tmp_path / "checkpoint.pt"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1)) >= 0.95

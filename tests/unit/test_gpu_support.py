@@ -63,5 +63,27 @@ def test_numba_device_arrays_are_checked():
         gpu.check_device_array(array[:, ::2])
 
 
+class _TorchLikeCudaTensor:
+    """What a torch CUDA tensor shows the engine: a dtype numpy cannot read, no numpy-style
+    strides or flags, and ``__cuda_array_interface__``."""
+
+    def __init__(self, typestr, shape, strides=None):
+        self.dtype = pytest.importorskip("torch").float32  # torch's own dtype object
+        self.shape = shape
+        self.__cuda_array_interface__ = {"typestr": typestr, "shape": shape, "strides": strides,
+                                         "data": (0, False), "version": 3}
+
+
+def test_torch_cuda_tensors_are_read_through_the_cuda_array_interface():
+    tensor = _TorchLikeCudaTensor("<f4", (4, 4))
+    assert gpu.device_dtype(tensor) == np.float32
+    assert gpu.check_device_array(tensor) is tensor
+    assert gpu.check_device_array(_TorchLikeCudaTensor("<f4", (4, 2), strides=(8, 4))) is not None
+    with pytest.raises(ValueError, match=r"non-contiguous device array \(shape \(4, 2\)"):
+        gpu.check_device_array(_TorchLikeCudaTensor("<f4", (4, 2), strides=(16, 4)))
+    with pytest.raises(TypeError, match="unsupported dtype complex64"):
+        gpu.check_device_array(_TorchLikeCudaTensor("<c8", (3,)))
+
+
 def test_device_selection_can_be_turned_off():
     assert gpu.select_device(0, enabled=False) is None
