@@ -22,6 +22,12 @@ def from_fp16(source, output, postscale=1.0, stream=0):
     _scaled_cast(source, output, output.dtype.type(postscale), stream)
 
 
+# Every NaN becomes this one quiet bfloat16 NaN: NVIDIA GPUs give arithmetic NaNs their own
+# bit pattern (0x7FFFFFFF) where numpy keeps the input's, and the wire bits must not depend
+# on where they were computed.
+BF16_NAN = 0x7FC0
+
+
 def to_bf16(source, output, prescale=1.0, stream=0):
     """Round float32 ``source * prescale`` to bfloat16 bits in the uint16 array ``output``."""
     _check(source, np.float32, "to_bf16 source")
@@ -41,8 +47,7 @@ def to_bf16(source, output, prescale=1.0, stream=0):
     scaled = source * np.float32(prescale) if prescale != 1.0 else source
     bits = scaled.view(xp.uint32).astype(xp.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(xp.uint16)
-    nan = xp.isnan(scaled)
-    rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(xp.uint16)
+    rounded[xp.isnan(scaled)] = BF16_NAN
     output[...] = rounded
 
 

@@ -17,6 +17,7 @@ OP_CODES = {"sum": SUM, "min": MIN, "max": MAX, "product": PRODUCT}
 _SIMULATED = bool(cuda.config.ENABLE_CUDASIM)
 _THREADS = 32 if _SIMULATED else 256
 _MAX_BLOCKS = 1 if _SIMULATED else 4096
+GROUP = 32  # arrays per pack/unpack launch
 
 
 def launch(count):
@@ -81,12 +82,12 @@ def _scaled_cast(output, source, factor):
 
 @cuda.jit
 def _to_bf16_bits(output, bits):
-    # round to nearest even on the upper 16 bits; NaN stays a (quiet) NaN
+    # round to nearest even on the upper 16 bits; every NaN becomes the quiet NaN 0x7FC0
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, output.size, stride):
         value = bits[i]
         if (value & 0x7F800000) == 0x7F800000 and (value & 0x007FFFFF) != 0:
-            output[i] = (value >> 16) | 0x0040
+            output[i] = 0x7FC0
         else:
             output[i] = (value + 0x7FFF + ((value >> 16) & 1)) >> 16
 
@@ -100,31 +101,21 @@ def _from_bf16_bits(bits, source):
 
 @cuda.jit
 def _pack(buffer, arrays, offsets):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, buffer.size, stride):
-        which = _owner(offsets, i)
-        buffer[i] = arrays[which][i - offsets[which]]
+    # block row y copies arrays[y] to buffer[offsets[y]:]
+    which = cuda.blockIdx.y
+    source, base = arrays[which], offsets[which]
+    step = cuda.gridDim.x * cuda.blockDim.x
+    for i in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, source.size, step):
+        buffer[base + i] = source[i]
 
 
 @cuda.jit
 def _unpack(buffer, arrays, offsets):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, buffer.size, stride):
-        which = _owner(offsets, i)
-        arrays[which][i - offsets[which]] = buffer[i]
-
-
-@cuda.jit(device=True)
-def _owner(offsets, index):
-    # the last array whose start offset is <= index (offsets ascend)
-    low, high = 0, offsets.size - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if offsets[middle] <= index:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    which = cuda.blockIdx.y
+    target, base = arrays[which], offsets[which]
+    step = cuda.gridDim.x * cuda.blockDim.x
+    for i in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, target.size, step):
+        target[i] = buffer[base + i]
 
 
 def reduce_into(target, source, op_code, stream=0):
@@ -161,9 +152,23 @@ def from_bf16_bits(bits, source, stream=0):
 
 
 def pack(buffer, arrays, offsets, stream=0):
-    """Copy 1-D ``arrays`` into ``buffer`` at ``offsets`` (a device int64 array): one launch."""
-    _pack[launch(buffer.size) + (stream,)](buffer, tuple(arrays), offsets)
+    """Copy 1-D ``arrays`` into ``buffer`` at element ``offsets``: one launch per GROUP arrays."""
+    _grouped(_pack, buffer, arrays, offsets, stream)
 
 
 def unpack(buffer, arrays, offsets, stream=0):
-    _unpack[launch(buffer.size) + (stream,)](buffer, tuple(arrays), offsets)
+    """Copy ``buffer`` at element ``offsets`` back into the 1-D ``arrays``."""
+    _grouped(_unpack, buffer, arrays, offsets, stream)
+
+
+def _grouped(kernel, buffer, arrays, offsets, stream):
+    # At most GROUP arrays per launch: kernel parameters stay far under CUDA's limit and
+    # numba compiles at most GROUP variants per dtype; offsets go by value (no
+    # host-to-device copy). numba marshals every array argument of every launch, which costs
+    # tens of microseconds per array: docs/gpu.md has the measurement.
+    for first in range(0, len(arrays), GROUP):
+        group = tuple(arrays[first:first + GROUP])
+        starts = tuple(int(offset) for offset in offsets[first:first + GROUP])
+        longest = max(array.size for array in group)
+        blocks = max(1, min(_MAX_BLOCKS // len(group), math.ceil(longest / _THREADS)))
+        kernel[(blocks, len(group)), _THREADS, stream](buffer, group, starts)

@@ -1,7 +1,5 @@
 """Fusion-buffer pack and unpack: many tensors into one flat buffer and back."""
 
-import numpy as np
-
 from ._xp import NUMBA, backend, device_kernels
 
 
@@ -9,8 +7,8 @@ def pack(arrays, buffer, stream=0):
     """Copy ``arrays`` end to end into the flat ``buffer``; return the element offsets.
 
     Args:
-        arrays: arrays of ``buffer``'s dtype (any shape). For numba.cuda device arrays all
-            of them are copied by one kernel launch on ``stream``.
+        arrays: arrays of ``buffer``'s dtype (any shape). numba.cuda device arrays are
+            copied on ``stream`` by one kernel launch per 32 arrays.
         buffer: 1-D array at least as long as the arrays' total size.
 
     Returns:
@@ -46,9 +44,6 @@ def _ranges(arrays):
 
 
 def _device_call(which, buffer, arrays, ranges, stream):
-    from numba import cuda
-
     kernels = device_kernels()
-    offsets = cuda.to_device(np.array([start for start, _ in ranges], dtype=np.int64), stream=stream)
     flat = [array.reshape(array.size) for array in arrays]
-    getattr(kernels, which)(buffer[:ranges[-1][1]], flat, offsets, stream)
+    getattr(kernels, which)(buffer, flat, [start for start, _ in ranges], stream)

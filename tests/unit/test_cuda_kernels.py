@@ -75,6 +75,18 @@ def test_device_fp16_roundtrip_matches_host():
     np.testing.assert_array_equal(back.copy_to_host(), host_back)
 
 
+def test_every_nan_becomes_one_bf16_nan_on_host_and_device():
+    # NVIDIA GPUs give NaN * x the pattern 0x7FFFFFFF; numpy keeps the input's payload and sign
+    patterns = np.array([0x7FC00000, 0x7FFFFFFF, 0xFFC00001, 0x7F800001], dtype=np.uint32)
+    source = patterns.view(np.float32)
+    host_bits = np.empty(4, np.uint16)
+    kernels.to_bf16(source, host_bits, prescale=0.25)
+    np.testing.assert_array_equal(host_bits, 0x7FC0)
+    bits = numba_cuda.device_array(4, np.uint16)
+    kernels.to_bf16(device(source), bits)
+    np.testing.assert_array_equal(bits.copy_to_host(), 0x7FC0)
+
+
 def test_device_bf16_roundtrip_matches_host():
     source = np.concatenate([np.linspace(-3e5, 3e5, 40, dtype=np.float32),
                              np.array([np.nan, np.inf, -0.0, 1.00390625], dtype=np.float32)])
@@ -87,6 +99,21 @@ def test_device_bf16_roundtrip_matches_host():
     kernels.from_bf16(bits, back, postscale=4.0)
     kernels.from_bf16(host_bits, host_back, postscale=4.0)
     np.testing.assert_array_equal(back.copy_to_host(), host_back)
+
+
+def test_device_pack_unpack_more_arrays_than_one_launch_takes():
+    # 70 arrays: three launches of 32 (the last one padded), uneven and empty lengths
+    arrays = [np.arange(n % 9, dtype=np.float64) + 10 * n for n in range(70)]
+    total = sum(array.size for array in arrays)
+    buffer = numba_cuda.to_device(np.full(total + 3, -1.0))
+    ranges = kernels.pack([device(array) for array in arrays], buffer)
+    host = buffer.copy_to_host()
+    np.testing.assert_array_equal(host[:total], np.concatenate(arrays))
+    np.testing.assert_array_equal(host[total:], -1.0)  # nothing written past the last range
+    outputs = [numba_cuda.to_device(np.full(array.size, -2.0)) for array in arrays]
+    kernels.unpack(buffer, ranges, outputs)
+    for array, output in zip(arrays, outputs):
+        np.testing.assert_array_equal(output.copy_to_host(), array)
 
 
 def test_device_pack_unpack_in_one_launch_roundtrip():

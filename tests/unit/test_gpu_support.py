@@ -5,6 +5,7 @@ import pytest
 
 from hororing import gpu
 from hororing.algorithms.plan import ring_schedule
+from hororing.algorithms import staged
 from hororing.algorithms.staged import first_reads
 from hororing.config import Config
 
@@ -20,6 +21,35 @@ def test_staging_copies_every_chunk_once_in_the_order_the_ring_reads_them(size):
             assert order[0] == schedule.steps[0].send_chunk
             reduced = [step.recv_chunk for step in schedule.steps if step.reduce]
             assert order[1:] == reduced
+
+
+class _RecordingDevice:
+    """A device buffer that records the ranges copied back into it."""
+
+    def __init__(self, copies):
+        self.copies = copies
+
+    def __getitem__(self, piece):
+        copies = self.copies
+
+        class Slice:
+            @staticmethod
+            def copy_to_device(host, stream):
+                copies.append((piece.start, piece.stop))
+        return Slice()
+
+
+def test_staging_joins_adjacent_final_pieces_into_few_copies():
+    copies = []
+    stage = staged._Stage.__new__(staged._Stage)
+    stage.device, stage.host, stage.pending = _RecordingDevice(copies), np.zeros(100), None
+    stage.copy_elements = 10  # copies of at least 10 elements, where pieces are adjacent
+    stage.up = type("Stream", (), {"synchronize": staticmethod(lambda: None)})
+    for start, stop in [(0, 4), (4, 8), (8, 12), (12, 13), (20, 22), (22, 22), (40, 41)]:
+        stage.final(start, stop)
+    assert copies == [(0, 12), (12, 13), (20, 22)]  # 12 >= 10 elements; then gaps split
+    stage.finish()
+    assert copies == [(0, 12), (12, 13), (20, 22), (40, 41)]  # every final element, once
 
 
 def test_the_pip_mpich_says_it_is_not_cuda_aware():
