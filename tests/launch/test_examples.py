@@ -113,3 +113,13 @@ def test_asynchronous_ps_training_converges_on_digits(tmp_path):
     means = [float(mean) for mean in re.findall(r"asynchronous updates, staleness mean ([0-9.]+)",
                                                  job.stdout)]
     assert len(means) == 3 and all(0.5 <= mean <= 4 for mean in means)
+
+
+def test_cuda_without_a_gpu_says_so_on_every_rank(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/gpu runs the example on it")
+    job = run(2, "--device", "cuda", "--checkpoint", str(tmp_path / "checkpoint.pt"), timeout=120)
+    assert job.returncode != 0
+    assert job.stderr.count("--device cuda: this torch sees no CUDA device") == 2, job.stderr[-2000:]
