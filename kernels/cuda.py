@@ -83,6 +83,7 @@ def _scaled_cast(output, source, factor):
 @cuda.jit
 def _to_bf16_bits(output, bits):
     # round to nearest even on the upper 16 bits; every NaN becomes the quiet NaN 0x7FC0
+    # (compress.BF16_NAN, written out: this module is compiled apart from the host code)
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, output.size, stride):
         value = bits[i]
@@ -168,7 +169,7 @@ def _grouped(kernel, buffer, arrays, offsets, stream):
     # tens of microseconds per array: docs/gpu.md has the measurement.
     for first in range(0, len(arrays), GROUP):
         group = tuple(arrays[first:first + GROUP])
-        starts = tuple(int(offset) for offset in offsets[first:first + GROUP])
+        starts = tuple(offsets[first:first + GROUP])
         longest = max(array.size for array in group)
         blocks = max(1, min(_MAX_BLOCKS // len(group), math.ceil(longest / _THREADS)))
         kernel[(blocks, len(group)), _THREADS, stream](buffer, group, starts)

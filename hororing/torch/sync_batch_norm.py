@@ -41,7 +41,7 @@ class _SyncBatchNorm(torch.autograd.Function):
         channels = input.shape[1]
         flat = input.transpose(0, 1).reshape(channels, -1)
         local = torch.cat([flat.sum(1), (flat * flat).sum(1),
-                           torch.full((1,), float(flat.shape[1]), dtype=flat.dtype, device=flat.device)])
+                           flat.new_full((1,), float(flat.shape[1]))])  # input's dtype and device
         total = _sum_over_ranks(local.detach())
         count = total[-1]
         mean = total[:channels] / count
