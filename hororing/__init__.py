@@ -12,7 +12,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           grouped_reducescatter, grouped_reducescatter_async, join, poll,
                           reducescatter, reducescatter_async, synchronize)
 from . import data
-from .async_ps import AsyncPSOptimizer
+from .ps.optimizer import AsyncPSOptimizer
 from .config import Config
 from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                       ps_stats, rank, shutdown, size, start_timeline, stop_timeline)

@@ -10,7 +10,7 @@ import os
 
 MiB = 1024 * 1024
 MODES = ("ring", "ps")
-PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see algorithms/placement.py
+PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see ps/placement.py
 
 
 @dataclasses.dataclass(frozen=True)

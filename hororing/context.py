@@ -13,7 +13,6 @@ import time
 
 from ._mpi import MPI
 
-from .algorithms import ps
 from . import gpu, transport
 from .config import Config
 from .engine.engine import FLAG_FAILED, Engine
@@ -27,10 +26,9 @@ log = logging.getLogger("hororing")
 class Context:
     """Topology and engine of one initialized job."""
 
-    def __init__(self, comm, config, reducer=None, ps_comm=None):
+    def __init__(self, comm, config, reducer=None):
         self.config = config
-        self.reducer = reducer  # PS mode: the allreduce through parameter servers
-        self._ps_comm = ps_comm
+        self.reducer = reducer  # PS mode: the allreduce through parameter servers (ps/)
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -110,9 +108,8 @@ class Context:
         if self.reducer is not None:
             self.reducer.close(failure)  # dedicated servers exit when every worker is done
         self.engine.close()
-        for comm in (self.local_comm, self.cross_comm, self.comm, self._ps_comm):
-            if comm is not None:
-                comm.Free()
+        for comm in (self.local_comm, self.cross_comm, self.comm):
+            comm.Free()
 
 
 def _stop(engine, failure=None):
@@ -185,7 +182,10 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         if config.start_timeout_s > 0:
             _wait_for_every_rank(user_comm, config.start_timeout_s)
         if config.mode == "ps":
-            _State.context = _ps_context(user_comm.Dup(), config)
+            from .ps import roles  # server ranks serve in here and exit
+
+            comm, reducer = roles.start(user_comm.Dup(), config)
+            _State.context = Context(comm, config, reducer)
         else:
             _State.context = Context(user_comm.Dup(), config)
         from .process_sets import global_process_set  # here: process_sets imports this module
@@ -262,69 +262,12 @@ def ps_stats():
     mode.
     """
     reducer = current().reducer
-    if reducer is None:
-        return None
-    return {"servers": len(reducer.placement.held_bytes),
-            "placement": reducer.placement.strategy,
-            "held_bytes": list(reducer.placement.held_bytes),
-            "pushed_bytes": list(reducer.pushed_bytes), "contributors": reducer.contributors}
+    return None if reducer is None else reducer.stats()
 
 
 def stop_timeline():
     """Stop and close the timeline started by ``start_timeline`` or HOROVOD_TIMELINE."""
     current().engine.set_timeline(None)
-
-
-def _ps_context(base, config):
-    """Split ``base`` into workers and servers; serve here (and exit) or return a worker context."""
-    total = base.Get_size()
-    servers = config.ps_servers
-    if servers >= total:
-        raise ValueError(
-            f"PS mode with {servers} server(s) needs more than {servers} ranks, but the job has "
-            f"{total}: no rank would be a worker. Run more ranks or set HORORING_PS_SERVERS "
-            f"(num_servers) below {total}")
-    workers = total - servers
-    replicas = config.ps_replicas or workers
-    if not 1 <= replicas <= workers:
-        raise ValueError(f"replicas_to_aggregate must be in [1, {workers}] (the number of "
-                         f"workers), got {config.ps_replicas}")
-    if servers == 0:
-        if replicas != workers:
-            raise ValueError("replicas_to_aggregate needs dedicated servers (HORORING_PS_SERVERS"
-                             " >= 1): with colocated shards every rank aggregates every step")
-        ps_comm = base.Dup()
-        reducer = ps.Colocated(ps_comm, ps.new_placement(config, total))
-        return Context(base, config, reducer, ps_comm)
-    rank = base.Get_rank()
-    is_server = rank >= workers
-    role_comm = base.Split(color=int(is_server), key=rank)
-    ps_comm = base.Dup()
-    if is_server:
-        failure, stats = ps.serve(ps_comm, list(range(workers)), replicas, rank - workers)
-        for comm in (role_comm, ps_comm, base):
-            comm.Free()
-        _serve_exit(failure, stats, workers)
-    reducer = ps.ServerClient(ps_comm, range(workers, total), ps.new_placement(config, servers),
-                              workers, config.ps_replicas)
-    return Context(role_comm, config, reducer, ps_comm)
-
-
-def _serve_exit(failure, stats, workers):
-    """End a server process: status 0 after a clean shutdown, 1 after a worker failed."""
-    steps = max(stats["steps"], 1)
-    # one write, newline included, so servers' lines do not run together on a shared stdout
-    line = (f"[hororing PS server {stats['server']}] {stats['steps']} steps from {workers} "
-            f"workers; moved per step {stats['received_bytes'] // steps} B in, "
-            f"{stats['sent_bytes'] // steps} B out; late pushes dropped: {stats['dropped']}")
-    if stats.get("async"):
-        line += (f"; asynchronous updates applied: {stats['async']['updates']}, staleness mean "
-                 f"{stats['async']['mean_staleness']:.2f} max {stats['async']['max_staleness']}")
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-    if failure is not None:
-        transport.end_job(f"[hororing PS server {stats['server']}] ending the job: {failure}")
-    sys.exit(0)
 
 
 def _check_static_sets(process_sets):

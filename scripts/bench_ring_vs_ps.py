@@ -190,8 +190,9 @@ def plot(rows, ns, args, machine):
 def child(args):
     from mpi4py import MPI
 
-    from hororing.algorithms import ps
-    from hororing.algorithms.placement import Placement
+    from hororing.ps.placement import Placement
+    from hororing.ps.server import serve
+    from hororing.ps.workers import Colocated, ServerClient
     from hororing.algorithms.ring import Ring
     from hororing.costmodel import bus_bandwidth
 
@@ -203,7 +204,7 @@ def child(args):
     algorithms = []
     if is_worker:
         ring = Ring(workers.Dup(), 1 << 20)
-        colocated = ps.Colocated(workers.Dup(), Placement(n, "partitioned", partition_bytes=1))
+        colocated = Colocated(workers.Dup(), Placement(n, "partitioned", partition_bytes=1))
         algorithms = [("ring", ring.allreduce), ("colocated", colocated.allreduce),
                       ("native", lambda buffer, op: workers.Allreduce(MPI.IN_PLACE, buffer))]
     rows = []
@@ -214,17 +215,18 @@ def child(args):
         comm = world.Dup()
         name = f"ps{servers}"
         if is_worker:
-            client = ps.ServerClient(comm, range(n, n + servers),
-                                     Placement(servers, placement, partition_bytes=1), n, 0)
+            client = ServerClient(comm, range(n, n + servers),
+                                  Placement(servers, placement, partition_bytes=1), n, 0)
             rows += measure(name, client.allreduce, sizes, workers, n, args.seconds,
                             args.blocks, bus_bandwidth)
-            client.close()
-        elif rank < n + servers:
-            failure, _ = ps.serve(comm, list(range(n)), n, rank - n)
-            if failure:
-                raise RuntimeError(failure)
+            client.close()  # frees comm
+        else:
+            if rank < n + servers:
+                failure, _ = serve(comm, list(range(n)), n, rank - n)
+                if failure:
+                    raise RuntimeError(failure)
+            comm.Free()
         idle_barrier(world)
-        comm.Free()
     if rank == 0:
         for row in rows:
             print(json.dumps(row), flush=True)

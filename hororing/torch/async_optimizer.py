@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from ..async_ps import AsyncPSOptimizer as _NumpyAsync
+from ..ps.optimizer import AsyncPSOptimizer as _NumpyAsync
 
 
 class AsyncPSOptimizer(torch.optim.Optimizer):

@@ -6,17 +6,17 @@ applies it at once with SGD (``lr``, optional ``momentum``), counts one server s
 replies with the new parameters and the update's staleness: how many other updates reached
 that server since this worker's copy was pulled. Workers never wait for each other.
 
-Messages use tags of their own, so they never mix with the synchronous pushes that the
-engine's allreduces (for example, the epoch metrics) send to the same servers.
+Messages use tags of their own (``protocol``), so they never mix with the synchronous pushes
+that the engine's allreduces (for example, the epoch metrics) send to the same servers; the
+server's loop (``server.serve``) hands them to an ``AsyncShard``.
 """
 
 import numpy as np
 
 from .. import transport
-from .plan import chunk_bounds
-
-TAG_REGISTER, TAG_PUSH, TAG_DATA, TAG_REPLY, TAG_PARAMS = 306, 307, 308, 309, 310
-DTYPES = ("float32", "float64")
+from ..algorithms.plan import chunk_bounds
+from .protocol import (ASYNC_DTYPES, DTYPES, TAG_ASYNC_DATA, TAG_ASYNC_PARAMS, TAG_ASYNC_PUSH,
+                       TAG_ASYNC_REGISTER, TAG_ASYNC_REPLY)
 
 
 class AsyncClient:
@@ -33,15 +33,15 @@ class AsyncClient:
     def register(self, params, lr, momentum):
         """Send the hyper-parameters (and worker 0's initial values); ``params`` gets the
         servers' values in place."""
-        if params.dtype.name not in DTYPES:
+        if params.dtype.name not in ASYNC_DTYPES:
             raise TypeError(f"asynchronous PS holds float32 or float64 parameters, got {params.dtype}")
         self.bounds = chunk_bounds(params.size, len(self.servers))
         sends = []
         for server, (start, stop) in zip(self.servers, self.bounds):
             header = np.array([stop - start, DTYPES.index(params.dtype.name), lr, momentum],
                               dtype=np.float64)
-            sends += [self.comm.Isend(header, server, TAG_REGISTER),
-                      self.comm.Isend(params[start:stop], server, TAG_DATA)]
+            sends += [self.comm.Isend(header, server, TAG_ASYNC_REGISTER),
+                      self.comm.Isend(params[start:stop], server, TAG_ASYNC_DATA)]
         transport.wait_all(sends)
         self._pull(params)
 
@@ -49,8 +49,9 @@ class AsyncClient:
         """Push ``gradient`` to every server; write the updated parameters into ``params``."""
         sends = []
         for index, (server, (start, stop)) in enumerate(zip(self.servers, self.bounds)):
-            sends += [self.comm.Isend(np.array([self.versions[index]], np.int64), server, TAG_PUSH),
-                      self.comm.Isend(gradient[start:stop], server, TAG_DATA)]
+            seen = np.array([self.versions[index]], np.int64)
+            sends += [self.comm.Isend(seen, server, TAG_ASYNC_PUSH),
+                      self.comm.Isend(gradient[start:stop], server, TAG_ASYNC_DATA)]
         transport.wait_all(sends)
         self._pull(params)
 
@@ -58,8 +59,8 @@ class AsyncClient:
         replies = [np.empty(2, dtype=np.int64) for _ in self.servers]
         requests = []
         for server, reply, (start, stop) in zip(self.servers, replies, self.bounds):
-            requests += [self.comm.Irecv(reply, server, TAG_REPLY),
-                         self.comm.Irecv(params[start:stop], server, TAG_PARAMS)]
+            requests += [self.comm.Irecv(reply, server, TAG_ASYNC_REPLY),
+                         self.comm.Irecv(params[start:stop], server, TAG_ASYNC_PARAMS)]
         transport.wait_all(requests)
         stalest = -1
         for index, (version, staleness) in enumerate(reply.tolist() for reply in replies):
@@ -84,7 +85,7 @@ class AsyncShard:
     def on_register(self, comm, source, worker, header):
         count, dtype, lr, momentum = header.tolist()
         values = np.empty(int(count), dtype=DTYPES[int(dtype)])
-        comm.Recv(values, source, TAG_DATA)
+        comm.Recv(values, source, TAG_ASYNC_DATA)
         if worker == 0:
             self.params, self.velocity = values, np.zeros_like(values)
             self.lr, self.momentum = lr, momentum
@@ -98,7 +99,7 @@ class AsyncShard:
         if self._incoming is None:
             self._incoming = np.empty_like(self.params)
         gradient = self._incoming
-        comm.Recv(gradient, source, TAG_DATA)
+        comm.Recv(gradient, source, TAG_ASYNC_DATA)
         staleness = self.version - seen_version
         self.staleness.append(staleness)
         if self.momentum:
@@ -112,8 +113,8 @@ class AsyncShard:
 
     def _reply(self, comm, worker, staleness):
         # blocking sends: the next update must not change the values while they are in flight
-        comm.Send(np.array([self.version, staleness], dtype=np.int64), worker, TAG_REPLY)
-        comm.Send(self.params, worker, TAG_PARAMS)
+        comm.Send(np.array([self.version, staleness], dtype=np.int64), worker, TAG_ASYNC_REPLY)
+        comm.Send(self.params, worker, TAG_ASYNC_PARAMS)
 
     def report(self):
         if not self.staleness:

@@ -5,7 +5,7 @@ identical), so every worker builds the same placement without talking.
 """
 
 from ..config import PLACEMENTS
-from .plan import chunk_bounds
+from ..algorithms.plan import chunk_bounds
 
 
 class Placement:

@@ -10,9 +10,7 @@ servers between this worker's pull and its push (0 means the update was fresh).
 
 import numpy as np
 
-from .algorithms.ps import ServerClient
-from .algorithms.ps_async import AsyncClient
-from .context import current
+from ..context import current
 
 
 class AsyncPSOptimizer:
@@ -78,8 +76,8 @@ class AsyncPSOptimizer:
 
 def _client():
     context = current()
-    if not isinstance(context.reducer, ServerClient):
+    if context.reducer is None:
         raise ValueError("asynchronous PS needs dedicated parameter servers: run with "
                          "HORORING_MODE=ps and HORORING_PS_SERVERS=k (k >= 1), or "
                          "hvd.init(mode='ps', num_servers=k)")
-    return AsyncClient(context._ps_comm, context.reducer.servers, context.rank)
+    return context.reducer.async_client(context.rank)

@@ -1,36 +1,27 @@
-"""Parameter-server allreduce: workers push to the server holding each tensor, servers reduce.
+"""The workers' side of parameter-server allreduce: push to the server of each tensor.
 
-The same interface as the ring (``allreduce(buffer, op, finalize, segments)``), so the engine,
-the collectives and DistributedOptimizer never branch on the mode. Two layouts:
+Both classes have the ring's interface (``allreduce(buffer, op, finalize, segments)`` and
+``contributors``), so the engine, the collectives and DistributedOptimizer never branch on
+the mode. Two layouts:
 
-- dedicated servers (``ServerClient`` here, ``serve`` on the server ranks): the last k ranks of
-  the job hold the shards; every worker pushes its pieces, the server reduces them in worker
-  order and sends the result to every worker, so results are identical on all workers. With
-  ``replicas_to_aggregate`` r < workers, a server reduces the first r pushes of a step (still
-  summed in worker order; an Average then divides by r), and drops and counts late pushes.
+- dedicated servers (``ServerClient``; ``server.serve`` runs on the server ranks): the last k
+  ranks of the job hold the shards; every worker pushes its pieces, the server reduces them in
+  worker order and sends the result to every worker, so results are identical on all workers.
+  With ``replicas_to_aggregate`` r < workers, a server reduces the first r pushes of a step
+  (an Average then divides by r).
 - colocated (``Colocated``): every rank is a worker and holds one shard; the push and the
   reply are direct messages between ranks.
 
-Messages go over a communicator of their own; one push is a small header (sequence number,
-op, dtype, element count) then the data.
+Each owns its communicator (the PS one) and frees it in ``close``.
 """
 
-import logging
-
 import numpy as np
-from .._mpi import MPI
 
 from .. import transport
-from ..kernels import reduce_into
-from . import ps_async
+from .asynchronous import AsyncClient
 from .placement import Placement, bucket_plan
-
-log = logging.getLogger("hororing")
-
-TAG_PUSH, TAG_DATA, TAG_RESULT, TAG_SHUTDOWN, TAG_FAILED = 301, 302, 303, 304, 305
-OPS = ("sum", "min", "max", "product")
-DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
-          "float32", "float64")
+from .protocol import (TAG_DATA, TAG_FAILED, TAG_PUSH, TAG_RESULT, TAG_SHUTDOWN, push_header,
+                       reduce_in_worker_order)
 
 
 class ServerClient:
@@ -53,9 +44,7 @@ class ServerClient:
                     for server, ranges in plan.items()}
         sends = []
         for server, message in messages.items():
-            header = np.array([self._sequence[server], OPS.index(op),
-                               DTYPES.index(buffer.dtype.name), message.size],
-                              dtype=np.int64)
+            header = push_header(self._sequence[server], op, buffer.dtype, message.size)
             self._sequence[server] += 1
             self.pushed_bytes[server] += message.nbytes
             destination = self.servers[server]
@@ -71,85 +60,21 @@ class ServerClient:
         if finalize is not None:
             finalize(buffer)
 
+    def async_client(self, worker):
+        """The client of asynchronous training through these servers, for worker ``worker``."""
+        return AsyncClient(self.comm, self.servers, worker)
+
+    def stats(self):
+        return _stats(self)
+
     def close(self, failure=None):
-        """Tell every server this worker is done (or failed, with the message)."""
+        """Tell every server this worker is done (or failed, with the message); free the
+        communicator."""
         payload = np.frombuffer((failure or "").encode("utf-8", "replace"), dtype=np.uint8)
         tag = TAG_SHUTDOWN if failure is None else TAG_FAILED
         requests = [self.comm.Isend(payload, server, tag) for server in self.servers]
         transport.wait_all(requests)
-
-
-def serve(comm, workers, replicas, index):
-    """Run one server until every worker has shut down; return (failure message or None, stats).
-
-    Args:
-        comm: the PS communicator (workers and servers).
-        workers: the workers' ranks in ``comm``, in worker order.
-        replicas: pushes reduced per step (replicas_to_aggregate).
-        index: this server's shard index (for reports).
-    """
-    worker_order = {rank: position for position, rank in enumerate(workers)}
-    pending = {}
-    completed = -1
-    finished = set()
-    stats = {"server": index, "steps": 0, "received_bytes": 0, "sent_bytes": 0, "dropped": 0}
-    shard = ps_async.AsyncShard()  # used only by workers training asynchronously
-    replies = []
-    status = MPI.Status()
-    while len(finished) < len(workers):
-        transport.wait_until(lambda: comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
-        source, tag = status.Get_source(), status.Get_tag()
-        if tag in (TAG_SHUTDOWN, TAG_FAILED):
-            message = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-            comm.Recv(message, source, tag)
-            if tag == TAG_FAILED:
-                text = message.tobytes().decode("utf-8", "replace")
-                return f"worker {worker_order[source]} failed: {text}", stats
-            finished.add(source)
-            continue
-        if tag == ps_async.TAG_REGISTER:
-            header = np.empty(4, dtype=np.float64)
-            comm.Recv(header, source, tag)
-            shard.on_register(comm, source, worker_order[source], header)
-            continue
-        if tag == ps_async.TAG_PUSH:
-            seen = np.empty(1, dtype=np.int64)
-            comm.Recv(seen, source, tag)
-            moved = shard.on_push(comm, source, int(seen[0]))
-            stats["received_bytes"] += moved
-            stats["sent_bytes"] += moved
-            continue
-        header = np.empty(4, dtype=np.int64)
-        comm.Recv(header, source, TAG_PUSH)
-        sequence, op, dtype, count = header.tolist()
-        data = np.empty(count, dtype=DTYPES[dtype])
-        comm.Recv(data, source, TAG_DATA)
-        stats["received_bytes"] += data.nbytes
-        if sequence <= completed:
-            stats["dropped"] += 1  # a late replica: its step was already aggregated
-            continue
-        arrived = pending.setdefault(sequence, {})
-        arrived[worker_order[source]] = data
-        if len(arrived) < replicas:
-            continue
-        result = _reduce_in_worker_order(arrived, OPS[op])
-        transport.wait_all(replies)
-        replies = [comm.Isend(result, worker, TAG_RESULT) for worker in workers]
-        stats["sent_bytes"] += result.nbytes * len(workers)
-        stats["steps"] += 1
-        completed = sequence
-        del pending[sequence]
-    transport.wait_all(replies)
-    stats["async"] = shard.report()
-    return None, stats
-
-
-def _reduce_in_worker_order(arrived, op):
-    ordered = [arrived[worker] for worker in sorted(arrived)]
-    result = ordered[0].copy()
-    for data in ordered[1:]:
-        reduce_into(result, data, op)
-    return result
+        self.comm.Free()
 
 
 class Colocated:
@@ -185,7 +110,7 @@ class Colocated:
         replies = []
         if own is not None:
             pushes[self.rank] = own
-            result = _reduce_in_worker_order(dict(enumerate(pushes)), op)
+            result = reduce_in_worker_order(dict(enumerate(pushes)), op)
             own[...] = result
             replies = [self.comm.Isend(own, worker, TAG_RESULT)
                        for worker in range(self.size) if worker != self.rank]
@@ -204,8 +129,17 @@ class Colocated:
             held = self._incoming[key] = np.empty(like.size, dtype=like.dtype)
         return held[:like.size]
 
+    def async_client(self, worker):
+        raise ValueError("asynchronous PS needs dedicated parameter servers, but this job's "
+                         "shards are colocated: run with HORORING_PS_SERVERS=k (k >= 1), or "
+                         "hvd.init(mode='ps', num_servers=k)")
+
+    def stats(self):
+        return _stats(self)
+
     def close(self, failure=None):
-        """Nothing to tell: there are no server processes."""
+        """Free the communicator; there are no server processes to tell."""
+        self.comm.Free()
 
 
 def _gather(buffer, ranges, scratch, key):
@@ -233,6 +167,13 @@ def _scatter(message, buffer, ranges):
     for start, stop in ranges:
         buffer[start:stop] = message[offset:offset + stop - start]
         offset += stop - start
+
+
+def _stats(client):
+    placement = client.placement
+    return {"servers": len(placement.held_bytes), "placement": placement.strategy,
+            "held_bytes": list(placement.held_bytes), "pushed_bytes": list(client.pushed_bytes),
+            "contributors": client.contributors}
 
 
 def new_placement(config, servers):

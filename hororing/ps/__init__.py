@@ -1,0 +1,13 @@
+"""Parameter-server mode, the baseline beside the ring.
+
+- ``roles``: which ranks serve and which work, set up in ``hvd.init(mode="ps")``; server
+  processes run ``server.serve`` there and exit.
+- ``workers``: the workers' allreduce through dedicated servers (``ServerClient``) or through
+  colocated shards (``Colocated``); the engine uses either in place of the ring.
+- ``server``: a dedicated server's loop.
+- ``placement``: which server holds which tensor, a pure plan every worker builds alike.
+- ``asynchronous``: asynchronous SGD, the servers holding the parameters.
+- ``optimizer``: ``AsyncPSOptimizer`` over numpy parameters (``torch/async_optimizer.py``
+  wraps it for torch models).
+- ``protocol``: the tags, op and dtype tables, and the reduction order they all share.
+"""
