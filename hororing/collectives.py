@@ -26,11 +26,9 @@ def synchronize(handle):
         >>> handle = hvd.allreduce_async(np.ones(4))
         >>> hvd.synchronize(handle)
     """
-    if isinstance(handle, GroupHandle):
-        return [synchronize(member) for member in handle.handles]
-    if not isinstance(handle, Handle):
+    if not isinstance(handle, (Handle, GroupHandle)):
         raise TypeError(f"synchronize takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle._engine.wait(handle)
+    return handle.synchronize()
 
 
 def poll(handle):
@@ -146,6 +144,12 @@ def compressed_allreduce_async_(tensor, name=None, op=None, prescale_factor=1.0,
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
     return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
                       inplace=True, wire="float16")
+
+
+def group_handles(handles):
+    """One handle over several started collectives: ``synchronize`` returns the list of
+    their results, ``poll`` is True once all are done."""
+    return GroupHandle(handles)
 
 
 def _grouped(kind, tensors, name, process_set, start):

@@ -247,7 +247,9 @@ def ring_child(args):
     times = {name: [] for name in runs}
     for run in runs.values():
         run()
-    per_block = max(1, int(args.seconds / args.rounds / 2 / max(_once(runs["device"]), 1e-6)))
+    # one block length on every rank (the slowest rank's), or the ranks' calls would not pair
+    once = MPI.COMM_WORLD.allreduce(_once(runs["device"]), op=MPI.MAX)
+    per_block = max(1, int(args.seconds / args.rounds / 2 / max(once, 1e-6)))
     for round_index in range(args.rounds):
         order = list(runs) if round_index % 2 == 0 else list(runs)[::-1]
         for name in order:
@@ -260,7 +262,7 @@ def ring_child(args):
                                                         op=MPI.MAX) / per_block)
     factor = 2 * (size - 1) / size
     row = {"bytes": args.ring_bytes, "ranks": size, "wrong": wrong,
-           "transport": "CUDA-aware" if current().engine.executor.device().aware else "staged",
+           "transport": current().engine.allreduce.device_transport(),
            "host_s": float(np.median(times["host"])), "device_s": float(np.median(times["device"]))}
     row["host_busbw_GBs"] = args.ring_bytes / row["host_s"] * factor / 1e9
     row["device_busbw_GBs"] = args.ring_bytes / row["device_s"] * factor / 1e9

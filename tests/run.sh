@@ -2,7 +2,8 @@
 # Install hororing and its test dependencies into .venv, then run every test:
 # unit tests and whole-job launches in one process, the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2, 3 and 4 ranks,
-# at 4 ranks in two simulated nodes, and at 3 ranks under Open MPI. Every mpiexec has a
+# the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks in two simulated nodes,
+# and at 3 ranks under Open MPI. Every mpiexec has a
 # hard timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,13 @@ for ranks in 1 2 3 4; do
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
 done
+
+# The CUDA-aware device path (device ring, latency path gathering into device rows, the other
+# collectives on device memory) in numba's CUDA simulator, whose device arrays live in host
+# memory that MPI can read through __cuda_array_interface__.
+echo "== tests/mpi/test_device.py on 3 ranks, CUDA-aware path, CUDA simulator =="
+HORORING_CUDA_AWARE=1 timeout 600 mpiexec -n 3 python -m pytest --with-mpi -q -p no:cacheprovider \
+    --timeout=300 --timeout-method=thread tests/mpi/test_device.py
 
 # Two "nodes" on one machine: MPICH splits the ranks into two shared-memory groups that
 # send to each other through its network module, as ranks on different hosts do.

@@ -2,11 +2,13 @@
 
 Every rank reduces the same gathered rows in rank order, so the results are bitwise
 identical everywhere (MPI_Allreduce does not promise that), in one collective's latency.
+With a CUDA-aware MPI it runs on device buffers too: the rows are gathered into device memory
+and combined there by the reduce kernel, row after row.
 """
 
 import numpy as np
 
-from ..kernels import REDUCE_UFUNCS
+from ..kernels import REDUCE_UFUNCS, reduce_into
 
 
 REDUCE_BY_NAME = {name: getattr(np, ufunc) for name, ufunc in REDUCE_UFUNCS.items()}
@@ -15,24 +17,37 @@ REDUCE_BY_NAME = {name: getattr(np, ufunc) for name, ufunc in REDUCE_UFUNCS.item
 class GatherReduce:
     """Allreduce of small flat buffers by allgather and a local, rank-ordered reduction."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, device=None):
+        """``device``: gather device buffers with a CUDA-aware MPI (the Ring's protocol:
+        ``empty(nbytes)`` and ``synchronize()``); None: host buffers."""
         self.comm = comm
+        self.device = device
         self.size = comm.Get_size()
         self.contributors = self.size
-        self._rows = np.empty(0, dtype=np.uint8)
+        self._rows = None
 
     def allreduce(self, buffer, op, finalize=None, segments=None):
         """Reduce the flat ``buffer`` over all ranks in place (see Ring.allreduce)."""
-        if self.size > 1:
+        if self.size > 1 and buffer.size:  # every rank has the same size: all skip alike
             rows = self._rows_for(buffer)
-            self.comm.Allgather(buffer, rows)
-            # one ufunc.reduce over the rows: the same row order on every rank
-            REDUCE_BY_NAME[op].reduce(rows, axis=0, out=buffer)
+            if self.device is None:
+                self.comm.Allgather(buffer, rows)
+                # one ufunc.reduce over the rows: the same row order on every rank
+                REDUCE_BY_NAME[op].reduce(rows, axis=0, out=buffer)
+            else:
+                self.device.synchronize()  # the prescale kernel has written the buffer
+                self.comm.Allgather(buffer, rows)
+                buffer.copy_to_device(rows[0])
+                for row in range(1, self.size):
+                    reduce_into(buffer, rows[row], op)
         if finalize is not None:
             finalize(buffer)
+        if self.device is not None:
+            self.device.synchronize()
 
     def _rows_for(self, buffer):
         needed = self.size * buffer.nbytes
-        if self._rows.nbytes < needed:
-            self._rows = np.empty(needed, dtype=np.uint8)
+        if self._rows is None or self._rows.nbytes < needed:
+            self._rows = (np.empty(needed, dtype=np.uint8) if self.device is None
+                          else self.device.empty(needed))
         return self._rows[:needed].view(buffer.dtype).reshape(self.size, buffer.size)

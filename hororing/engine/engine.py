@@ -56,6 +56,7 @@ class Engine:
         self._comm_negotiate = comm.Dup()
         self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
+        self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
         self.timeline = timeline
         self.negotiator = Negotiator(self.size, config.cache_capacity)
         self._drive_lock = threading.Lock()
@@ -430,10 +431,8 @@ class Engine:
             self._thread.join(timeout=5.0)
         # after a failure, peers may be gone: leave what is in flight to MPI
         self._wakeups.close(None if self._failed_job else time.monotonic() + 10.0)
-        if self.executor.hierarchical is not None:
-            self.executor.hierarchical.free()
-        for comm in (self._comm_negotiate, self.executor.comm):
-            comm.Free()
+        self.executor.close()
+        self._comm_negotiate.Free()
         if self.timeline is not None:
             self.timeline.close()
 

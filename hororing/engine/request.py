@@ -52,6 +52,11 @@ class Handle:
         if event is not None:
             event.set()
 
+    def synchronize(self):
+        """Wait for the result (driving the engine from this thread) and return it, or raise
+        its error."""
+        return self._engine.wait(self)
+
     def result(self):
         """Return the result of a finished handle, or raise its error."""
         if self._error is not None:
@@ -73,6 +78,10 @@ class GroupHandle:
 
     def done(self):
         return all(handle.done() for handle in self.handles)
+
+    def synchronize(self):
+        """The list of the members' results, in order."""
+        return [handle.synchronize() for handle in self.handles]
 
 
 class Request:

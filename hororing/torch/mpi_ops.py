@@ -10,7 +10,6 @@ import torch
 from .. import collectives as core
 from .. import ops
 from ..context import current
-from ..engine.request import GroupHandle
 from ..process_sets import global_process_set, group_of
 from ..validate import resolve_op
 from .bridge import TorchHandle, as_numpy, group_finish, in_place, synchronize, to_torch
@@ -95,7 +94,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     handles = [allreduce_async_(tensor, average, f"{base}.{index}", op, prescale_factor,
                                 postscale_factor, process_set)
                for index, tensor in enumerate(tensors)]
-    group = GroupHandle(handle.inner for handle in handles)
+    group = core.group_handles(handle.inner for handle in handles)
     return TorchHandle(group, lambda results: [handle.finish(result)
                                                for handle, result in zip(handles, results)])
 
@@ -122,7 +121,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     base = name or group.auto_name("sparse_allreduce")
     values = allgather_async(coalesced.values().contiguous(), f"{base}.values", process_set)
     indices = allgather_async(coalesced.indices().t().contiguous(), f"{base}.indices", process_set)
-    both = GroupHandle([values.inner, indices.inner])
+    both = core.group_handles([values.inner, indices.inner])
 
     def finish(results):
         gathered_values = values.finish(results[0])

@@ -44,22 +44,8 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture
 def reduced_buffers():
-    """Record (dtype name, element count) of every buffer the executor hands to an allreduce
-    algorithm (a fused batch of tensors is one buffer)."""
+    """Record (algorithm kind, dtype name, element count) of every buffer the engine hands to
+    an allreduce algorithm (a fused batch of tensors is one buffer)."""
     from hororing.context import current
-    executor = current().engine.executor
-    seen = []
-    originals = {algorithm: algorithm.allreduce
-                 for algorithm in (executor.ring, executor.small, executor.hierarchical)
-                 if algorithm is not None}
-
-    def recorder(original):
-        def allreduce(buffer, *args, **kwargs):
-            seen.append((buffer.dtype.name, buffer.size))
-            return original(buffer, *args, **kwargs)
-        return allreduce
-    for algorithm, original in originals.items():
-        algorithm.allreduce = recorder(original)
-    yield seen
-    for algorithm in originals:
-        del algorithm.allreduce  # the class's method again
+    with current().engine.allreduce.watch() as seen:
+        yield seen

@@ -87,7 +87,7 @@ def test_compressed_float16_moves_as_float16_and_plain_float16_as_float32(reduce
     np.testing.assert_array_equal(compressed, expected.astype(np.float16))
     np.testing.assert_array_equal(plain, expected.astype(np.float16))
     if hvd.size() > 1:
-        assert [dtype for dtype, _ in reduced_buffers] == ["float16", "float32"]
+        assert [dtype for _, dtype, _ in reduced_buffers] == ["float16", "float32"]
 
 
 def test_compressed_average_divides_before_summing_so_float16_cannot_overflow():
@@ -143,3 +143,43 @@ def test_grouped_allreduce():
     np.testing.assert_array_equal(second, np.full((2, 2), 2.0 * total))
     hvd.grouped_allreduce_(tensors, op=hvd.Max)
     np.testing.assert_array_equal(tensors[0], np.full(3, float(hvd.size() - 1)))
+
+
+def _kinds():
+    from hororing.context import current
+    available = ["ring", "small"]
+    if current().engine.allreduce.hierarchical_stats() is not None:
+        available.append("hierarchical")
+    return available
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+@pytest.mark.parametrize("length", [1, 10, 1001, 40_003])
+def test_every_algorithm_forced_gives_the_reference(dtype, length):
+    """Each algorithm, forced on every rank, on lengths below and above the small-message
+    threshold and not divisible by the rank count; the watch sees the forced kind."""
+    from hororing.context import current
+    pipeline = current().engine.allreduce
+    inputs = all_inputs(hvd.size(), (length,), dtype, seed=length)
+    expected = reference_allreduce(inputs, hvd.Sum)
+    for kind in _kinds():
+        pipeline.force(kind)
+        try:
+            with pipeline.watch() as seen:
+                # two names submitted together: the bucket is one fused buffer
+                first = hvd.allreduce_async(inputs[hvd.rank()], op=hvd.Sum, name=f"f.{kind}.a")
+                second = hvd.allreduce_async(inputs[hvd.rank()][::-1].copy(), op=hvd.Sum,
+                                             name=f"f.{kind}.b")
+                results = [hvd.synchronize(first), hvd.synchronize(second)]
+        finally:
+            pipeline.force(None)
+        assert_close(results[0], expected)
+        assert_close(results[1], expected[::-1])
+        assert seen and {seen_kind for seen_kind, _, _ in seen} == {kind}, (kind, seen)
+        assert sum(count for _, _, count in seen) == 2 * length
+
+
+def test_forcing_an_algorithm_the_job_lacks_names_what_it_has():
+    from hororing.context import current
+    with pytest.raises(ValueError, match=r"no 'ps' allreduce in this job \(available: .*ring"):
+        current().engine.allreduce.force("ps")

@@ -110,3 +110,27 @@ def test_compressed_allreduce_of_a_device_array_takes_the_device_path():
     array = device(inputs[hvd.rank()])
     hvd.synchronize(compressed_allreduce_async_(array, name="dev.compressed", op=hvd.Sum))
     np.testing.assert_array_equal(array.copy_to_host(), sum(inputs))
+
+
+def test_device_transport_follows_the_setting():
+    import os
+    from hororing.context import current
+    wanted = "cuda-aware" if os.environ.get("HORORING_CUDA_AWARE") == "1" else "staged"
+    assert current().engine.allreduce.device_transport() == wanted
+
+
+@pytest.mark.parametrize("kind", ["small", "ring"])
+def test_device_allreduce_forced_to_each_algorithm(kind):
+    from hororing.context import current
+    pipeline = current().engine.allreduce
+    inputs = all_inputs(hvd.size(), (1003,), "float32", seed=21)
+    pipeline.force(kind)
+    try:
+        with pipeline.watch() as seen:
+            result = hvd.allreduce(device(inputs[hvd.rank()]), op=hvd.Sum, name=f"dev.f.{kind}")
+    finally:
+        pipeline.force(None)
+    # float32 sums of values up to 20 in magnitude: a few ulps of 80 absolute
+    np.testing.assert_allclose(result.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
+                               rtol=1e-5, atol=1e-4)
+    assert [seen_kind for seen_kind, _, _ in seen] == [kind]

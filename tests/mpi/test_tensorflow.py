@@ -207,7 +207,7 @@ def test_distributed_gradient_tape_averages_and_fuses(reduced_buffers):
         np.testing.assert_allclose(grad.numpy(), np.mean([g[index] for g in local], axis=0),
                                    rtol=1e-5, atol=1e-6)
     if size > 1:  # four gradients, one fused reduction (size 1 moves no data)
-        assert [count for _, count in reduced_buffers] == [sum(np.prod(s) for s in shapes)]
+        assert [count for _, _, count in reduced_buffers] == [sum(np.prod(s) for s in shapes)]
 
 
 def test_fp16_compression_sends_a_tapes_gradients_as_float16(reduced_buffers):
@@ -222,7 +222,7 @@ def test_fp16_compression_sends_a_tapes_gradients_as_float16(reduced_buffers):
     assert grads[0].numpy().tolist() == [(size + 1) / 2] * 5
     assert grads[1].numpy().tolist() == [1.0] * 3
     if size > 1:  # half the bytes: the fused buffer is float16
-        assert reduced_buffers and {dtype for dtype, _ in reduced_buffers} == {"float16"}
+        assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {"float16"}
 
 
 def test_gradient_tape_in_tf_function_and_sparse_gradients():

@@ -108,7 +108,7 @@ def test_fp16_compression_halves_the_bytes_on_the_wire(reduced_buffers):
     local_loss(model, hvd.rank()).backward()
     optimizer.step()
     if hvd.size() > 1:  # (a single rank has no hooks and sends nothing)
-        assert reduced_buffers and {dtype for dtype, _ in reduced_buffers} == {"float16"}
+        assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {"float16"}
 
 
 def test_backward_passes_and_unnamed_parameters_and_scheduler():

@@ -8,14 +8,14 @@ from hororing.context import current
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
-hierarchical = current().engine.executor.hierarchical
+hierarchical = current().engine.allreduce.hierarchical_stats()
 chosen = (os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1"
           or "HORORING_HIERARCHICAL_THRESHOLD_BYTES" in os.environ)
 if not chosen:
     assert hierarchical is None
     print(f"rank {rank} hierarchical off", flush=True)
 else:
-    assert hierarchical is not None and hierarchical.nodes > 1, "no nodes detected"
+    assert hierarchical is not None and hierarchical["nodes"] > 1, "no nodes detected"
     for count in (10, 70_001, 300_001):  # latency path, ring or hierarchical by threshold
         mine = np.random.default_rng(rank).normal(size=count)
         total = hvd.allreduce(mine, op=hvd.Sum, name=f"sum.{count}")
@@ -24,6 +24,7 @@ else:
         assert len(set(hvd.allgather_object(total.tobytes()))) == 1, "ranks differ"
     averaged = hvd.allreduce(np.full(100_003, rank, dtype=np.int64), name="int.average")
     assert (averaged == sum(range(size)) // size).all()
-    print(f"rank {rank} nodes {hierarchical.nodes} local size {hierarchical.local_size} "
-          f"parts {hierarchical.parts} cross-node bytes {hierarchical.cross_bytes_sent()}",
+    hierarchical = current().engine.allreduce.hierarchical_stats()
+    print(f"rank {rank} nodes {hierarchical['nodes']} local size {hierarchical['local_size']} "
+          f"parts {hierarchical['parts']} cross-node bytes {hierarchical['cross_bytes_sent']}",
           flush=True)

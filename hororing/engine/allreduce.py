@@ -1,0 +1,213 @@
+"""The allreduce pipeline: one route for a fused bucket, host or device.
+
+For a bucket of negotiated allreduces (same dtype, op, scale factors, place and wire dtype):
+wait for the inputs, fuse them into one flat buffer (a lone tensor is reduced in its output
+directly), prescale, choose the algorithm by size, reduce, unpack, complete the handles.
+Where the buffers live is a *place* (``buffers.HostBuffers``, ``device.DeviceBuffers``): the
+pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and never
+branches on host or device itself.
+
+The algorithm kind for a buffer of n bytes: ``ps`` in parameter-server mode, else ``small``
+(gather and reduce, one latency) below the small-message threshold, else ``hierarchical``
+when the job spans nodes and n reaches the hierarchical threshold, else the ``ring``.
+``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
+buffer handed to an algorithm.
+"""
+
+import contextlib
+import functools
+import math
+import time
+
+import numpy as np
+
+from ..kernels import divide_into, divide_trunc, pack, scale_into, unpack
+from ..ops import Average, KERNEL_OP, Sum
+from .buffers import HostBuffers
+
+KINDS = ("ring", "small", "hierarchical", "ps")
+
+
+class AllreducePipeline:
+    """Runs allreduce buckets on one communicator, on host or device buffers."""
+
+    def __init__(self, comm, config, algorithms, span):
+        """``algorithms``: the host algorithms by kind; ``span(items, activity, started)``
+        records a timeline activity."""
+        self.comm = comm
+        self.config = config
+        self.host = HostBuffers(algorithms, config.fusion_threshold)
+        self.observers = []  # observer(kind, buffer) before each reduction
+        self._span = span
+        self._device = None
+        self._forced = None
+
+    def device(self):
+        """The device place; made on the first device collective (it imports numba)."""
+        if self._device is None:
+            from .device import DeviceBuffers
+
+            self._device = DeviceBuffers(self.comm, self.config, self.host.algorithms)
+        return self._device
+
+    def place_of(self, meta):
+        return self.host if meta.device == "cpu" else self.device()
+
+    def force(self, kind):
+        """Reduce every bucket with algorithm ``kind`` (None: choose by size again)."""
+        if kind is not None and kind not in self.host.algorithms:
+            available = ", ".join(sorted(self.host.algorithms))
+            raise ValueError(f"no {kind!r} allreduce in this job (available: {available}; "
+                             f"hierarchical needs several nodes or HOROVOD_HIERARCHICAL_"
+                             f"ALLREDUCE=1, ps needs HORORING_MODE=ps)")
+        self._forced = kind
+
+    @contextlib.contextmanager
+    def watch(self):
+        """Record ``(kind, dtype name, element count)`` of every buffer handed to an algorithm
+        while the block runs (a fused bucket is one buffer)."""
+        seen = []
+
+        def record(kind, buffer):
+            seen.append((kind, buffer.dtype.name, buffer.size))
+        self.observers.append(record)
+        try:
+            yield seen
+        finally:
+            self.observers.remove(record)
+
+    def device_transport(self):
+        """How device buffers travel: ``"cuda-aware"`` (MPI reads device memory) or
+        ``"staged"`` (through pinned host memory). Imports numba."""
+        return "cuda-aware" if self.device().aware else "staged"
+
+    def hierarchical_stats(self):
+        """The hierarchical allreduce's shape and traffic, or None where it is not in use."""
+        hierarchical = self.host.algorithms.get("hierarchical")
+        if hierarchical is None:
+            return None
+        return {"nodes": hierarchical.nodes, "local_size": hierarchical.local_size,
+                "parts": hierarchical.parts, "cross_bytes_sent": hierarchical.cross_bytes_sent()}
+
+    def kind_for(self, nbytes):
+        """The algorithm kind for a buffer of ``nbytes`` (the same on every rank)."""
+        if self._forced is not None:
+            return self._forced
+        algorithms = self.host.algorithms
+        if "ps" in algorithms:
+            return "ps"
+        if nbytes < self.config.small_allreduce_bytes:
+            return "small"
+        if "hierarchical" in algorithms and (
+                self.config.hierarchical_allreduce
+                or nbytes >= self.config.hierarchical_threshold_bytes):
+            return "hierarchical"
+        return "ring"
+
+    def run(self, items):
+        """Reduce the bucket ``items`` ((response, request) pairs; request None on a rank
+        that joined) and complete each request."""
+        meta = items[0][0].meta
+        place = self.place_of(meta)
+        place.prepare(items)
+        dtype = _dtype(meta.dtype)
+        wire = wire_dtype(meta.dtype, meta.wire)
+        inputs = [place.input(response, request, dtype) for response, request in items]
+        outputs = [place.output(response, request, dtype, source)
+                   for (response, request), source in zip(items, inputs)]
+        started = time.monotonic()
+        if len(items) == 1 and wire == dtype:
+            buffer = outputs[0].reshape(outputs[0].size)
+            if inputs[0] is not outputs[0]:
+                place.copy(buffer, inputs[0])
+            ranges = None
+        else:
+            buffer = place.fusion_view(wire, sum(array.size for array in inputs))
+            ranges = pack(inputs, buffer)
+            self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
+        kind = self.kind_for(buffer.nbytes)
+        algorithm = place.algorithms[kind]
+        segments = None  # the ring splits by position; only the servers place by tensor
+        if kind == "ps":
+            segments = [(response.name, start, stop) for (response, _), (start, stop)
+                        in zip(items, ranges or [(0, buffer.size)])]
+        prescale, finalize = scaling(meta, algorithm.contributors)
+        scale_into(buffer, prescale)
+        for observe in self.observers:
+            observe(kind, buffer)
+        collective_started = time.monotonic()
+        algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments)
+        self._span(items, "ALLREDUCE", collective_started)
+        if ranges is not None:
+            unpack_started = time.monotonic()
+            unpack(buffer, ranges, outputs)
+            self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
+        place.finish()
+        for (_, request), output in zip(items, outputs):
+            complete(request, place.result(request, output))
+
+
+# cached: numpy builds dtypes from names in Python, and these run on every allreduce
+@functools.cache
+def _dtype(dtype_name):
+    return np.dtype(dtype_name)
+
+
+@functools.cache
+def wire_dtype(dtype_name, chosen=""):
+    """The dtype a tensor travels and is reduced in: the sender's choice (``Meta.wire``), or
+    its own dtype, except float16."""
+    dtype = np.dtype(chosen or dtype_name)
+    # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
+    return np.dtype(np.float32) if dtype == np.float16 and not chosen else dtype
+
+
+def wire_bytes(meta):
+    """The bytes ``meta``'s tensor occupies in a bucket."""
+    return math.prod(meta.shape) * wire_dtype(meta.dtype, meta.wire).itemsize
+
+
+@functools.lru_cache(maxsize=1024)  # a training loop repeats the same few tensors
+def scaling(meta, contributors):
+    """The factor applied before the reduction, and the finalizer applied after it."""
+    if meta.wire and meta.op == Average:
+        # a 16-bit wire sum could overflow where the average would not: divide first
+        return meta.prescale / contributors, finalizer(meta._replace(op=Sum), contributors)
+    return meta.prescale, finalizer(meta, contributors)
+
+
+def finalizer(meta, size):
+    """The division (Average over ``size`` contributions) and postscale of a reduced piece."""
+    postscale = meta.postscale
+    if meta.op == Average:
+        if np.dtype(meta.dtype).kind == "f":
+            if postscale == 1.0:
+                def finalize_divided(piece):
+                    divide_into(piece, size)
+                return finalize_divided
+            factor = postscale / size
+
+            def finalize(piece):
+                scale_into(piece, factor)
+            return finalize
+
+        def finalize_integer(piece):
+            divide_trunc(piece, size)
+            scale_into(piece, postscale)
+        return finalize_integer
+    if postscale == 1.0:
+        return None
+
+    def finalize_scaled(piece):
+        scale_into(piece, postscale)
+    return finalize_scaled
+
+
+def complete(request, result):
+    """Hand ``result`` to ``request``'s handle (through its writeback array, if any)."""
+    if request is None:
+        return
+    if request.writeback is not None:
+        request.writeback[...] = result
+        result = request.writeback
+    request.handle.set_result(result)
