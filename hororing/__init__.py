@@ -13,6 +13,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           reducescatter, reducescatter_async, synchronize)
 from . import data
 from .ps.optimizer import AsyncPSOptimizer
+from .compression import Compression
 from .config import Config
 from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                       ps_stats, rank, shutdown, size, start_timeline, stop_timeline)
@@ -25,7 +26,7 @@ from .process_sets import ProcessSet, add_process_set, global_process_set, remov
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "AsyncPSOptimizer", "Average", "Config", "DistributedOptimizer",
+    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "Config", "DistributedOptimizer",
     "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "SGD", "Sum",
     "add_process_set", "global_process_set", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "remove_process_set",

@@ -11,6 +11,7 @@ the set's ranks; ``root_rank`` stays in ``hvd.rank()`` numbering.
 import numpy as np
 
 from . import gpu, ops
+from .compression import wire_of
 from .context import current
 from .engine.negotiation import JOIN_NAME, Meta
 from .engine.request import GroupHandle, Handle, Request
@@ -126,24 +127,31 @@ def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, pro
                    postscale=check_factor(postscale_factor, "postscale_factor"), wire=wire)
 
 
-def compressed_allreduce_async_(tensor, name=None, op=None, prescale_factor=1.0,
+def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescale_factor=1.0,
                                 postscale_factor=1.0, process_set=None):
-    """In-place async allreduce of a float16 ``tensor`` that travels as float16.
+    """In-place async allreduce of ``tensor``, a payload made by ``compression.compress``.
 
-    For gradient compression (``Compression.fp16``): an ordinary float16 allreduce sends
-    float32 so that its partial sums stay exact; here each addition is still computed in
-    float32 but rounded to float16 between ranks, so half the bytes move. Average divides
-    before the sum, so a float16 sum cannot overflow where the average would not. Device
-    arrays take the ordinary device path (their float16 sums run in float32 on the GPU).
+    The payload travels and is summed in the compressor's wire dtype
+    (``hororing.compression.wire_of``); with ``Compression.fp16`` a float16 payload moves as
+    float16 (each addition computed in float32 and rounded between ranks, half the bytes of
+    an ordinary float16 allreduce, which sends float32 so that its partial sums stay exact),
+    and Average divides before the sum, so a float16 sum cannot overflow where the average
+    would not. A compressor without a wire dtype, and device arrays (whose float16 sums run
+    in float32 on the GPU), take the ordinary path.
+
+    Raises:
+        TypeError: for a host payload whose dtype is not the compressor's wire dtype.
     """
-    if gpu.is_device_array(tensor):
+    wire = wire_of(compression)
+    if not wire or gpu.is_device_array(tensor):
         return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
                           inplace=True)
-    if not isinstance(tensor, np.ndarray) or tensor.dtype != np.float16:
-        raise TypeError(f"compressed_allreduce_async_ takes a float16 numpy array, got "
+    if not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire):
+        raise TypeError(f"compressed_allreduce_async_ with {getattr(compression, '__name__', compression)} "
+                        f"takes the {wire} numpy array its compress() made, got "
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
     return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
-                      inplace=True, wire="float16")
+                      inplace=True, wire=wire)
 
 
 def group_handles(handles):

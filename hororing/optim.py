@@ -15,6 +15,7 @@ computed (back to front) to start its allreduce while the rest of the backward p
 import numpy as np
 
 from . import collectives, ops
+from .compression import Compression
 from .context import current
 
 
@@ -49,7 +50,9 @@ class DistributedOptimizer:
 
     Args:
         optimizer: an object following the protocol in this module's docstring.
-        compression: None, or "fp16" to send floating gradients as float16.
+        compression: a compressor (``hvd.Compression.none``, ``.fp16``, ``.bf16`` or a
+            ``hororing.compression.Compressor`` of your own); None and "fp16" are accepted as
+            ``Compression.none`` and ``Compression.fp16``.
         backward_passes_per_step: local backward passes summed per allreduce and step.
         op: Average (default) or Sum.
 
@@ -63,8 +66,7 @@ class DistributedOptimizer:
                                 f"hororing.optim); {type(optimizer).__name__} lacks .{attribute}")
         if backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
-        if compression not in (None, "fp16"):
-            raise ValueError(f"compression must be None or 'fp16', got {compression!r}")
+        compression = _compressor(compression)
         if op not in (ops.Average, ops.Sum):
             raise ValueError(f"op must be Average or Sum, got {ops.op_name(op)}")
         self.optimizer = optimizer
@@ -93,10 +95,10 @@ class DistributedOptimizer:
         for name in self.optimizer.grads:
             if name not in self._handles:
                 self._start(name)
-        for name, (handle, wire) in self._handles.items():
+        for name, (handle, payload, ctx) in self._handles.items():
             if handle is not None:
-                result = collectives.synchronize(handle)
-                if wire is not self.optimizer.grads[name]:
+                result = self.compression.decompress(collectives.synchronize(handle), ctx)
+                if result is not self.optimizer.grads[name]:
                     self.optimizer.grads[name][...] = result
         self._handles.clear()
         self._accumulated = None
@@ -125,12 +127,23 @@ class DistributedOptimizer:
         if self._accumulated is not None:  # the step's earlier backward passes
             grad += self._accumulated[name]
         if current().size == 1:
-            self._handles[name] = (None, grad)
+            self._handles[name] = (None, grad, None)
             return
-        if self.compression == "fp16" and grad.dtype.kind == "f":
-            wire = grad.astype(np.float16)
-            handle = collectives.compressed_allreduce_async_(wire, name=f"grad.{name}", op=self.op)
-        else:
-            wire = grad
-            handle = collectives.allreduce_async_(wire, name=f"grad.{name}", op=self.op)
-        self._handles[name] = (handle, wire)
+        payload, ctx = self.compression.compress(grad)
+        handle = collectives.compressed_allreduce_async_(payload, self.compression,
+                                                         name=f"grad.{name}", op=self.op)
+        self._handles[name] = (handle, payload, ctx)
+
+
+def _compressor(compression):
+    """The compressor ``compression`` names (None and "fp16" as Horovod's numpy users wrote
+    them), or a ValueError that lists what is accepted."""
+    if compression is None:
+        return Compression.none
+    if compression == "fp16":
+        return Compression.fp16
+    if hasattr(compression, "compress") and hasattr(compression, "decompress"):
+        return compression
+    raise ValueError(f"compression must be hvd.Compression.none, .fp16 or .bf16 (or None, "
+                     f"'fp16', or an object with compress() and decompress()), got "
+                     f"{compression!r}")

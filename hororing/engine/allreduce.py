@@ -111,18 +111,18 @@ class AllreducePipeline:
         place = self.place_of(meta)
         place.prepare(items)
         dtype = _dtype(meta.dtype)
-        wire = wire_dtype(meta.dtype, meta.wire)
+        reduce_dtype = wire_dtype(meta.dtype, meta.wire)
         inputs = [place.input(response, request, dtype) for response, request in items]
         outputs = [place.output(response, request, dtype, source)
                    for (response, request), source in zip(items, inputs)]
         started = time.monotonic()
-        if len(items) == 1 and wire == dtype:
+        if len(items) == 1 and reduce_dtype == dtype:
             buffer = outputs[0].reshape(outputs[0].size)
             if inputs[0] is not outputs[0]:
                 place.copy(buffer, inputs[0])
             ranges = None
         else:
-            buffer = place.fusion_view(wire, sum(array.size for array in inputs))
+            buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs))
             ranges = pack(inputs, buffer)
             self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
         kind = self.kind_for(buffer.nbytes)

@@ -122,11 +122,11 @@ class Executor:
         result is bitwise what that path gives."""
         started = time.monotonic()
         meta = response.meta
-        wire = wire_dtype(meta.dtype, meta.wire)
+        reduce_dtype = wire_dtype(meta.dtype, meta.wire)
         output = self.allreduce.host.output(response, request, np.dtype(meta.dtype), None)
         flat = output.reshape(-1)
-        buffer = flat if wire == flat.dtype else np.empty(flat.size, dtype=wire)
-        REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce(rows.view(wire), axis=0, out=buffer)
+        buffer = flat if reduce_dtype == flat.dtype else np.empty(flat.size, dtype=reduce_dtype)
+        REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce(rows.view(reduce_dtype), axis=0, out=buffer)
         finalize = scaling(meta, self.size)[1]
         if finalize is not None:
             finalize(buffer)

@@ -1,40 +1,32 @@
-"""Gradient compression for TensorFlow tensors: ``compress(t) -> (t, ctx)``, ``decompress``."""
+"""Gradient compression for TensorFlow tensors: the kinds of ``hororing.compression`` (one
+implementation each), with TensorFlow's dtype tests and casts."""
 
 import tensorflow as tf
 
+from .. import compression as kinds
+from ..compression import Compressor, NoneCompressor
 
-class NoneCompressor:
-    """Send tensors as they are."""
-
-    wire = ""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
-class FP16Compressor:
-    """Send floating tensors as float16: half the bytes of float32 move between ranks.
-
-    Each addition is computed in float32 and rounded to float16 between ranks; Average
-    divides before summing, so the sum cannot overflow where the average would not.
-    """
-
-    wire = "float16"
+class FP16Compressor(kinds.FP16Compressor):
+    __doc__ = kinds.FP16Compressor.__doc__
 
     @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
+    def floating(tensor):
+        return tensor.dtype.is_floating
+
+    @classmethod
+    def is_target(cls, tensor):
+        return tensor.dtype == tf.float16
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+    def cast_to_target(tensor):
+        return tf.cast(tensor, tf.float16)
+
+    @staticmethod
+    def cast_back(tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
 class Compression:

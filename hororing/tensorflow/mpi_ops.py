@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from .. import collectives as core
 from .. import ops
+from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of
 from ..validate import check_factor, resolve_op
@@ -37,8 +38,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set)
     compressed, ctx = compression.compress(to_tf(tensor))
-    wire = getattr(compression, "wire", "")
-    reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, wire)
+    reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set,
+                         compression)
     return compression.decompress(reduced, ctx)
 
 
@@ -58,9 +59,10 @@ def _sparse_allreduce(slices, op, prescale_factor, postscale_factor, name, proce
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def _allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set, wire=""):
+def _allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set,
+               compression=Compression.none):
     return _reduce("allreduce", [tensor], op, prescale_factor, postscale_factor, name,
-                   process_set, wire)[0]
+                   process_set, compression)[0]
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
@@ -77,13 +79,14 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     compressed = [compression.compress(to_tf(tensor, f"tensors[{index}]"))
                   for index, tensor in enumerate(tensors)]
     reduced = _reduce("grouped_allreduce", [payload for payload, _ in compressed], op,
-                      prescale_factor, postscale_factor, name, process_set,
-                      getattr(compression, "wire", ""))
+                      prescale_factor, postscale_factor, name, process_set, compression)
     return [compression.decompress(result, ctx) for result, (_, ctx) in zip(reduced, compressed)]
 
 
-def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_set, wire=""):
-    """Allreduce ``tensors`` in one op; with ``wire="float16"`` float16 ones travel as float16.
+def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_set,
+            compression=Compression.none):
+    """Allreduce ``tensors`` in one op; payloads in ``compression``'s wire dtype travel in it
+    (``Compression.fp16``: float16 as float16).
 
     Each tensor is its own engine request (the engine fuses them), named ``name`` when it
     is alone and ``name.i`` in a group. The gradient is the same reduction of the output
@@ -93,14 +96,16 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
     converted = [as_tensor(tensor, "tensor" if alone else f"tensors[{index}]", reduces=True)
                  for index, tensor in enumerate(tensors)]
     label = op_name(kind, name, process_set)
+    wire = wire_of(compression)
 
     def run(arrays, base):
         handles = []
         for index, array in enumerate(arrays):
             member = base if alone else _sub(base, index)
-            if wire == "float16" and array.dtype == np.float16:
+            if wire and array.dtype == np.dtype(wire):
                 handles.append(core.compressed_allreduce_async_(
-                    array.copy(), member, op, prescale_factor, postscale_factor, process_set))
+                    array.copy(), compression, member, op, prescale_factor, postscale_factor,
+                    process_set))
             else:
                 handles.append(core.allreduce_async(
                     array, name=member, op=op, prescale_factor=prescale_factor,

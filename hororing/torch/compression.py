@@ -1,57 +1,40 @@
-"""Gradient compression: ``compress(tensor) -> (payload, ctx)``, ``decompress(payload, ctx)``."""
+"""Gradient compression for torch tensors: the kinds of ``hororing.compression`` (one
+implementation each), with torch's dtype tests and casts."""
 
 import torch
 
+from .. import compression as kinds
+from ..compression import Compressor, NoneCompressor
 
-class NoneCompressor:
-    """Send gradients as they are."""
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
+
+class _TorchCasts:
+    """How a cast kind sees and casts torch tensors."""
 
     @staticmethod
-    def compress(tensor):
-        return tensor, None
+    def floating(tensor):
+        return tensor.dtype.is_floating_point
+
+    @classmethod
+    def is_target(cls, tensor):
+        return tensor.dtype == getattr(torch, cls.target)
+
+    @classmethod
+    def cast_to_target(cls, tensor):
+        return tensor.to(getattr(torch, cls.target))
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+    def cast_back(tensor, dtype):
+        return tensor.to(dtype)
 
 
-class _CastCompressor:
-    """Send floating gradients in a 16-bit type; one helper for fp16 and bf16."""
-
-    wire_dtype = None
-    wire = ""  # a dtype name when the engine should send the payload in its own 16 bits
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.to(cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @classmethod
-    def decompress(cls, tensor, ctx):
-        return tensor if ctx is None else tensor.to(ctx)
+class FP16Compressor(_TorchCasts, kinds.FP16Compressor):
+    __doc__ = kinds.FP16Compressor.__doc__
 
 
-class FP16Compressor(_CastCompressor):
-    """Send floating gradients as float16: half the bytes of float32 move between ranks.
-
-    Each addition is computed in float32 and rounded to float16 between ranks; Average
-    divides before summing, so the sum cannot overflow where the average would not.
-    (CUDA tensors are summed in float32 on the device path.)
-    """
-
-    wire_dtype = torch.float16
-    wire = "float16"
-
-
-class BF16Compressor(_CastCompressor):
-    """Round floating gradients to bfloat16 (float32's range, fewer mantissa bits).
-
-    numpy has no bfloat16, so the rounded values travel as float32: this saves no bytes on
-    the wire; it gives bfloat16's rounding where a model expects it.
-    """
-
-    wire_dtype = torch.bfloat16
+class BF16Compressor(_TorchCasts, kinds.BF16Compressor):
+    __doc__ = kinds.BF16Compressor.__doc__
 
 
 class Compression:

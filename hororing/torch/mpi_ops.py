@@ -9,6 +9,7 @@ import torch
 
 from .. import collectives as core
 from .. import ops
+from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of
 from ..validate import resolve_op
@@ -32,17 +33,18 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         array, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def compressed_allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescale_factor=1.0,
                                 postscale_factor=1.0, process_set=global_process_set):
-    """``allreduce_async_`` of a compressed payload: a float16 tensor travels as float16
-    (``Compression.fp16``; CUDA tensors take the device path); anything else as
-    ``allreduce_async_`` sends it."""
-    if tensor.dtype != torch.float16:
-        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+    """``allreduce_async_`` of a payload made by ``compression.compress``: a payload in the
+    compressor's wire dtype travels in it (``Compression.fp16``: float16 moves as float16;
+    CUDA tensors take the device path); anything else as ``allreduce_async_`` sends it."""
+    wire = wire_of(compression)
+    if not wire or tensor.dtype != getattr(torch, wire):
+        return allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor,
                                 process_set)
-    op = resolve_op(op, average)
+    op = resolve_op(op)
     return in_place(tensor, lambda array: core.compressed_allreduce_async_(
-        array, name, op, prescale_factor, postscale_factor, process_set))
+        array, compression, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -55,8 +57,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     compression = compression or Compression.none
     op = resolve_op(op, average)
     payload, ctx = compression.compress(tensor)
-    result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor,
-                              bool(getattr(compression, "wire", "")), process_set)
+    result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor, compression,
+                              process_set)
     return compression.decompress(result, ctx)
 
 
@@ -264,12 +266,13 @@ def barrier(process_set=global_process_set):
 class _Allreduce(torch.autograd.Function):
     # the gradient of an allreduce is the allreduce of the gradient, with the same op
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compressed, process_set):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression,
+                process_set):
         ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
-        if compressed:  # in place on a copy: the caller's tensor stays as it was
+        if wire_of(compression):  # in place on a copy: the caller's tensor stays as it was
             return synchronize(compressed_allreduce_async_(
-                tensor.detach().clone(), None, name, op, prescale_factor, postscale_factor,
-                process_set))
+                tensor.detach().clone(), compression, name, op, prescale_factor,
+                postscale_factor, process_set))
         return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
                                            postscale_factor, process_set))
 

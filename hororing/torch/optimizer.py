@@ -85,7 +85,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # None on ranks outside the process set: they step on their own gradients
         included = process_set is None or process_set.included()
         self._group = group_of(process_set) if included else None
-        self._handles = {}        # parameter -> (handle, compression ctx, wire tensor, was sparse)
+        self._handles = {}        # parameter -> (handle, compression ctx, payload, was sparse)
         self._pass_counts = {}
         self._should_synchronize = True
         self._synchronized = False
@@ -168,13 +168,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if parameter.grad is None:
                     parameter.grad = torch.zeros_like(parameter)
                 self._start(parameter)
-        for parameter, (handle, ctx, wire, was_sparse) in self._handles.items():
+        for parameter, (handle, ctx, payload, was_sparse) in self._handles.items():
             if isinstance(handle, _SparseHandles):
                 parameter.grad = self._sparse_result(handle, parameter)
                 continue
             mpi_ops.synchronize(handle)
-            if wire is not parameter.grad:
-                parameter.grad.copy_(self._compression.decompress(wire, ctx))
+            if payload is not parameter.grad:
+                parameter.grad.copy_(self._compression.decompress(payload, ctx))
             if was_sparse:  # sparse_as_dense: the optimizer gets a sparse gradient back
                 parameter.grad = parameter.grad.to_sparse()
         self._handles.clear()
@@ -220,13 +220,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         was_sparse = grad.is_sparse
         if was_sparse:
             grad = parameter.grad = grad.to_dense()
-        wire, ctx = self._compression.compress(grad)
-        start = (mpi_ops.compressed_allreduce_async_ if getattr(self._compression, "wire", "")
-                 else mpi_ops.allreduce_async_)
-        handle = start(wire, name=self._names[parameter], op=self._op,
-                       prescale_factor=self._prescale, postscale_factor=self._postscale,
-                       process_set=self.process_set)
-        self._handles[parameter] = (handle, ctx, wire, was_sparse)
+        payload, ctx = self._compression.compress(grad)
+        handle = mpi_ops.compressed_allreduce_async_(
+            payload, self._compression, name=self._names[parameter], op=self._op,
+            prescale_factor=self._prescale, postscale_factor=self._postscale,
+            process_set=self.process_set)
+        self._handles[parameter] = (handle, ctx, payload, was_sparse)
 
 
     def _start_sparse(self, grad, name):

@@ -82,7 +82,8 @@ def test_compressed_float16_moves_as_float16_and_plain_float16_as_float32(reduce
     values = (np.arange(count) % 5 + hvd.rank()).astype(np.float16)  # small integers: exact
     expected = (np.arange(count) % 5 * hvd.size() + hvd.size() * (hvd.size() - 1) / 2)
     compressed = values.copy()
-    hvd.synchronize(compressed_allreduce_async_(compressed, name="wire.fp16", op=hvd.Sum))
+    hvd.synchronize(compressed_allreduce_async_(compressed, hvd.Compression.fp16, name="wire.fp16",
+                                                op=hvd.Sum))
     plain = hvd.allreduce(values, name="wire.plain", op=hvd.Sum)
     np.testing.assert_array_equal(compressed, expected.astype(np.float16))
     np.testing.assert_array_equal(plain, expected.astype(np.float16))
@@ -94,7 +95,8 @@ def test_compressed_average_divides_before_summing_so_float16_cannot_overflow():
     from hororing.collectives import compressed_allreduce_async_
     # 40000 summed over 2+ ranks is past float16's 65504; the average is not
     values = np.full(1000, 40000.0, dtype=np.float16)
-    hvd.synchronize(compressed_allreduce_async_(values, name="wire.average"))
+    hvd.synchronize(compressed_allreduce_async_(values, hvd.Compression.fp16,
+                                                name="wire.average"))
     np.testing.assert_array_equal(values, np.full(1000, 40000.0, dtype=np.float16))
 
 

@@ -108,7 +108,8 @@ def test_compressed_allreduce_of_a_device_array_takes_the_device_path():
     from hororing.collectives import compressed_allreduce_async_
     inputs = [np.full(9, rank + 1, dtype=np.float16) for rank in range(hvd.size())]
     array = device(inputs[hvd.rank()])
-    hvd.synchronize(compressed_allreduce_async_(array, name="dev.compressed", op=hvd.Sum))
+    hvd.synchronize(compressed_allreduce_async_(array, hvd.Compression.fp16, name="dev.compressed",
+                                                op=hvd.Sum))
     np.testing.assert_array_equal(array.copy_to_host(), sum(inputs))
 
 

@@ -28,7 +28,8 @@ def test_mismatched_compression_fails_on_every_rank():
                        match="Mismatched ALLREDUCE compression: One rank sent float16 on the "
                              "wire, but another rank sent float32"):
         if hvd.rank() == 0:
-            hvd.synchronize(compressed_allreduce_async_(values, name="compression"))
+            hvd.synchronize(compressed_allreduce_async_(values, hvd.Compression.fp16,
+                                                        name="compression"))
         else:
             hvd.allreduce(values, name="compression")
 

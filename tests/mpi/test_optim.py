@@ -15,17 +15,32 @@ def rank_grads(rank, seed=0):
     return {"w": rank_input(rank, (2, 3), "float64", seed), "b": rank_input(rank, (3,), "float64", seed + 1)}
 
 
-@pytest.mark.parametrize("compression", [None, "fp16"])
+@pytest.mark.parametrize("compression", [None, "fp16", hvd.Compression.none, hvd.Compression.fp16])
 def test_one_step_uses_the_average_gradient(compression):
     optimizer = hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.5), compression=compression)
     for name, grad in rank_grads(hvd.rank()).items():
         optimizer.grads[name][...] = grad
     optimizer.grad_ready("b")
     assert optimizer.step()
-    tolerance = 1e-12 if compression is None else 2e-2
+    tolerance = 1e-12 if compression in (None, hvd.Compression.none) else 2e-2
     for name, start in make_params().items():
         mean = np.mean([rank_grads(rank)[name] for rank in range(hvd.size())], axis=0)
         np.testing.assert_allclose(optimizer.params[name], start - 0.5 * mean, atol=tolerance)
+
+
+def test_bf16_compression_averages_the_rounded_gradients():
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # an independent bfloat16 rounding
+    optimizer = hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.5),
+                                         compression=hvd.Compression.bf16)
+    for name, grad in rank_grads(hvd.rank()).items():
+        optimizer.grads[name][...] = grad
+    assert optimizer.step()
+    for name, start in make_params().items():
+        rounded = [rank_grads(rank)[name].astype(ml_dtypes.bfloat16).astype(np.float32)
+                   for rank in range(hvd.size())]
+        mean = np.sum(rounded, axis=0, dtype=np.float64) / hvd.size()
+        np.testing.assert_allclose(optimizer.params[name], start - 0.5 * mean, rtol=1e-6,
+                                   atol=1e-6)
 
 
 def test_backward_passes_are_summed_locally_then_averaged():
@@ -51,5 +66,6 @@ def test_momentum_and_bad_arguments():
         hvd.DistributedOptimizer(object())
     with pytest.raises(ValueError, match="backward_passes_per_step must be > 0, got 0"):
         hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.1), backward_passes_per_step=0)
-    with pytest.raises(ValueError, match="compression must be None or 'fp16'"):
+    with pytest.raises(ValueError, match=r"compression must be hvd.Compression.none, .fp16 or "
+                                         r".bf16 .*got 'int8'"):
         hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.1), compression="int8")

@@ -1,0 +1,143 @@
+"""Gradient compression: one interface, one implementation per kind, for every binding.
+
+A compressor has ``compress(tensor) -> (payload, ctx)``, ``decompress(payload, ctx) ->
+tensor`` and ``wire``: the dtype name its payload travels and is summed in between ranks
+("" leaves the engine's own rule, under which float16 is summed in float32). The kinds here
+work on numpy arrays and device arrays through ``kernels.compress``; the torch and
+TensorFlow bindings subclass them with their framework's cast (``cast`` and ``floating``),
+so each kind's rule is written once.
+
+Example:
+    >>> optimizer = hvd.DistributedOptimizer(hvd.SGD(params, lr=0.1),
+    ...                                      compression=hvd.Compression.fp16)
+"""
+
+import numpy as np
+
+from .kernels import from_bf16, from_fp16, to_bf16, to_fp16
+
+
+class Compressor:
+    """The interface; subclass it for a compressor of your own (its payload then travels as
+    it is, unless it sets ``wire``)."""
+
+    wire = ""
+
+    @classmethod
+    def compress(cls, tensor):
+        return tensor, None
+
+    @classmethod
+    def decompress(cls, tensor, ctx):
+        return tensor
+
+
+class NoneCompressor(Compressor):
+    """Send tensors as they are."""
+
+
+class CastCompressor(Compressor):
+    """Send floating tensors cast to ``target``; integers as they are. Subclasses for a
+    framework override ``floating(tensor)`` and ``cast(tensor, like)``."""
+
+    target = None  # the dtype name floating tensors are cast to
+
+    @classmethod
+    def compress(cls, tensor):
+        if cls.floating(tensor) and not cls.is_target(tensor):
+            return cls.cast_to_target(tensor), tensor.dtype
+        return tensor, None
+
+    @classmethod
+    def decompress(cls, tensor, ctx):
+        return tensor if ctx is None else cls.cast_back(tensor, ctx)
+
+    # numpy and device arrays (cupy, numba.cuda); bindings override these
+    @staticmethod
+    def floating(tensor):
+        return np.dtype(tensor.dtype).kind == "f"
+
+    @classmethod
+    def is_target(cls, tensor):
+        return np.dtype(tensor.dtype) == np.dtype(cls.target)
+
+
+class FP16Compressor(CastCompressor):
+    """Send floating tensors as float16: half the bytes of float32 move between ranks.
+
+    Each addition is computed in float32 and rounded to float16 between ranks; Average
+    divides before summing, so the sum cannot overflow where the average would not. (Device
+    arrays are summed in float32 on the device path.)
+    """
+
+    target = "float16"
+    wire = "float16"
+
+    @staticmethod
+    def cast_to_target(tensor):
+        payload = _empty_like(tensor, np.float16)
+        to_fp16(tensor, payload)
+        return payload
+
+    @staticmethod
+    def cast_back(tensor, dtype):
+        output = _empty_like(tensor, dtype)
+        from_fp16(tensor, output)
+        return output
+
+
+class BF16Compressor(CastCompressor):
+    """Round floating tensors to bfloat16 (float32's range, fewer mantissa bits).
+
+    numpy has no bfloat16, so the rounded values travel as float32: this saves no bytes on
+    the wire; it gives bfloat16's rounding where a model expects it.
+    """
+
+    target = "bfloat16"
+
+    @classmethod
+    def is_target(cls, tensor):
+        return False  # no numpy array holds bfloat16: every floating one is rounded
+
+    @staticmethod
+    def cast_to_target(tensor):
+        single = tensor if np.dtype(tensor.dtype) == np.float32 else tensor.astype(np.float32)
+        bits = _empty_like(single, np.uint16)
+        to_bf16(single, bits)
+        rounded = _empty_like(single, np.float32)
+        from_bf16(bits, rounded)
+        return rounded
+
+    @staticmethod
+    def cast_back(tensor, dtype):
+        return tensor if np.dtype(dtype) == np.float32 else tensor.astype(dtype)
+
+
+class Compression:
+    """Horovod's names: ``Compression.none``, ``Compression.fp16``; plus ``Compression.bf16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor
+
+
+def wire_of(compressor):
+    """The wire dtype name of ``compressor``'s payloads ("" for a compressor that does not
+    derive from ``Compressor``: its payload travels as it is)."""
+    if isinstance(compressor, type) and issubclass(compressor, Compressor):
+        return compressor.wire
+    return compressor.wire if isinstance(compressor, Compressor) else ""
+
+
+def _empty_like(array, dtype):
+    """An uninitialized array of ``array``'s shape, library and device, in ``dtype``."""
+    if isinstance(array, np.ndarray):
+        return np.empty(array.shape, dtype=dtype)
+    module = type(array).__module__
+    if module.startswith("cupy"):
+        import cupy
+
+        return cupy.empty(array.shape, dtype=dtype)
+    from numba import cuda
+
+    return cuda.device_array(array.shape, dtype=dtype)
