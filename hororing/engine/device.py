@@ -40,7 +40,6 @@ class DeviceBuffers:
         self.algorithms = {"ring": ring, "small": small, "hierarchical": ring}
         if "ps" in host:
             self.algorithms["ps"] = HostRoundTrip(host["ps"])  # the servers reduce on the host
-        self.ring = ring
         self._fusion = FusionBuffer(self.empty, config.fusion_threshold)
 
     # the algorithms' device protocol (CUDA-aware MPI)
