@@ -147,8 +147,9 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
         return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
                           inplace=True)
     if not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire):
-        raise TypeError(f"compressed_allreduce_async_ with {getattr(compression, '__name__', compression)} "
-                        f"takes the {wire} numpy array its compress() made, got "
+        kind = getattr(compression, "__name__", compression)
+        raise TypeError(f"compressed_allreduce_async_ with {kind} takes the {wire} numpy array "
+                        f"its compress() made, got "
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
     return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
                       inplace=True, wire=wire)

@@ -4,8 +4,8 @@ A compressor has ``compress(tensor) -> (payload, ctx)``, ``decompress(payload, c
 tensor`` and ``wire``: the dtype name its payload travels and is summed in between ranks
 ("" leaves the engine's own rule, under which float16 is summed in float32). The kinds here
 work on numpy arrays and device arrays through ``kernels.compress``; the torch and
-TensorFlow bindings subclass them with their framework's cast (``cast`` and ``floating``),
-so each kind's rule is written once.
+TensorFlow bindings subclass them with their framework's dtype test and casts (``floating``,
+``is_target``, ``cast_to_target``, ``cast_back``), so each kind's rule is written once.
 
 Example:
     >>> optimizer = hvd.DistributedOptimizer(hvd.SGD(params, lr=0.1),
@@ -37,8 +37,9 @@ class NoneCompressor(Compressor):
 
 
 class CastCompressor(Compressor):
-    """Send floating tensors cast to ``target``; integers as they are. Subclasses for a
-    framework override ``floating(tensor)`` and ``cast(tensor, like)``."""
+    """Send floating tensors cast to ``target``; integers as they are. Each kind defines
+    ``cast_to_target(tensor)`` and ``cast_back(tensor, dtype)``; a framework's subclass
+    overrides those and ``floating(tensor)`` and ``is_target(tensor)``."""
 
     target = None  # the dtype name floating tensors are cast to
 

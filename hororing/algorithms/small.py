@@ -42,8 +42,6 @@ class GatherReduce:
                     reduce_into(buffer, rows[row], op)
         if finalize is not None:
             finalize(buffer)
-        if self.device is not None:
-            self.device.synchronize()
 
     def _rows_for(self, buffer):
         needed = self.size * buffer.nbytes

@@ -25,9 +25,6 @@ from ..kernels import divide_into, divide_trunc, pack, scale_into, unpack
 from ..ops import Average, KERNEL_OP, Sum
 from .buffers import HostBuffers
 
-KINDS = ("ring", "small", "hierarchical", "ps")
-
-
 class AllreducePipeline:
     """Runs allreduce buckets on one communicator, on host or device buffers."""
 

@@ -33,8 +33,7 @@ class Executor:
         self.rank = comm.Get_rank()
         self.config = config
         self.timeline = timeline
-        self.ring = Ring(comm, config.ring_subchunk_bytes)
-        algorithms = {"ring": self.ring, "small": GatherReduce(comm)}
+        algorithms = {"ring": Ring(comm, config.ring_subchunk_bytes), "small": GatherReduce(comm)}
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer
         else:
@@ -112,9 +111,8 @@ class Executor:
         if meta.kind != "allreduce" or meta.device != "cpu":
             return None
         nbytes = wire_bytes(meta)
-        if nbytes < self.config.small_allreduce_bytes and self.allreduce.kind_for(nbytes) == "small":
-            return nbytes
-        return None
+        small = nbytes < self.config.small_allreduce_bytes
+        return nbytes if small and self.allreduce.kind_for(nbytes) == "small" else None
 
     def finish_inline(self, response, request, rows):
         """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
@@ -123,7 +121,7 @@ class Executor:
         started = time.monotonic()
         meta = response.meta
         reduce_dtype = wire_dtype(meta.dtype, meta.wire)
-        output = self.allreduce.host.output(response, request, np.dtype(meta.dtype), None)
+        output = self.allreduce.host.output(response, request, meta.dtype, None)
         flat = output.reshape(-1)
         buffer = flat if reduce_dtype == flat.dtype else np.empty(flat.size, dtype=reduce_dtype)
         REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce(rows.view(reduce_dtype), axis=0, out=buffer)
