@@ -31,7 +31,7 @@ class Config:
     timeline_mark_cycles: bool = False
     # Allreduces below this many bytes take the latency path (one MPI_Allgather, then a local
     # reduction in rank order); from it up, the pipelined ring. Measured crossover:
-    # scripts/bench_allreduce.py --sweep-threshold, docs/benchmarks.md.
+    # scripts/bench_tuning.py --setting small, docs/tuning.md.
     small_allreduce_bytes: int = 64 * 1024
     # Hierarchical allreduce (reduce inside each node, across nodes by slices, gather):
     # True = every ring-sized bucket (HOROVOD_HIERARCHICAL_ALLREDUCE=1); False = never (=0);
@@ -43,8 +43,21 @@ class Config:
     hierarchical_allreduce: object = None
     hierarchical_threshold_bytes: object = None
     # Ring sub-chunk: the unit that is in flight while the previous one is reduced.
-    # Measured: scripts/bench_allreduce.py --sweep-subchunk, docs/benchmarks.md.
+    # Measured: scripts/bench_tuning.py --setting subchunk, docs/tuning.md.
     ring_subchunk_bytes: int = 1024 * 1024
+    # How every wait on MPI requests polls (transport.wait): this many tests back to back,
+    # then tests with a sched_yield between them up to wait_yield_tests, then sleeps that
+    # double up to wait_max_sleep_us. Spinning is fastest when each rank has a core; yielding
+    # and sleeping let an oversubscribed job move. Measured: scripts/bench_tuning.py
+    # --setting waits, docs/tuning.md.
+    wait_spin_tests: int = 50
+    wait_yield_tests: int = 2000
+    wait_max_sleep_us: float = 1000.0
+    # How often the engine looks for its peers' wake-ups: while collectives flow (the
+    # background thread, and a blocking caller whose peers are late), and after a second
+    # without any. Measured: scripts/bench_tuning.py --setting poll, docs/tuning.md.
+    poll_active_us: float = 500.0
+    poll_idle_us: float = 5000.0
     log_level: str = "warning"
     # "ring", or "ps": allreduce through parameter servers (the baseline the ring is
     # compared with; README, "Parameter-server mode").
@@ -56,6 +69,12 @@ class Config:
     # Device buffers straight to MPI (True) or staged through pinned host memory (False);
     # None: ask the MPI library (hororing/gpu/aware.py).
     cuda_aware: object = None
+    # The staged ring (no CUDA-aware MPI) copies finished pieces back to the device in copies
+    # of at least this many bytes: each copy costs ~120 us of Python and driver time, so one
+    # per 1 MiB ring piece costs more than the bytes. Measured on an H100 with
+    # scripts/bench_gpu.py's device allreduce (docs/gpu.md): 64 MiB took 43.9 ms with one
+    # copy per piece, 25.9 ms with 8 MiB copies.
+    staged_copy_bytes: int = 8 * MiB
     # init() makes GPU local_rank % device_count current (False: leave the current GPU alone).
     select_device: bool = True
     # add_process_set()/remove_process_set() after init (Horovod's opt-in switch).
@@ -105,6 +124,18 @@ class Config:
         if self.start_timeout_s < 0:
             raise ValueError(f"start timeout must be >= 0 s (HOROVOD_START_TIMEOUT), got "
                              f"{self.start_timeout_s}")
+        for name in ("wait_spin_tests", "wait_yield_tests", "wait_max_sleep_us",
+                     "poll_active_us", "poll_idle_us"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (HORORING_{name.upper()}), got "
+                                 f"{getattr(self, name)}")
+        if self.wait_yield_tests < self.wait_spin_tests:
+            raise ValueError(f"wait_yield_tests ({self.wait_yield_tests}) must be >= "
+                             f"wait_spin_tests ({self.wait_spin_tests}): the yield phase "
+                             f"follows the spin phase (HORORING_WAIT_YIELD_TESTS)")
+        if self.staged_copy_bytes <= 0:
+            raise ValueError(f"staged copy size must be > 0 bytes (HORORING_STAGED_COPY_BYTES), "
+                             f"got {self.staged_copy_bytes}")
         if self.ps_replicas < 0:
             raise ValueError(f"replicas_to_aggregate must be >= 1 (or 0 for all workers), got "
                              f"{self.ps_replicas}")
@@ -152,7 +183,13 @@ _ENV_FIELDS = {
     "ps_placement": (("HORORING_PS_PLACEMENT",), str),
     "ps_partition_bytes": (("HORORING_PS_PARTITION_BYTES",), int),
     "ps_replicas": (("HORORING_PS_REPLICAS_TO_AGGREGATE",), int),
+    "wait_spin_tests": (("HORORING_WAIT_SPIN_TESTS",), int),
+    "wait_yield_tests": (("HORORING_WAIT_YIELD_TESTS",), int),
+    "wait_max_sleep_us": (("HORORING_WAIT_MAX_SLEEP_US",), float),
+    "poll_active_us": (("HORORING_POLL_ACTIVE_US",), float),
+    "poll_idle_us": (("HORORING_POLL_IDLE_US",), float),
     "cuda_aware": (("HORORING_CUDA_AWARE",), _flag),
+    "staged_copy_bytes": (("HORORING_STAGED_COPY_BYTES",), int),
     "select_device": (("HORORING_SELECT_DEVICE",), _flag),
     "dynamic_process_sets": (_names("DYNAMIC_PROCESS_SETS"), _flag),
     "start_timeout_s": (_names("START_TIMEOUT"), float),

@@ -173,6 +173,8 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         config = Config.from_environ(mode=mode, ps_servers=num_servers, ps_placement=placement,
                                      ps_replicas=replicas_to_aggregate, **config_overrides)
         _configure_logging(config.log_level)
+        transport.set_backoff(config.wait_spin_tests, config.wait_yield_tests,
+                              config.wait_max_sleep_us / 1e6)
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
             raise RuntimeError(

@@ -13,12 +13,24 @@ import time
 import numpy as np
 from ._mpi import MPI
 
-_SPIN_TESTS = 50
-_YIELD_TESTS = 2000
-_MAX_SLEEP_S = 0.001
-
-
 _ABORT_GRACE_S = 1.0
+
+
+class _Backoff:
+    """How ``wait_until`` polls; one per process, set from Config by ``hororing.init``."""
+
+    spin_tests = 50
+    yield_tests = 2000
+    max_sleep_s = 0.001
+
+
+def set_backoff(spin_tests, yield_tests, max_sleep_s):
+    """Set how every wait polls: ``spin_tests`` tests back to back, then tests separated by
+    ``sched_yield`` up to ``yield_tests``, then sleeps doubling up to ``max_sleep_s``
+    (Config.wait_spin_tests, wait_yield_tests, wait_max_sleep_us)."""
+    _Backoff.spin_tests = int(spin_tests)
+    _Backoff.yield_tests = int(yield_tests)
+    _Backoff.max_sleep_s = float(max_sleep_s)
 
 
 def end_job(message):
@@ -57,21 +69,24 @@ def wait_all(requests):
 def wait_until(done, deadline=None, unless_soon=None):
     """Poll ``done()`` with the same back-off until it is true (or the deadline passes);
     ``unless_soon`` as for ``wait``."""
+    spin_tests, yield_tests, max_sleep_s = (_Backoff.spin_tests, _Backoff.yield_tests,
+                                            _Backoff.max_sleep_s)
     tests = 0
-    sleep_s = 1e-5
+    sleep_s = min(1e-5, max_sleep_s)
     while not done():
         tests += 1
         if deadline is not None and tests % 64 == 0 and time.monotonic() > deadline:
             return False
-        if tests < _SPIN_TESTS:
+        if tests < spin_tests:
             continue
-        if tests == _SPIN_TESTS and unless_soon is not None:
+        if unless_soon is not None:  # once, at the end of the spin phase
             unless_soon()
-        if tests < _YIELD_TESTS:
+            unless_soon = None
+        if tests < yield_tests:
             os.sched_yield()
             continue
         time.sleep(sleep_s)
-        sleep_s = min(sleep_s * 2, _MAX_SLEEP_S)
+        sleep_s = min(sleep_s * 2, max_sleep_s)
     return True
 
 

@@ -7,23 +7,21 @@ the event of the chunk it is about to read, so later chunks are still crossing t
 the first ones are already on the wire. Pieces are copied back on a second stream once they
 hold their final value (the pieces this rank finishes reducing, then every piece the
 allgather delivers), so the return trip overlaps the allgather. Adjacent final pieces are
-joined into copies of at least UP_COPY_BYTES: each copy costs on the order of 100 us of
-Python and driver time (measured on an H100), so one copy per ring piece (1 MiB) would
-cost more than the bytes. MPI only ever sees host memory.
+joined into copies of at least ``copy_bytes`` (Config.staged_copy_bytes, 8 MiB): each copy
+costs on the order of 100 us of Python and driver time (measured on an H100), so one copy
+per ring piece (1 MiB) would cost more than the bytes. MPI only ever sees host memory.
 """
 
 import numpy as np
 
 from .plan import chunk_bounds
 
-UP_COPY_BYTES = 8 * 1024 * 1024
-
-
 class StagedRing:
     """``allreduce`` on a numba.cuda device buffer with the host ``ring``."""
 
-    def __init__(self, ring):
+    def __init__(self, ring, copy_bytes):
         self.ring = ring
+        self.copy_bytes = copy_bytes
         self.contributors = ring.contributors
         self._host = np.empty(0, dtype=np.uint8)
         self._streams = None
@@ -36,7 +34,7 @@ class StagedRing:
         host = self._pinned(buffer.dtype, buffer.size)
         bounds = chunk_bounds(buffer.size, self.ring.size)
         stage = _Stage(buffer, host, bounds, first_reads(self.ring.schedule(), len(bounds)),
-                       *self._streams)
+                       self.copy_bytes, *self._streams)
         self.ring.allreduce(host, op, finalize, stage=stage)
         stage.finish()
 
@@ -60,12 +58,12 @@ def first_reads(schedule, chunks):
 
 
 class _Stage:
-    def __init__(self, device, host, bounds, order, down, up):
+    def __init__(self, device, host, bounds, order, copy_bytes, down, up):
         from numba import cuda
 
         self.device, self.host, self.up = device, host, up
         self.pending = None  # final elements [start, stop) not yet copied back
-        self.copy_elements = max(1, UP_COPY_BYTES // host.itemsize)
+        self.copy_elements = max(1, copy_bytes // host.itemsize)
         self.arrived = {}
         for chunk in order:
             start, stop = bounds[chunk]

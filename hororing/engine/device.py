@@ -34,7 +34,7 @@ class DeviceBuffers:
             ring.contributors = host["ring"].contributors
             small = GatherReduce(comm, device=self)
         else:
-            ring = StagedRing(host["ring"])
+            ring = StagedRing(host["ring"], config.staged_copy_bytes)
             small = HostRoundTrip(host["small"])
         # a device bucket never takes the hierarchical path: the ring stands in for it
         self.algorithms = {"ring": ring, "small": small, "hierarchical": ring}

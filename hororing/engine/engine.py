@@ -40,8 +40,9 @@ log = logging.getLogger("hororing")
 
 FLAG_FAILED = 1
 FLAG_SHUTDOWN = 2
-_POLL_ACTIVE_S = 0.0005    # background wake-up check while collectives are flowing
-_POLL_IDLE_S = 0.005       # ... and after a second without any
+# How often the stall check runs, and how long a tensor announced by its cache bit may wait
+# before its rank asks for a gathered cycle (so the stall warning can name who is missing).
+# Not a speed setting: one pass over the pending requests a second costs nothing measurable.
 _STALL_CHECK_EVERY_S = 1.0
 _INLINE_FIELDS = 2  # a folded row: all ones (or 0: not this time), the cache id (or -1)
 
@@ -51,6 +52,8 @@ class Engine:
 
     def __init__(self, comm, config, timeline, reducer=None):
         self.config = config
+        self._poll_active_s = config.poll_active_us / 1e6
+        self._poll_idle_s = config.poll_idle_us / 1e6
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._comm_negotiate = comm.Dup()
@@ -158,7 +161,7 @@ class Engine:
             else:  # the peers are not there yet: poll for their wake-ups, backing off
                 now = time.monotonic()
                 idle_since = idle_since or now
-                ceiling = _POLL_ACTIVE_S if now - idle_since < 1.0 else _POLL_IDLE_S
+                ceiling = self._poll_active_s if now - idle_since < 1.0 else self._poll_idle_s
                 handle.wait(idle_wait)
                 idle_wait = min(idle_wait * 2, ceiling)
         return handle.result()
@@ -209,7 +212,7 @@ class Engine:
                 # while a caller drives, it polls for wake-ups itself: waking often here too
                 # would only take CPU time from the ranks it is waiting for (oversubscribed)
                 busy = now - last_activity < 1.0 and not self._drivers
-                interval = _POLL_ACTIVE_S if busy else _POLL_IDLE_S
+                interval = self._poll_active_s if busy else self._poll_idle_s
                 if self._work.wait(interval):
                     self._work.clear()
                     # let tensors submitted together arrive, so they negotiate and fuse as one

@@ -135,3 +135,22 @@ def test_device_allreduce_forced_to_each_algorithm(kind):
     np.testing.assert_allclose(result.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
                                rtol=1e-5, atol=1e-4)
     assert [seen_kind for seen_kind, _, _ in seen] == [kind]
+
+
+@pytest.mark.parametrize("copy_bytes", [4, 4096, 8 * 1024 * 1024])
+def test_staged_ring_gives_the_same_sums_whatever_its_return_copy_size(copy_bytes):
+    # one return copy per element, per few pieces, or all joined: the staged ring on its own
+    # (not the engine's), with 1 KiB sub-chunks so that a rank's pieces are many
+    from mpi4py import MPI
+    from hororing.algorithms.ring import Ring
+    from hororing.algorithms.staged import StagedRing
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        staged = StagedRing(Ring(comm, 1024), copy_bytes)
+        inputs = all_inputs(comm.Get_size(), (10007,), "float64", seed=23)
+        buffer = device(inputs[comm.Get_rank()])
+        staged.allreduce(buffer, "sum")
+        np.testing.assert_allclose(buffer.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
+                                   rtol=1e-12)
+    finally:
+        comm.Free()
