@@ -4,8 +4,8 @@ Cycles are collective. Each starts with a vote: one fixed-size MPI_Iallreduce (b
 of one bit per already-negotiated tensor this rank has pending, and a field saying whether
 this rank needs more. In the steady state nobody does, and the AND is the ready list: one
 reduction of ~(cache capacity / 8) bytes, whatever the number of ranks. A rank with a new
-name, new metadata or a flag asks for a gathered cycle: every rank's header row and payload
-are then gathered too, and every rank computes the same ready list from the same table
+name, new metadata or a flag asks for a gathered cycle: every rank's header row and notes
+(the names it announces with their metadata, a failing rank's message) are then gathered too, and every rank computes the same ready list from the same table
 (``negotiation``).
 A rank starts a cycle only when it has something to announce; if the cycle's first
 exchange has not completed after a brief spin, it sends a one-word wake-up to its peers,
@@ -32,7 +32,7 @@ from .. import transport
 from ..errors import HorovodInternalError
 from .executor import Executor
 from .wakeups import Wakeups
-from .negotiation import (CYCLE, FLAGS, JOIN_NAME, PAYLOAD_BYTES, Negotiator, agreed_bits,
+from .negotiation import (CYCLE, FLAGS, JOIN_NAME, NOTES_BYTES, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather,
                           vote_words)
 
@@ -257,16 +257,16 @@ class Engine:
             fresh, self._queue = self._queue, []
             self._async_waiting = False
         negotiator = self.negotiator
-        submissions = []
+        by_name = []  # (name, Meta) of what goes by name this cycle; the rest go by bit
         for request in fresh:
             request.announced = True
             if not negotiator.holds(request.name):
                 request.cache_id = negotiator.cache.lookup(request.name, request.meta)
             if request.cache_id is None:
-                submissions.append((request.name, request.meta))
+                by_name.append((request.name, request.meta))
             else:
                 self._by_bit[request.name] = request
-        needs_gather = bool(submissions or self._outgoing_flags or self._gather_requested)
+        needs_gather = bool(by_name or self._outgoing_flags or self._gather_requested)
         if self._inline_bytes is not None:
             folded = self._inline_cycle(needs_gather, deadline, wake)
             if folded is None:
@@ -283,7 +283,7 @@ class Engine:
         self._stats["cycles"] += 1
         self._stats["received_bytes"] += self._agreed.nbytes
         if vote_needs_gather(self._agreed):
-            responses = self._gathered_cycle(submissions, cache_ids, deadline)
+            responses = self._gathered_cycle(by_name, cache_ids, deadline)
             if responses is None:
                 return False
         else:
@@ -337,29 +337,30 @@ class Engine:
         self.executor.finish_inline(response, self._take(response.name), rows[:, head:])
         return True
 
-    def _gathered_cycle(self, submissions, cache_ids, deadline):
-        """Gather every rank's header row and payload into the table; return the ready
-        responses (None: the deadline passed)."""
+    def _gathered_cycle(self, by_name, cache_ids, deadline):
+        """Gather every rank's header row and notes into the table; return the ready
+        responses (None: the deadline passed). A rank's notes are the pickled pair
+        (its (name, Meta) announcements by name, its outgoing message)."""
         self._gather_requested = False
         self._stats["gather_cycles"] += 1
-        payload = b""
-        if submissions or self._outgoing_flags:
-            payload = pickle.dumps((submissions, self._outgoing_message))
-        self._encode_header(len(payload), cache_ids)
+        own_notes = b""
+        if by_name or self._outgoing_flags:
+            own_notes = pickle.dumps((by_name, self._outgoing_message))
+        self._encode_header(len(own_notes), cache_ids)
         if not transport.wait(self._comm_negotiate.Iallgather(self._header, self._headers),
                               deadline=deadline):
             return None
         self._stats["received_bytes"] += self._headers.nbytes
         gathered = None
-        if np.count_nonzero(self._headers[:, PAYLOAD_BYTES]):  # metadata or flags come with one
-            payloads = self._gather_payloads(payload, deadline)
-            if payloads is None:
+        if np.count_nonzero(self._headers[:, NOTES_BYTES]):  # metadata or flags come with notes
+            notes = self._gather_notes(own_notes, deadline)
+            if notes is None:
                 return None
-            self._stats["received_bytes"] += int(self._headers[:, PAYLOAD_BYTES].sum())
+            self._stats["received_bytes"] += int(self._headers[:, NOTES_BYTES].sum())
             if np.count_nonzero(self._headers[:, FLAGS]):
-                self._apply_flags(payloads)
+                self._apply_flags(notes)
                 return ()
-            gathered = [payload[0] if payload else None for payload in payloads]
+            gathered = [rank_notes[0] if rank_notes else None for rank_notes in notes]
         self.negotiator.absorb_cycle(self._headers, gathered, time.monotonic())
         self._by_bit.clear()  # the bits are in the table now: matched by name from here on
         return self.negotiator.ready()
@@ -374,22 +375,22 @@ class Engine:
             encode_vote(self._vote, needs_gather, cache_ids)
             self._vote_key = key
 
-    def _encode_header(self, payload_bytes, cache_ids):
+    def _encode_header(self, notes_bytes, cache_ids):
         # a steady state repeats one header: then only the cycle number changes
-        key = (payload_bytes, self._outgoing_flags, cache_ids)
+        key = (notes_bytes, self._outgoing_flags, cache_ids)
         if key == self._header_key:
             self._header[CYCLE] = self._cycle
         else:
-            encode_header(self._header, self._cycle, payload_bytes, self._outgoing_flags, cache_ids)
+            encode_header(self._header, self._cycle, notes_bytes, self._outgoing_flags, cache_ids)
             self._header_key = key
 
-    def _gather_payloads(self, payload, deadline):
-        lengths = self._headers[:, PAYLOAD_BYTES]
+    def _gather_notes(self, own_notes, deadline):
+        lengths = self._headers[:, NOTES_BYTES]
         gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         offsets = np.zeros(self.size, dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
         request = self._comm_negotiate.Iallgatherv(
-            np.frombuffer(payload, dtype=np.uint8),
+            np.frombuffer(own_notes, dtype=np.uint8),
             [gathered, lengths.tolist(), offsets.tolist(), MPI.BYTE])
         if not transport.wait(request, deadline=deadline):
             return None
@@ -402,11 +403,11 @@ class Engine:
         with self._queue_lock:
             return self._pending.pop(name, None)
 
-    def _apply_flags(self, payloads):
+    def _apply_flags(self, notes):
         reasons = []
         for rank in range(self.size):
             flags = int(self._headers[rank, FLAGS])
-            message = payloads[rank][1] if payloads[rank] else None
+            message = notes[rank][1] if notes[rank] else None
             if flags & FLAG_FAILED:
                 self._failed_job = True
                 reasons.append(f"rank {rank} failed: {message}")

@@ -13,7 +13,8 @@ vote: one fixed-size bitwise-AND reduction of each rank's cache bits and one fie
 rank asks for more (the steady state of a training loop), the AND is the ready set, read
 off with one dictionary lookup: the cycle's bytes and work do not grow with the ranks.
 A rank asks for a gathered cycle when it has a new name, new metadata, or a flag: then
-every rank's header row and payload are gathered and enter the table (``absorb_cycle``),
+every rank's header row and notes (the (name, Meta) pairs it announces by name, and a
+failing rank's message) are gathered and enter the table (``absorb_cycle``),
 including the cached bits, which are matched by name from then on.
 """
 
@@ -128,23 +129,24 @@ class Negotiator:
         self._counter = itertools.count()
         self._join_order = {}  # rank -> when it joined, while a join is pending
 
-    def absorb(self, rank, cache_ids, submissions, now):
-        """Record what ``rank`` announced this cycle: cached ids and (name, Meta) pairs."""
+    def absorb(self, rank, cache_ids, by_name, now):
+        """Record what ``rank`` announced this cycle: cached ids, and (name, Meta) pairs
+        announced by name."""
         for cache_id in cache_ids:
             name, meta = self.cache.resolve(cache_id)
             self._add(rank, name, meta, now)
-        for name, meta in submissions:
+        for name, meta in by_name:
             self._add(rank, name, meta, now)
 
-    def absorb_cycle(self, headers, submissions, now):
-        """Record a gathered cycle: every rank's header row and its (name, Meta) submissions
-        (None: no rank sent any). Cached ids in the rows enter the table too, so from here
+    def absorb_cycle(self, headers, by_name, now):
+        """Record a gathered cycle: every rank's header row and the (name, Meta) pairs it
+        announced by name (``by_name[rank]``; None: no rank sent any). Cached ids in the rows enter the table too, so from here
         on those tensors are matched by name, with the ranks that have not announced them
         named if they stall."""
-        if submissions is None:
-            submissions = (None,) * self.size
+        if by_name is None:
+            by_name = (None,) * self.size
         for rank in range(self.size):
-            self.absorb(rank, decode_cache_ids(headers[rank]), submissions[rank] or (), now)
+            self.absorb(rank, decode_cache_ids(headers[rank]), by_name[rank] or (), now)
 
     def holds(self, name):
         """True if a tensor of this name must be announced by name, not by its cache bit:
@@ -289,7 +291,7 @@ def _wire_name(meta):
 
 
 HEADER_FIELDS = 3  # the header's fields, then its cache bits:
-CYCLE, PAYLOAD_BYTES, FLAGS = range(HEADER_FIELDS)
+CYCLE, NOTES_BYTES, FLAGS = range(HEADER_FIELDS)  # NOTES_BYTES: the rank's pickled notes
 VOTE_FIELDS = 1    # all ones: this rank needs no gathered cycle; zero: it does
 _AGREED_VOTES = 64  # distinct reduced votes remembered
 
@@ -304,11 +306,11 @@ def vote_words(cache_capacity):
     return VOTE_FIELDS + (cache_capacity + 63) // 64
 
 
-def encode_header(header, cycle, payload_bytes, flags, cache_ids):
+def encode_header(header, cycle, notes_bytes, flags, cache_ids):
     """Fill the int64 ``header`` in place."""
     header[:] = 0
     header[CYCLE] = cycle
-    header[PAYLOAD_BYTES] = payload_bytes
+    header[NOTES_BYTES] = notes_bytes
     header[FLAGS] = flags
     _set_bits(header[HEADER_FIELDS:], cache_ids)
 

@@ -153,7 +153,7 @@ def test_stalled_entries_name_the_missing_ranks_once_per_interval():
 def test_header_bits_roundtrip(capacity):
     header = np.zeros(header_words(capacity), dtype=np.int64)
     ids = sorted({0, 63, capacity - 1, capacity // 2} & set(range(capacity)))
-    encode_header(header, cycle=7, payload_bytes=12, flags=2, cache_ids=ids)
+    encode_header(header, cycle=7, notes_bytes=12, flags=2, cache_ids=ids)
     assert header[:3].tolist() == [7, 12, 2]
     assert decode_cache_ids(header) == ids
 
@@ -161,7 +161,7 @@ def test_header_bits_roundtrip(capacity):
 def _headers(size, capacity, ids_per_rank):
     headers = np.zeros((size, header_words(capacity)), dtype=np.int64)
     for rank, ids in enumerate(ids_per_rank):
-        encode_header(headers[rank], cycle=1, payload_bytes=0, flags=0, cache_ids=ids)
+        encode_header(headers[rank], cycle=1, notes_bytes=0, flags=0, cache_ids=ids)
     return headers
 
 
