@@ -30,9 +30,13 @@ class Config:
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
     # Allreduces below this many bytes take the latency path (one MPI_Allgather, then a local
-    # reduction in rank order); from it up, the pipelined ring. Measured crossover:
-    # scripts/bench_tuning.py --setting small, docs/tuning.md.
-    small_allreduce_bytes: int = 64 * 1024
+    # reduction in rank order); from it up, the pipelined ring. None (the default): automatic,
+    # small_allreduce_total_bytes // ranks, so the rows every rank gathers stay under that
+    # total. The latency path gathers ranks x bytes where the ring moves ~2 x bytes, so its
+    # crossover shrinks as the job grows: measured at 2, 3 and 4 ranks where
+    # ranks x bytes is 1-2 MiB (scripts/bench_tuning.py --setting small, docs/tuning.md).
+    small_allreduce_bytes: object = None
+    small_allreduce_total_bytes: int = MiB
     # Hierarchical allreduce (reduce inside each node, across nodes by slices, gather):
     # True = every ring-sized bucket (HOROVOD_HIERARCHICAL_ALLREDUCE=1); False = never (=0);
     # None = automatic: when the job spans several nodes, buckets from
@@ -82,6 +86,12 @@ class Config:
     # Seconds every rank has to reach init() (hororun --start-timeout); 0: wait for ever.
     start_timeout_s: float = 0.0
 
+    def small_threshold(self, ranks):
+        """Bytes below which an allreduce over ``ranks`` ranks takes the latency path."""
+        if self.small_allreduce_bytes is not None:
+            return self.small_allreduce_bytes
+        return self.small_allreduce_total_bytes // max(ranks, 1)
+
     @classmethod
     def from_environ(cls, environ=None, **overrides):
         """Build a Config from ``environ`` (default ``os.environ``) and explicit overrides."""
@@ -109,8 +119,13 @@ class Config:
         if self.hierarchical_threshold_bytes is not None and self.hierarchical_threshold_bytes < 0:
             raise ValueError(f"hierarchical threshold must be >= 0 bytes, got "
                              f"{self.hierarchical_threshold_bytes}")
-        if self.small_allreduce_bytes < 0:
-            raise ValueError(f"small allreduce threshold must be >= 0, got {self.small_allreduce_bytes}")
+        if self.small_allreduce_bytes is not None and self.small_allreduce_bytes < 0:
+            raise ValueError(f"small allreduce threshold must be >= 0 bytes "
+                             f"(HORORING_SMALL_ALLREDUCE_BYTES), got {self.small_allreduce_bytes}")
+        if self.small_allreduce_total_bytes < 0:
+            raise ValueError(f"small allreduce total must be >= 0 bytes "
+                             f"(HORORING_SMALL_ALLREDUCE_TOTAL_BYTES), got "
+                             f"{self.small_allreduce_total_bytes}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES} (HORORING_MODE), got {self.mode!r}")
         if self.ps_servers < 0:
@@ -174,6 +189,7 @@ _ENV_FIELDS = {
     "timeline_path": (_names("TIMELINE"), str),
     "timeline_mark_cycles": (_names("TIMELINE_MARK_CYCLES"), _flag),
     "small_allreduce_bytes": (("HORORING_SMALL_ALLREDUCE_BYTES",), int),
+    "small_allreduce_total_bytes": (("HORORING_SMALL_ALLREDUCE_TOTAL_BYTES",), int),
     "ring_subchunk_bytes": (("HORORING_RING_SUBCHUNK_BYTES",), int),
     "hierarchical_allreduce": (_names("HIERARCHICAL_ALLREDUCE"), _flag),
     "hierarchical_threshold_bytes": (("HORORING_HIERARCHICAL_THRESHOLD_BYTES",), int),

@@ -8,7 +8,7 @@ pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and 
 branches on host or device itself.
 
 The algorithm kind for a buffer of n bytes: ``ps`` in parameter-server mode, else ``small``
-(gather and reduce, one latency) below the small-message threshold, else ``hierarchical``
+(gather and reduce, one latency) below the small-message threshold (``small_bytes``), else ``hierarchical``
 when the job spans nodes and n reaches the hierarchical threshold, else the ``ring``.
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
@@ -33,6 +33,7 @@ class AllreducePipeline:
         records a timeline activity."""
         self.comm = comm
         self.config = config
+        self.small_bytes = config.small_threshold(comm.Get_size())  # the latency path below
         self.host = HostBuffers(algorithms, config.fusion_threshold)
         self.observers = []  # observer(kind, buffer) before each reduction
         self._span = span
@@ -93,7 +94,7 @@ class AllreducePipeline:
         algorithms = self.host.algorithms
         if "ps" in algorithms:
             return "ps"
-        if nbytes < self.config.small_allreduce_bytes:
+        if nbytes < self.small_bytes:
             return "small"
         if "hierarchical" in algorithms and (
                 self.config.hierarchical_allreduce

@@ -111,7 +111,7 @@ class Executor:
         if meta.kind != "allreduce" or meta.device != "cpu":
             return None
         nbytes = wire_bytes(meta)
-        small = nbytes < self.config.small_allreduce_bytes
+        small = nbytes < self.allreduce.small_bytes
         return nbytes if small and self.allreduce.kind_for(nbytes) == "small" else None
 
     def finish_inline(self, response, request, rows):

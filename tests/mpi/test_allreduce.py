@@ -1,5 +1,7 @@
 """Allreduce on every dtype and op, any length, against numpy on the regenerated inputs."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -179,6 +181,23 @@ def test_every_algorithm_forced_gives_the_reference(dtype, length):
         assert_close(results[1], expected[::-1])
         assert seen and {seen_kind for seen_kind, _, _ in seen} == {kind}, (kind, seen)
         assert sum(count for _, _, count in seen) == 2 * length
+
+
+@pytest.mark.skipif("os.environ.get('HORORING_SMALL_ALLREDUCE_BYTES')",
+                    reason="a fixed threshold is set")
+def test_the_latency_path_ends_where_the_gathered_rows_reach_one_mib():
+    """The automatic threshold: a lone float32 allreduce goes to the latency path while
+    ranks x bytes < 1 MiB, to the ring (or the hierarchical path) from there."""
+    from hororing.context import current
+    pipeline = current().engine.allreduce
+    limit = (1 << 20) // hvd.size()  # bytes
+    first_over = -(-limit // 4)  # the fewest float32 values that fill at least limit bytes
+    for count, wanted in ((first_over - 1, {"small"}), (first_over, {"ring", "hierarchical"})):
+        inputs = all_inputs(hvd.size(), (count,), "float32", seed=count)
+        with pipeline.watch() as seen:
+            result = hvd.allreduce(inputs[hvd.rank()], op=hvd.Sum, name=f"threshold.{count}")
+        assert_close(result, reference_allreduce(inputs, hvd.Sum))
+        assert len(seen) == 1 and seen[0][0] in wanted, (count, seen)
 
 
 def test_forcing_an_algorithm_the_job_lacks_names_what_it_has():
