@@ -90,3 +90,26 @@ def test_bench_negotiation_shows_a_fixed_size_vote_and_a_correct_allreduce(tmp_p
     assert rows["vote"]["bytes_per_cycle"] == vote_bytes
     assert rows["gather"]["bytes_per_cycle"] == 3 * (vote_bytes + 16)  # a header row per rank
     assert rows["allreduce"]["wrong"] == 0
+
+
+def test_bench_tuning_sweeps_every_setting_with_correct_results(tmp_path):
+    output = tmp_path / "tuning.json"
+    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(SCRIPTS / "bench_tuning.py"),
+                          "--seconds", "0.01", "--rounds", "2", "--json", str(output)],
+                         capture_output=True, text=True, timeout=600, cwd=SCRIPTS)
+    assert job.returncode == 0, job.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert set(report) >= {"subchunk", "small", "waits", "poll"}
+    for setting in ("subchunk", "small"):
+        assert all(row["wrong"] == 0 for row in report[setting]), report[setting]
+    assert [row["wrong"] for row in report["waits"][:2]] == [0, 0]  # 4 KiB, 1 MiB
+    assert {"256K", "1M*", "2M", "4M", "plain"} <= set(report["subchunk"][0])
+    assert [row["bytes"] for row in report["small"]][-1] == 1024 * 1024
+    waits = report["waits"]
+    assert len(waits) == 3 and all(value > 0 for key, value in waits[0].items() if key != "wrong")
+    assert waits[2]["bytes"] == "late 50 ms" and waits[2]["default* cpu"] > 0
+    poll = report["poll"]
+    assert [row["skew_us"] for row in poll[:-1]] == [0, 100, 1000, 10000]
+    assert all(poll[0][label] > 0 for label in ("native", "500/5000*"))
+    # the automatic small-message threshold at 3 ranks: 1 MiB // 3
+    assert f"the automatic threshold at 3 ranks: {(1 << 20) // 3} B" in job.stdout
