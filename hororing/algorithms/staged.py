@@ -16,6 +16,7 @@ import numpy as np
 
 from .plan import chunk_bounds
 
+
 class StagedRing:
     """``allreduce`` on a numba.cuda device buffer with the host ``ring``."""
 

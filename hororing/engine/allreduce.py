@@ -8,8 +8,9 @@ pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and 
 branches on host or device itself.
 
 The algorithm kind for a buffer of n bytes: ``ps`` in parameter-server mode, else ``small``
-(gather and reduce, one latency) below the small-message threshold (``small_bytes``), else ``hierarchical``
-when the job spans nodes and n reaches the hierarchical threshold, else the ``ring``.
+(gather and reduce, one latency) below the small-message threshold (``small_bytes``, by
+default 1 MiB / ranks), else ``hierarchical`` when the job spans nodes and n reaches the
+hierarchical threshold, else the ``ring``.
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
 """

@@ -5,8 +5,8 @@ of one bit per already-negotiated tensor this rank has pending, and a field sayi
 this rank needs more. In the steady state nobody does, and the AND is the ready list: one
 reduction of ~(cache capacity / 8) bytes, whatever the number of ranks. A rank with a new
 name, new metadata or a flag asks for a gathered cycle: every rank's header row and notes
-(the names it announces with their metadata, a failing rank's message) are then gathered too, and every rank computes the same ready list from the same table
-(``negotiation``).
+(the names it announces with their metadata, a failing rank's message) are then gathered
+too, and every rank computes the same ready list from the same table (``negotiation``).
 A rank starts a cycle only when it has something to announce; if the cycle's first
 exchange has not completed after a brief spin, it sends a one-word wake-up to its peers,
 whose background threads answer by taking part. A peer that started the same cycle on its

@@ -77,23 +77,38 @@ def test_gpu_selection_switch():
 
 
 def test_tuning_settings_from_the_environment():
-    config = Config.from_environ({"HORORING_WAIT_SPIN_TESTS": "0", "HORORING_WAIT_YIELD_TESTS": "10",
-                                  "HORORING_WAIT_MAX_SLEEP_US": "250",
-                                  "HORORING_POLL_ACTIVE_US": "100", "HORORING_POLL_IDLE_US": "2000",
-                                  "HORORING_STAGED_COPY_BYTES": "4096"})
-    assert (config.wait_spin_tests, config.wait_yield_tests, config.wait_max_sleep_us) == (0, 10, 250.0)
+    config = Config.from_environ({
+        "HORORING_WAIT_SPIN_TESTS": "0", "HORORING_WAIT_YIELD_TESTS": "10",
+        "HORORING_WAIT_MAX_SLEEP_US": "250", "HORORING_POLL_ACTIVE_US": "100",
+        "HORORING_POLL_IDLE_US": "2000", "HORORING_STAGED_COPY_BYTES": "4096"})
+    assert (config.wait_spin_tests, config.wait_yield_tests, config.wait_max_sleep_us) == (
+        0, 10, 250.0)
     assert (config.poll_active_us, config.poll_idle_us) == (100.0, 2000.0)
     assert config.staged_copy_bytes == 4096
 
 
 @pytest.mark.parametrize("environ,message", [
-    ({"HORORING_WAIT_SPIN_TESTS": "-1"}, r"wait_spin_tests must be >= 0 \(HORORING_WAIT_SPIN_TESTS\)"),
-    ({"HORORING_POLL_IDLE_US": "-5"}, r"poll_idle_us must be >= 0 \(HORORING_POLL_IDLE_US\)"),
+    ({"HORORING_WAIT_SPIN_TESTS": "-1"},
+     r"wait_spin_tests must be >= 0 \(HORORING_WAIT_SPIN_TESTS\)"),
+    ({"HORORING_POLL_IDLE_US": "-5"},
+     r"poll_idle_us must be >= 0 \(HORORING_POLL_IDLE_US\)"),
     ({"HORORING_WAIT_SPIN_TESTS": "100", "HORORING_WAIT_YIELD_TESTS": "10"},
      r"wait_yield_tests \(10\) must be >= wait_spin_tests \(100\)"),
     ({"HORORING_STAGED_COPY_BYTES": "0"}, "staged copy size must be > 0 bytes"),
-    ({"HORORING_POLL_ACTIVE_US": "fast"}, "HORORING_POLL_ACTIVE_US .* invalid value 'fast'"),
+    ({"HORORING_POLL_ACTIVE_US": "fast"},
+     "HORORING_POLL_ACTIVE_US .* invalid value 'fast'"),
 ])
 def test_bad_tuning_settings_are_named(environ, message):
     with pytest.raises(ValueError, match=message):
         Config.from_environ(environ)
+
+
+def test_small_message_threshold_follows_the_ranks_unless_fixed():
+    automatic = Config.from_environ({})
+    assert [automatic.small_threshold(n) for n in (1, 2, 3, 16)] == [1048576, 524288, 349525, 65536]
+    fixed = Config.from_environ({"HORORING_SMALL_ALLREDUCE_BYTES": "4096"})
+    assert fixed.small_threshold(2) == fixed.small_threshold(64) == 4096
+    total = Config.from_environ({"HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": "65536"})
+    assert total.small_threshold(4) == 16384
+    with pytest.raises(ValueError, match="small allreduce total must be >= 0 bytes"):
+        Config.from_environ({"HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": "-1"})

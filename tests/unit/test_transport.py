@@ -9,7 +9,9 @@ from hororing import transport
 def phases(monkeypatch):
     """Count the yields and record the sleeps of one wait; restore the back-off after."""
     seen = {"yields": 0, "sleeps": []}
-    monkeypatch.setattr(transport.os, "sched_yield", lambda: seen.__setitem__("yields", seen["yields"] + 1))
+    def count_yield():
+        seen["yields"] += 1
+    monkeypatch.setattr(transport.os, "sched_yield", count_yield)
     monkeypatch.setattr(transport.time, "sleep", seen["sleeps"].append)
     saved = (transport._Backoff.spin_tests, transport._Backoff.yield_tests,
              transport._Backoff.max_sleep_s)
