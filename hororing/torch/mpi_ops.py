@@ -84,8 +84,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     compression = compression or Compression.none
     op = resolve_op(op, average)
     payloads, ctxs = zip(*(compression.compress(tensor) for tensor in tensors)) if tensors else ((), ())
-    results = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
-                                      *payloads)
+    results = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, compression,
+                                      process_set, *payloads)
     return [compression.decompress(result, ctx) for result, ctx in zip(results, ctxs)]
 
 
@@ -285,8 +285,15 @@ class _Allreduce(torch.autograd.Function):
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+    def forward(ctx, name, op, prescale_factor, postscale_factor, compression, process_set,
+                *tensors):
         ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        if wire_of(compression):  # each member in its wire dtype, in place on a copy
+            base = name or group_of(process_set).auto_name("grouped_allreduce")
+            handles = [compressed_allreduce_async_(
+                tensor.detach().clone(), compression, f"{base}.{index}", op, prescale_factor,
+                postscale_factor, process_set) for index, tensor in enumerate(tensors)]
+            return tuple(synchronize(handle) for handle in handles)
         return tuple(synchronize(grouped_allreduce_async(
             list(tensors), None, name, op, prescale_factor, postscale_factor, process_set)))
 
@@ -295,7 +302,7 @@ class _GroupedAllreduce(torch.autograd.Function):
         grads = synchronize(grouped_allreduce_async(
             [grad.contiguous() for grad in grad_outputs], None, None, ctx.op, *ctx.scales,
             ctx.process_set))
-        return (None, None, None, None, None, *grads)
+        return (None, None, None, None, None, None, *grads)
 
 
 def _own_rows(grad, rows, process_set):

@@ -111,6 +111,26 @@ def test_fp16_compression_halves_the_bytes_on_the_wire(reduced_buffers):
         assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {"float16"}
 
 
+def test_grouped_allreduce_with_fp16_sends_float16_and_sums_right(reduced_buffers):
+    # values that float16 holds exactly, so the float16 sums equal the float64 reference
+    # (a float16 input is its own payload: it must come back unchanged)
+    tensors = [torch.arange(n, dtype=dtype) % 5 + hvd.rank()
+               for n, dtype in ((7, torch.float32), (1001, torch.float32), (33, torch.float16))]
+    originals = [tensor.clone() for tensor in tensors]
+    results = hvd.grouped_allreduce(tensors, op=hvd.Sum, compression=hvd.Compression.fp16,
+                                    name="grouped.fp16")
+    size = hvd.size()
+    for tensor, result in zip(tensors, results):
+        expected = (torch.arange(tensor.numel(), dtype=torch.float64) % 5) * size \
+            + size * (size - 1) / 2
+        assert result.dtype == tensor.dtype
+        torch.testing.assert_close(result.double(), expected, rtol=0, atol=0)
+    for tensor, original in zip(tensors, originals):
+        assert torch.equal(tensor, original)
+    if size > 1:
+        assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {"float16"}
+
+
 def test_backward_passes_and_unnamed_parameters_and_scheduler():
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=0.2)
