@@ -92,13 +92,18 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """Start in-place allreduces of a list of tensors."""
-    base = name or group_of(process_set).auto_name("grouped_allreduce")
-    handles = [allreduce_async_(tensor, average, f"{base}.{index}", op, prescale_factor,
-                                postscale_factor, process_set)
-               for index, tensor in enumerate(tensors)]
+    handles = _member_handles(tensors, name, process_set, lambda tensor, member: allreduce_async_(
+        tensor, average, member, op, prescale_factor, postscale_factor, process_set))
     group = core.group_handles(handle.inner for handle in handles)
     return TorchHandle(group, lambda results: [handle.finish(result)
                                                for handle, result in zip(handles, results)])
+
+
+def _member_handles(tensors, name, process_set, start):
+    """``start(tensor, member_name)`` for each tensor of a grouped allreduce, with the
+    members named ``<name>.<index>`` (a generated name when ``name`` is None)."""
+    base = name or group_of(process_set).auto_name("grouped_allreduce")
+    return [start(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors)]
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -289,10 +294,10 @@ class _GroupedAllreduce(torch.autograd.Function):
                 *tensors):
         ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
         if wire_of(compression):  # each member in its wire dtype, in place on a copy
-            base = name or group_of(process_set).auto_name("grouped_allreduce")
-            handles = [compressed_allreduce_async_(
-                tensor.detach().clone(), compression, f"{base}.{index}", op, prescale_factor,
-                postscale_factor, process_set) for index, tensor in enumerate(tensors)]
+            handles = _member_handles(
+                tensors, name, process_set, lambda tensor, member: compressed_allreduce_async_(
+                    tensor.detach().clone(), compression, member, op, prescale_factor,
+                    postscale_factor, process_set))
             return tuple(synchronize(handle) for handle in handles)
         return tuple(synchronize(grouped_allreduce_async(
             list(tensors), None, name, op, prescale_factor, postscale_factor, process_set)))
