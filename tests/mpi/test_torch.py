@@ -131,6 +131,16 @@ def test_grouped_allreduce_with_fp16_sends_float16_and_sums_right(reduced_buffer
         assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {"float16"}
 
 
+def test_in_place_grouped_allreduce_writes_every_member():
+    tensors = [torch.arange(n, dtype=torch.float64) * (hvd.rank() + 1) for n in (3, 1001)]
+    results = hvd.grouped_allreduce_(tensors, op=hvd.Sum, name="grouped.inplace")
+    total = hvd.size() * (hvd.size() + 1) / 2  # sum over ranks of (rank + 1)
+    for tensor, result in zip(tensors, results):
+        assert result is tensor
+        torch.testing.assert_close(tensor, torch.arange(tensor.numel(), dtype=torch.float64) * total,
+                                   rtol=0, atol=0)
+
+
 def test_backward_passes_and_unnamed_parameters_and_scheduler():
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=0.2)
