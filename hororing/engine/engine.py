@@ -362,6 +362,8 @@ class Engine:
                 return ()
             gathered = [rank_notes[0] if rank_notes else None for rank_notes in notes]
         self.negotiator.absorb_cycle(self._headers, gathered, time.monotonic())
+        for request in self._by_bit.values():
+            self.negotiator.backdate(request.name, request.submitted)
         self._by_bit.clear()  # the bits are in the table now: matched by name from here on
         return self.negotiator.ready()
 
@@ -452,6 +454,7 @@ class Engine:
             self._gather_requested = True
             self._stats["stall_gathers"] += 1
             self._run_cycle(initiate=True)
+            now = time.monotonic()
         shutdown_after = self.config.stall_shutdown_seconds
         for name, missing, waited in self.negotiator.stalled(now, self.config.stall_check_seconds):
             kind = "join" if name == JOIN_NAME else name

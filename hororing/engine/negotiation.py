@@ -120,7 +120,8 @@ class ResponseCache:
 
 
 class Negotiator:
-    """The table of tensors announced by some ranks, identical on every rank."""
+    """The table of tensors announced by some ranks: the same entries, in the same order, on
+    every rank (only the times each rank first saw them differ)."""
 
     def __init__(self, size, cache_capacity):
         self.size = size
@@ -147,6 +148,13 @@ class Negotiator:
             by_name = (None,) * self.size
         for rank in range(self.size):
             self.absorb(rank, decode_cache_ids(headers[rank]), by_name[rank] or (), now)
+
+    def backdate(self, name, since):
+        """This rank submitted ``name`` at ``since``, before a gathered cycle put it in the
+        table (it was announced by cache bit until then): count its wait from there."""
+        entry = self._table.get(name)
+        if entry is not None and since < entry.first_seen:
+            entry.first_seen = since
 
     def holds(self, name):
         """True if a tensor of this name must be announced by name, not by its cache bit:

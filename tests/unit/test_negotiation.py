@@ -149,6 +149,19 @@ def test_stalled_entries_name_the_missing_ranks_once_per_interval():
     assert [name for name, _, _ in negotiator.stalled(now=125.0, after_seconds=60.0)] == ["grad"]
 
 
+def test_a_wait_counts_from_this_ranks_submission_once_backdated():
+    # a cached tensor enters the table only when a gathered cycle asks for it, a while
+    # after this rank submitted it: its wait counts from the submission, never later
+    negotiator = Negotiator(size=2, cache_capacity=8)
+    negotiator.absorb(0, [], [("grad", allreduce_meta())], now=50.0)
+    assert list(negotiator.stalled(now=55.0, after_seconds=10.0)) == []
+    negotiator.backdate("grad", since=44.0)
+    negotiator.backdate("grad", since=48.0)  # a later time never shortens the wait
+    negotiator.backdate("absent", since=0.0)  # nothing in the table: nothing to date
+    assert list(negotiator.stalled(now=55.0, after_seconds=10.0)) == [("grad", [1], 11.0)]
+    assert negotiator.pending_names() == ["grad"]
+
+
 @pytest.mark.parametrize("capacity", [0, 1, 64, 65, 1024])
 def test_header_bits_roundtrip(capacity):
     header = np.zeros(header_words(capacity), dtype=np.int64)
