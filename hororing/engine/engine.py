@@ -238,8 +238,15 @@ class Engine:
         """
         if self._stopped:
             return False
-        woken_for = self._wakeups.latest()
-        if woken_for > self._cycle or (include_queue and self._queue):
+        news = include_queue and bool(self._queue)
+        # A rank whose collectives wait for its peers looks for their wake-ups thoroughly.
+        # With news, a cycle runs anyway, and one test tells whether a peer started it
+        # first; with nothing pending, a wake-up seen at the next poll costs nothing, while
+        # one seen at once often starts an empty cycle just before this rank's own caller
+        # arrives (measured: 100 us late ranks at 2 ranks, ~50 us more per step)
+        thorough = not news and bool(self._pending)
+        woken_for = self._wakeups.latest() if thorough else self._wakeups.latest(patience=1)
+        if woken_for > self._cycle or news:
             self._run_cycle(initiate=woken_for <= self._cycle)
             return True
         return False
