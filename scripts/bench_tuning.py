@@ -166,7 +166,7 @@ def sweep_poll(args):
     rank = COMM.Get_rank()
     buffer = np.zeros(1024, dtype=np.float32)
     rows = []
-    for skew_us in (0, 100, 1000, 10000):
+    for skew_us in (0, 100, 1000, 3000, 10000):
         delay = skew_us / 1e6 if rank % 2 else 0.0
 
         def step(reduce):
