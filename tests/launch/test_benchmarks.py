@@ -109,7 +109,7 @@ def test_bench_tuning_sweeps_every_setting_with_correct_results(tmp_path):
     assert len(waits) == 3 and all(value > 0 for key, value in waits[0].items() if key != "wrong")
     assert waits[2]["bytes"] == "late 50 ms" and waits[2]["default* cpu"] > 0
     poll = report["poll"]
-    assert [row["skew_us"] for row in poll[:-1]] == [0, 100, 1000, 10000]
+    assert [row["skew_us"] for row in poll[:-1]] == [0, 100, 1000, 3000, 10000]
     assert all(poll[0][label] > 0 for label in ("native", "500/5000*"))
     # the automatic small-message threshold at 3 ranks: 1 MiB // 3
     assert f"the automatic threshold at 3 ranks: {(1 << 20) // 3} B" in job.stdout
