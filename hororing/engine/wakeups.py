@@ -87,7 +87,7 @@ class Wakeups:
             if not request.Test():
                 request.Cancel()
                 request.Wait()
-        MPI.Request.Waitall(self._sends)
+        self.flush()
         self.comm.Free()
 
     def _drain(self, deadline):
