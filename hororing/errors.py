@@ -9,6 +9,15 @@ class HorovodInternalError(RuntimeError):
     """
 
 
+class PreconditionError(HorovodInternalError):
+    """A collective refused on every rank before any data moved: the ranks disagree on its
+    shape, dtype, op, root or kind, or it cannot run while ranks are inside ``join()``.
+
+    Horovod reports these with its precondition status (TensorFlow raises them as
+    ``tf.errors.FailedPreconditionError``); the job goes on after one.
+    """
+
+
 class NotInitializedError(ValueError):
     """A call needs ``hvd.init()`` first (ValueError, as Horovod raises)."""
 

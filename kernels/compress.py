@@ -66,6 +66,21 @@ def from_bf16(source, output, postscale=1.0, stream=0):
         xp.multiply(output, np.float32(postscale), out=output)
 
 
+def round_to_fp16(buffer, stream=0):
+    """Round the float32 ``buffer``'s values to float16 precision, in place (float16 tensors
+    reduced in float32 pass through float16 where Horovod rounds them: after a prescale,
+    before a postscale)."""
+    _check(buffer, np.float32, "round_to_fp16 buffer")
+    if backend(buffer) == NUMBA:
+        from numba import cuda
+
+        halves = cuda.device_array(buffer.shape, np.float16, stream=stream)
+        device_kernels().scaled_cast(halves, buffer, np.float32(1.0), stream)
+        device_kernels().scaled_cast(buffer, halves, np.float32(1.0), stream)
+        return
+    buffer[...] = buffer.astype(array_module(buffer).float16)
+
+
 def _scaled_cast(source, output, factor, stream):
     """``output[...] = source * factor``, computed in ``factor``'s dtype, stored as output's."""
     if backend(source) == NUMBA:

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ..kernels import divide_into, divide_trunc, pack, scale_into, unpack
+from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import Average, KERNEL_OP, Sum
 from .buffers import HostBuffers
 
@@ -175,8 +175,29 @@ def scaling(meta, contributors):
     return meta.prescale, finalizer(meta, contributors)
 
 
+def _rounds_to_fp16(meta):
+    return meta.dtype == "float16" and not meta.wire
+
+
 def finalizer(meta, size):
-    """The division (Average over ``size`` contributions) and postscale of a reduced piece."""
+    """The division (Average over ``size`` contributions) and postscale of a reduced piece.
+
+    A float16 tensor's float32 sum is rounded to float16 before an Average's division or a
+    postscale, where Horovod's float16 sum is. The sum itself is exact in float32 (Horovod
+    rounds after every addition), so the two agree bitwise up to 2 ranks, and beyond that
+    whenever Horovod's partial sums are exact.
+    """
+    finalize = _finalizer(meta, size)
+    if finalize is None or not _rounds_to_fp16(meta):
+        return finalize
+
+    def finalize_half(piece):
+        round_to_fp16(piece)
+        finalize(piece)
+    return finalize_half
+
+
+def _finalizer(meta, size):
     postscale = meta.postscale
     if meta.op == Average:
         if np.dtype(meta.dtype).kind == "f":

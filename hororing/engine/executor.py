@@ -17,7 +17,7 @@ from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
 from ..algorithms.small import REDUCE_BY_NAME, GatherReduce
-from ..errors import HorovodInternalError
+from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import KERNEL_OP
 from .allreduce import AllreducePipeline, complete, finalizer, scaling, wire_bytes, wire_dtype
@@ -57,7 +57,7 @@ class Executor:
                                    request.submitted, now)
             if response.error is not None:
                 if request is not None:
-                    request.handle.set_error(HorovodInternalError(response.error))
+                    request.handle.set_error(PreconditionError(response.error))
                 elif missed is not None:
                     missed(response.name)
                 continue

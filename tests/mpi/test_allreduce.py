@@ -204,3 +204,32 @@ def test_forcing_an_algorithm_the_job_lacks_names_what_it_has():
     from hororing.context import current
     with pytest.raises(ValueError, match=r"no 'ps' allreduce in this job \(available: .*ring"):
         current().engine.allreduce.force("ps")
+
+
+@pytest.mark.parametrize("verb", ["allreduce", "reducescatter"])
+def test_float16_sum_is_rounded_to_float16_before_the_postscale(verb):
+    # as Horovod's float16 sum is; the prescale and the sum run in float32, one rounding
+    rows = 2 * hvd.size() + 1  # not a multiple of the ranks
+    inputs = [rank_input(rank, (rows, 3), "float16", seed=61) for rank in range(hvd.size())]
+    # 0.5: the halves of float16 values sum exactly in float32, in any order
+    scaled = [x.astype(np.float32) * np.float32(0.5) for x in inputs]
+    total = np.sum(scaled, axis=0).astype(np.float16)
+    expected = (total.astype(np.float32) * np.float32(1.7)).astype(np.float16)
+    if verb == "allreduce":
+        result = hvd.allreduce(inputs[hvd.rank()], op=hvd.Sum, prescale_factor=0.5,
+                               postscale_factor=1.7)
+    else:
+        result = hvd.reducescatter(inputs[hvd.rank()], op=hvd.Sum, prescale_factor=0.5,
+                                   postscale_factor=1.7)
+        start = sum(2 + (peer < 1) for peer in range(hvd.rank()))
+        expected = expected[start:start + 2 + (hvd.rank() < 1)]
+    assert result.dtype == np.float16
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_float16_average_rounds_the_exact_sum_to_float16_then_divides():
+    inputs = [rank_input(rank, (9, 5), "float16", seed=62) for rank in range(hvd.size())]
+    total = np.sum([x.astype(np.float32) for x in inputs], axis=0).astype(np.float16)
+    expected = (total.astype(np.float32) / np.float32(hvd.size())).astype(np.float16)
+    result = hvd.allreduce(inputs[hvd.rank()], op=hvd.Average)
+    np.testing.assert_array_equal(result, expected)

@@ -129,3 +129,12 @@ def test_device_pack_unpack_in_one_launch_roundtrip():
     kernels.unpack(buffer, ranges, outputs)
     for array, output in zip(arrays, outputs):
         np.testing.assert_array_equal(output.copy_to_host(), array)
+
+
+def test_device_round_to_fp16_matches_host():
+    values = np.random.default_rng(7).uniform(-70000, 70000, 33).astype(np.float32)
+    on_device = device(values)
+    kernels.round_to_fp16(on_device)
+    host = values.copy()
+    kernels.round_to_fp16(host)
+    np.testing.assert_array_equal(on_device.copy_to_host(), host)

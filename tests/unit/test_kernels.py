@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hororing.kernels import (divide_trunc, from_bf16, from_fp16, pack, reduce_into, scale_into,
-                             to_bf16, to_fp16, unpack)
+from hororing.kernels import (divide_trunc, from_bf16, from_fp16, pack, reduce_into,
+                              round_to_fp16, scale_into, to_bf16, to_fp16, unpack)
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 
@@ -97,3 +97,13 @@ def test_compression_rejects_wrong_dtypes():
         to_fp16(np.ones(2, np.float32), np.ones(2, np.float32))
     with pytest.raises(TypeError, match="to_bf16 source must be float32, got float64"):
         to_bf16(np.ones(2), np.ones(2, np.uint16))
+
+
+def test_round_to_fp16_keeps_float32_storage_at_float16_precision():
+    values = np.array([1.0, 1 + 2**-11, 1 + 2**-10, 65504.0, 1e-8, -3.14159], np.float32)
+    rounded = values.copy()
+    round_to_fp16(rounded)
+    assert rounded.dtype == np.float32
+    np.testing.assert_array_equal(rounded, values.astype(np.float16).astype(np.float32))
+    with pytest.raises(TypeError, match="round_to_fp16 buffer must be float32"):
+        round_to_fp16(np.ones(2))
