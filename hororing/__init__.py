@@ -15,8 +15,8 @@ from . import data
 from .ps.optimizer import AsyncPSOptimizer
 from .compression import Compression
 from .config import Config
-from .context import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
-                      ps_stats, rank, shutdown, size, start_timeline, stop_timeline)
+from .context import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
+                      local_size, ps_stats, rank, shutdown, size, start_timeline, stop_timeline)
 from .errors import HorovodInternalError
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
@@ -34,7 +34,8 @@ __all__ = [
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "cross_rank",
     "cross_size", "data", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
+    "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "local_size",
     "poll", "ps_stats", "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize",
 ]

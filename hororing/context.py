@@ -38,6 +38,8 @@ class Context:
         self.cross_comm = comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank = self.cross_comm.Get_rank()
         self.cross_size = self.cross_comm.Get_size()
+        # every node runs as many ranks as every other (Horovod's is_homogeneous)
+        self.homogeneous = len(set(comm.allgather(self.local_size))) == 1
         # one GPU per rank, where a GPU library is in use and the user has not chosen one
         self.device = gpu.select_device(self.local_rank, config.select_device)
         timeline = None
@@ -148,7 +150,9 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             MPI.COMM_WORLD. hororing works on its own duplicate, so its messages never match
             the user's.
         process_sets: ``ProcessSet`` objects to register now (static process sets); every
-            rank must pass the same sets.
+            rank must pass the same sets, none twice (ValueError on every rank otherwise; the
+            job is then initialized without them, and ``init(process_sets=...)`` may be
+            called again to register them).
         mode: ``"ring"`` (default) or ``"ps"`` (HORORING_MODE).
         num_servers: PS servers k, or ``"colocated"``/0 (HORORING_PS_SERVERS).
         placement: ``"round_robin"``, ``"greedy_bytes"`` or ``"partitioned"``.
@@ -165,7 +169,11 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         >>> hvd.rank(), hvd.size()
     """
     with _State.lock:
-        if _State.context is not None:
+        if _State.context is not None:  # again: only process sets not registered yet are new
+            if process_sets:
+                _check_static_sets(process_sets)
+                _agree_on_static_sets(process_sets, _State.context.comm)
+                _register_static_sets(process_sets, _State.context)
             return
         if num_servers == "colocated":
             num_servers = 0
@@ -192,6 +200,9 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             _State.context = Context(user_comm.Dup(), config)
         from .process_sets import global_process_set  # here: process_sets imports this module
         global_process_set.ranks = list(range(_State.context.size))
+        global_process_set.mpi_comm = user_comm
+        # the job is up even if the sets are refused: init(process_sets=...) may be called again
+        _agree_on_static_sets(process_sets, _State.context.comm)
         _register_static_sets(process_sets, _State.context)
         if not _State.hooks_installed:
             _install_exit_hooks()
@@ -249,6 +260,11 @@ def cross_rank():
     return current().cross_rank
 
 
+def is_homogeneous():
+    """Return True if every host runs the same number of ranks."""
+    return current().homogeneous
+
+
 def start_timeline(file_path, mark_cycles=False):
     """Start writing a Chrome trace of the collectives to ``file_path`` (rank 0 writes it)."""
     context = current()
@@ -283,6 +299,47 @@ def _check_static_sets(process_sets):
         if not hasattr(process_set, "process_set_id") or not hasattr(process_set, "mpi_comm"):
             raise TypeError(f"init(process_sets=...) takes hvd.ProcessSet objects, got "
                             f"{type(process_set).__name__}")
+
+
+def _agree_on_static_sets(process_sets, comm):
+    """Raise ValueError on every rank if any rank's ``init(process_sets=...)`` names a set twice
+    (the same ranks in any order, or every rank: the global set), or if the ranks were given
+    different numbers of sets. One allgather, before anything else is set up, so a rank
+    with a bad list never leaves the others waiting."""
+    verdicts = comm.allgather((len(process_sets or ()), _duplicate_sets(process_sets, comm)))
+    counts = {count for count, _ in verdicts}
+    problems = [f"rank {rank}: {problem}" for rank, (_, problem) in enumerate(verdicts)
+                if problem]
+    if problems:
+        raise ValueError("init(process_sets=...) got duplicate process sets ("
+                         + "; ".join(problems) + "); give each set of ranks once (the global "
+                         "set, of every rank, is always there)")
+    if len(counts) > 1:
+        given = {rank: count for rank, (count, _) in enumerate(verdicts)}
+        raise ValueError(f"init(process_sets=...) was given different numbers of process sets "
+                         f"on different ranks ({given}); every rank must pass the same sets")
+
+
+def _duplicate_sets(process_sets, comm):
+    """This rank's description of a set given twice (None: no duplicates). A set given by a
+    communicator stands for that communicator's ranks."""
+    seen = {tuple(range(comm.Get_size())): "the global set"}
+    for index, process_set in enumerate(process_sets or ()):
+        if process_set.process_set_id == 0:
+            continue
+        if process_set.ranks is not None:
+            ranks = tuple(sorted(process_set.ranks))
+        elif process_set.mpi_comm == MPI.COMM_NULL:
+            continue
+        else:
+            group = process_set.mpi_comm.Get_group()
+            translated = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                                   comm.Get_group())
+            ranks = tuple(sorted(translated))
+        if ranks in seen:
+            return f"process_sets[{index}] with ranks {list(ranks)} repeats {seen[ranks]}"
+        seen[ranks] = f"process_sets[{index}]"
+    return None
 
 
 def _register_static_sets(process_sets, context):

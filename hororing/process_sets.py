@@ -139,22 +139,41 @@ def group_of(process_set):
     context = current()
     if process_set is None or process_set is global_process_set:
         return context.group
-    if not isinstance(process_set, ProcessSet):
-        raise TypeError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
-    set_id = process_set.process_set_id
-    if set_id is None:
-        raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...)"
-                         f" or hvd.add_process_set() first")
+    set_id = registered_id(process_set)
     group = context.groups.get(set_id)
     if group is None:
-        if set_id not in context.set_ids():
-            raise ValueError(f"process set {set_id} has been removed or was never added")
         raise ValueError(f"rank {context.rank} is not a member of process set {set_id} (ranks "
                          f"{context.set_ranks(set_id)}); only its members may call its "
                          f"collectives")
     return group
 
 
+def registered_id(process_set):
+    """Return the id of ``process_set`` (None: the global set, 0), a registered set this rank
+    may or may not belong to.
+
+    Raises:
+        TypeError: not a ProcessSet. ValueError: the set is not registered.
+    """
+    if process_set is None or process_set is global_process_set:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+    set_id = process_set.process_set_id
+    if set_id is None:
+        raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...)"
+                         f" or hvd.add_process_set() first")
+    if set_id not in current().set_ids():
+        raise ValueError(f"process set {set_id} has been removed or was never added")
+    return set_id
+
+
 # the set of every rank (id 0); init() fills in its ranks
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
+
+
+def registered_sets():
+    """Every registered process set's ranks, by id (the global set is 0)."""
+    context = current()
+    return {set_id: list(context.set_ranks(set_id)) for set_id in context.set_ids()}

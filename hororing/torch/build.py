@@ -1,58 +1,14 @@
-"""What this installation supports, answered with Horovod's build queries.
-
-hororing is pure Python over MPI: MPI is always there; there is no gloo, NCCL, oneCCL, DDL
-or ROCm controller. CUDA tensors are reduced by hororing's own ring (CUDA-aware MPI, or
-staged through host memory) when cupy or numba can reach a GPU.
-"""
+"""Horovod's build queries for torch: the shared answers, and whether CUDA tensors reduce here."""
 
 import importlib.util
 
 import torch
 
+from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+                     mpi_threads_supported, nccl_built, rocm_built)
 
-def mpi_built():
-    """True: hororing always runs over MPI."""
-    return True
-
-
-def mpi_enabled():
-    """True: MPI carries every collective."""
-    return True
-
-
-def mpi_threads_supported():
-    """True: hororing requires (and checks for) MPI_THREAD_MULTIPLE."""
-    return True
-
-
-def gloo_built():
-    """False: hororing has no gloo controller."""
-    return False
-
-
-def gloo_enabled():
-    """False: hororing has no gloo controller."""
-    return False
-
-
-def nccl_built():
-    """0 (false): CUDA tensors are reduced by hororing's ring, not by NCCL."""
-    return 0
-
-
-def ccl_built():
-    """False: no oneCCL support."""
-    return False
-
-
-def ddl_built():
-    """False: no IBM DDL support."""
-    return False
-
-
-def rocm_built():
-    """False: no ROCm support."""
-    return False
+__all__ = ["ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built"]
 
 
 def cuda_built():

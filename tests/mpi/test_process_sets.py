@@ -129,20 +129,26 @@ def test_dynamic_sets_need_the_switch(monkeypatch):
 def test_static_sets_from_init_by_ranks_and_by_communicator():
     from mpi4py import MPI
     world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("every set of one rank is the global set: a duplicate (see the next test)")
     hvd.shutdown()
-    by_ranks = hvd.ProcessSet(range(0, world.size, 2))
-    split = world.Split(color=world.rank % 2, key=world.rank)
+    split = world.Split(color=world.rank % 2, key=world.rank)  # evens and odds
     by_comm = hvd.ProcessSet(split)
+    sets = [by_comm]
+    by_ranks = None
+    if world.size > 2:  # the first two ranks: neither the evens nor the odds
+        by_ranks = hvd.ProcessSet([0, 1])
+        sets.append(by_ranks)
     try:
-        hvd.init(process_sets=[by_ranks, by_comm])  # at size 1 both are the global set's ranks
+        hvd.init(process_sets=sets)
         assert hvd.global_process_set.ranks == list(range(world.size))
         assert by_comm.ranks == list(range(world.rank % 2, world.size, 2))
-        assert by_ranks.ranks == list(range(0, world.size, 2)) and by_ranks.size() == len(by_ranks.ranks)
-        mine = by_comm
+        if by_ranks is not None:
+            assert by_ranks.ranks == [0, 1] and by_ranks.size() == 2
         value = rank_input(hvd.rank(), (4,), "float32", seed=5)
-        total = hvd.allreduce(value, op=hvd.Sum, process_set=mine)
-        expected = reference_allreduce([rank_input(r, (4,), "float32", seed=5) for r in mine.ranks],
-                                       hvd.Sum)
+        total = hvd.allreduce(value, op=hvd.Sum, process_set=by_comm)
+        expected = reference_allreduce([rank_input(r, (4,), "float32", seed=5)
+                                        for r in by_comm.ranks], hvd.Sum)
         assert_close(total, expected)
     finally:
         hvd.shutdown()
@@ -178,3 +184,27 @@ def test_init_refuses_process_sets_of_the_wrong_type():
     finally:
         hvd.shutdown()
         hvd.init()
+
+
+def test_duplicate_static_sets_are_refused_on_every_rank_and_the_job_goes_on():
+    from mpi4py import MPI
+    size = hvd.size()
+    copies = [hvd.ProcessSet([0]), hvd.ProcessSet([0])]
+    repeated = ("process_sets[1] with ranks [0] repeats process_sets[0]" if size > 1 else
+                "process_sets[0] with ranks [0] repeats the global set")  # [0] is everyone
+    with pytest.raises(ValueError) as refused:
+        hvd.init(process_sets=copies)
+    assert f"duplicate process sets (rank 0: {repeated}" in str(refused.value)
+    # a communicator of every rank repeats the global set, whatever the order of its ranks
+    reversed_world = MPI.COMM_WORLD.Split(color=0, key=-MPI.COMM_WORLD.rank)
+    try:
+        with pytest.raises(ValueError, match="repeats the global set"):
+            hvd.init(process_sets=[hvd.ProcessSet(reversed_world)])
+    finally:
+        reversed_world.Free()
+    # only this rank's list is bad: every rank refuses, none waits for the others
+    lopsided = [hvd.ProcessSet([0])] * (2 if hvd.rank() == size - 1 else 1)
+    with pytest.raises(ValueError, match=f"rank {size - 1}: process_sets"):
+        hvd.init(process_sets=lopsided)
+    assert hvd.is_initialized()
+    assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [float(size)] * 2
