@@ -225,3 +225,29 @@ def _parse(field, names, raw, parse):
     except ValueError as error:
         raise ValueError(f"environment variable {names[0]} (or {names[-1]}) has an invalid value "
                          f"{raw!r} for {field}: {error}") from None
+
+
+# TensorFlow's inter-op threads, raised by ``import hororing.tensorflow`` before any session
+# exists: a blocking collective in a TF1 graph holds one while it waits for its peers
+# (tensorflow/graph.py), and TensorFlow's default, the number of cores, lets a session.run
+# with more independent collectives than cores hang. 64: above the most independent
+# collectives one session.run of Horovod's TensorFlow suite holds (docs/tensorflow.md).
+TF_INTER_OP_THREADS = 64
+
+
+def reserve_tf_inter_op_threads(environ=None):
+    """Set TF_NUM_INTEROP_THREADS to HORORING_TF_INTER_OP_THREADS (default 64) unless the
+    user set it; return the number in effect.
+
+    Raises:
+        ValueError: HORORING_TF_INTER_OP_THREADS is not a positive integer.
+    """
+    env = os.environ if environ is None else environ
+    if "TF_NUM_INTEROP_THREADS" in env:
+        return int(env["TF_NUM_INTEROP_THREADS"])
+    raw = env.get("HORORING_TF_INTER_OP_THREADS", str(TF_INTER_OP_THREADS))
+    threads = _parse("tf_inter_op_threads", ("HORORING_TF_INTER_OP_THREADS",), raw, int)
+    if threads <= 0:
+        raise ValueError(f"HORORING_TF_INTER_OP_THREADS must be > 0, got {threads}")
+    env["TF_NUM_INTEROP_THREADS"] = str(threads)
+    return threads

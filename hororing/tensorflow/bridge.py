@@ -4,14 +4,15 @@ A collective runs as ``tf.numpy_function(..., stateful=True)``: eagerly it runs 
 a ``tf.function`` it is an op that TensorFlow's automatic control dependencies keep in
 program order with the other stateful ops, so every rank issues its collectives in the same
 order (a stateless Python op may be reordered by the executor, which pairs the wrong tensors
-between ranks). Several tensors that belong together (a tape's gradients) go into one op
-that submits them all before waiting, so the engine fuses them into few exchanges and only
-one executor thread blocks.
+between ranks); in a TF1 ``tf.Graph`` run by a Session the ops one ``session.run`` executes
+pair up by name, whatever order the executor picks (graph.py). Several tensors that belong
+together (a tape's gradients) go into one op that submits them all before waiting, so the
+engine fuses them into few exchanges and only one executor thread blocks.
 
 Names: eager calls are numbered by the core as its own unnamed calls are; an op built in a
-``tf.function`` takes its name when it is traced, from the function's graph, so it is the
-same on every rank and on every run of the function (the engine's response cache then
-applies). bfloat16 and bool, which the engine does not carry, travel as float32 and uint8.
+graph takes its name when it is built (graph.py), so it is the same on every rank and on
+every run (the engine's response cache then applies). bfloat16 and bool, which the engine
+does not carry, travel as float32 and uint8.
 """
 
 import re
@@ -20,7 +21,9 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from ..process_sets import group_of
+from ..errors import PreconditionError
+from .errors import as_tf_error
+from .graph import op_name, raise_on_failure
 
 _CARRIED = {tf.bfloat16: tf.float32, tf.bool: tf.uint8}
 _ENGINE_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.uint32, tf.int32, tf.uint64,
@@ -75,54 +78,37 @@ def _is_keras_variable(value):
     return type(value).__module__.startswith("keras.") and hasattr(value, "assign")
 
 
-def op_name(kind, name, process_set=None):
-    """The name the engine matches this collective by, or None for the core to number it."""
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str or None, got {name!r}")
-        return name
-    if tf.executing_eagerly():
-        return None
-    graph = _traced_function_graph()
-    label = group_of(process_set).set_id
-    unique = graph.unique_name(f"hororing_{kind}_set{label}", mark_as_used=True)
-    return f"{graph.name}/{unique}"
-
-
-def _traced_function_graph():
-    """The graph of the outermost ``tf.function`` being traced.
-
-    Graphs nested in it (the branches of a ``tf.cond``, a loop body) are named with a
-    process-wide counter (``cond_true_12``) that differs between ranks whose programs built
-    different numbers of ops before; the outermost function's name is the function's own,
-    and its name counter numbers the collectives of the whole trace in program order.
-    """
-    graph = tf.compat.v1.get_default_graph()
-    outer = getattr(graph, "outer_graph", None)
-    while outer is not None and hasattr(outer, "outer_graph"):
-        graph, outer = outer, outer.outer_graph
-    return graph
-
-
 def collective(kind, tensors, run, out_dtypes, name=None):
     """Run ``run(arrays, name)`` over ``tensors`` as one stateful op; return its outputs.
 
-    ``run`` gets numpy arrays and returns one numpy array per dtype in ``out_dtypes``.
+    ``run`` gets numpy arrays and returns one numpy array per dtype in ``out_dtypes``. Its
+    errors reach the program as the TensorFlow errors Horovod's ops raise (``errors.py``;
+    in a traced graph through ``graph.raise_on_failure``).
     """
     check_not_xla()
     if tf.executing_eagerly():  # run here, so the engine's own exceptions reach the caller
-        results = run([np.asarray(tensor.numpy()) for tensor in tensors], name)
+        try:
+            results = run([np.asarray(tensor.numpy()) for tensor in tensors], name)
+        except Exception as error:
+            translated = as_tf_error(error)
+            if translated is None:
+                raise
+            raise translated from error
         return [tf.convert_to_tensor(np.asarray(result, dtype=dtype.as_numpy_dtype))
                 for result, dtype in zip(results, out_dtypes)]
 
     def body(*arrays):
-        results = run([np.asarray(array) for array in arrays], name)
+        try:
+            results = run([np.asarray(array) for array in arrays], name)
+        except PreconditionError as error:  # raised as FailedPreconditionError by the graph
+            return [np.empty(0, dtype=dtype.as_numpy_dtype) for dtype in out_dtypes] + [
+                np.bytes_(str(error).encode("utf-8"))]
         return [np.asarray(result, dtype=dtype.as_numpy_dtype)
-                for result, dtype in zip(results, out_dtypes)]
+                for result, dtype in zip(results, out_dtypes)] + [np.bytes_(b"")]
 
-    outputs = tf.numpy_function(body, list(tensors), list(out_dtypes), stateful=True,
-                                name=_op_label(kind))
-    return outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    *outputs, failure = tf.numpy_function(body, list(tensors), list(out_dtypes) + [tf.string],
+                                          stateful=True, name=_op_label(kind))
+    return raise_on_failure(outputs, failure)
 
 
 def _op_label(kind):

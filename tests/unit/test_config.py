@@ -112,3 +112,18 @@ def test_small_message_threshold_follows_the_ranks_unless_fixed():
     assert total.small_threshold(4) == 16384
     with pytest.raises(ValueError, match="small allreduce total must be >= 0 bytes"):
         Config.from_environ({"HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": "-1"})
+
+
+def test_tensorflow_inter_op_threads_are_reserved_unless_the_user_chose():
+    from hororing.config import TF_INTER_OP_THREADS, reserve_tf_inter_op_threads
+    environ = {}
+    assert reserve_tf_inter_op_threads(environ) == TF_INTER_OP_THREADS
+    assert environ == {"TF_NUM_INTEROP_THREADS": str(TF_INTER_OP_THREADS)}
+    environ = {"HORORING_TF_INTER_OP_THREADS": "8"}
+    assert reserve_tf_inter_op_threads(environ) == 8 and environ["TF_NUM_INTEROP_THREADS"] == "8"
+    environ = {"TF_NUM_INTEROP_THREADS": "3", "HORORING_TF_INTER_OP_THREADS": "8"}
+    assert reserve_tf_inter_op_threads(environ) == 3 and environ["TF_NUM_INTEROP_THREADS"] == "3"
+    with pytest.raises(ValueError, match="HORORING_TF_INTER_OP_THREADS must be > 0, got 0"):
+        reserve_tf_inter_op_threads({"HORORING_TF_INTER_OP_THREADS": "0"})
+    with pytest.raises(ValueError, match="HORORING_TF_INTER_OP_THREADS"):
+        reserve_tf_inter_op_threads({"HORORING_TF_INTER_OP_THREADS": "many"})
