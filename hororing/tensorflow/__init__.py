@@ -5,29 +5,45 @@ Collectives take ``tf.Tensor``s and variables, eagerly and inside ``tf.function`
 ``keras`` subpackage and ``hororing.keras``, that imports TensorFlow.
 """
 
+from ..config import reserve_tf_inter_op_threads
+
+reserve_tf_inter_op_threads()  # before any session: graph.py, "Threads"
+
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
                 add_process_set, cross_rank, cross_size, global_process_set, init,
-                is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,
-                shutdown, size, start_timeline, stop_timeline)
+                is_homogeneous, is_initialized, local_rank, local_size, ps_stats, rank,
+                remove_process_set, shutdown, size, start_timeline, stop_timeline)
+from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+                     mpi_threads_supported, nccl_built, rocm_built)
 from .compression import Compression
-from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
-                        broadcast_variables)
+from .functions import (allgather_object, broadcast_, broadcast_global_variables,
+                        broadcast_object, broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather,
                       grouped_allreduce, grouped_reducescatter, join, local_rank_op,
                       local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
 from .optimizer import DistributedOptimizer
+from .session_hooks import BroadcastGlobalVariablesHook
 from .sync_batch_norm import SyncBatchNormalization
 
+
+def cuda_built():
+    """False: TensorFlow tensors reach hororing's engine as host arrays, on every device."""
+    return False
+
+
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-    "HorovodInternalError", "Max", "Min", "PartialDistributedGradientTape", "ProcessSet",
-    "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather",
-    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
-    "broadcast_global_variables", "broadcast_object", "broadcast_variables", "cross_rank",
-    "cross_size", "global_process_set", "grouped_allgather", "grouped_allreduce",
-    "grouped_reducescatter", "init", "is_initialized", "join", "local_rank", "local_rank_op",
-    "local_size", "local_size_op", "process_set_included_op", "ps_stats", "rank", "rank_op",
-    "reducescatter", "remove_process_set", "shutdown", "size", "size_op", "start_timeline",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression",
+    "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError", "Max", "Min",
+    "PartialDistributedGradientTape", "ProcessSet", "Product", "Sum", "SyncBatchNormalization",
+    "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
+    "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
+    "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
+    "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
+    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "process_set_included_op", "ps_stats", "rank", "rank_op", "reducescatter",
+    "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "start_timeline",
     "stop_timeline",
 ]

@@ -3,16 +3,40 @@
 import tensorflow as tf
 
 from .. import collectives as core
-from ..objects import allgather_object, broadcast_object
+from .. import objects
 from ..process_sets import global_process_set, group_of
 from .bridge import as_tensor, collective, op_name, restore
 
-__all__ = ["allgather_object", "broadcast_global_variables", "broadcast_object",
-           "broadcast_variables"]
+__all__ = ["allgather_object", "broadcast_", "broadcast_global_variables", "broadcast_object",
+           "broadcast_object_fn", "broadcast_variables"]
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Return ``root_rank``'s ``obj`` (any picklable object) on every rank.
+
+    Every rank must call it. It runs at once, in eager and in graph programs alike;
+    ``session`` is accepted for Horovod compatibility.
+    """
+    return objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Return a function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank`` (Horovod's TF1
+    helper; every rank must call the function)."""
+    def broadcast(obj):
+        return broadcast_object(obj, root_rank, session, name, process_set)
+    return broadcast
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Return the list of every rank's ``obj``, in rank order. Every rank must call it."""
+    return objects.allgather_object(obj, name=name, process_set=process_set)
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=True):
     """Give every rank ``root_rank``'s values of ``variables`` (one exchange for all of them).
+
+    Every rank must call it with the same variables, in the same order.
 
     Args:
         variables: tf.Variables or Keras variables (e.g. ``model.variables``).
@@ -21,18 +45,46 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     Returns:
         The grouped assign op (None when run eagerly, where the assignment is done).
     """
+    assigns = _assign_from_root(variables, root_rank, None, process_set, "broadcast_variables")
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[assign for assign in assigns if assign is not None])
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Broadcast ``variables`` from ``root_rank`` in place; return their new values.
+
+    Every rank must call it with the same variables, in the same order. In a graph the
+    returned tensors are read after the assignment, so evaluating them performs it.
+
+    Example:
+        >>> value, = hvd.broadcast_([variable], root_rank=0)
+    """
+    variables = list(variables)
+    assigns = _assign_from_root(variables, root_rank, name, process_set, "broadcast_")
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(variable) for variable in variables]
+    values = []
+    for variable, assign in zip(variables, assigns):
+        with tf.control_dependencies([assign]):
+            values.append(variable.read_value())
+    return values
+
+
+def _assign_from_root(variables, root_rank, name, process_set, kind):
+    """Broadcast the variables' values in one op and assign them; return the assign ops."""
     variables = list(variables)
     if not variables:
-        return None
+        return []
     for index, variable in enumerate(variables):
         if not hasattr(variable, "assign"):
             raise TypeError(f"variables[{index}] is a {type(variable).__name__}, not a variable; "
-                            f"broadcast_variables assigns in place (use hvd.broadcast for tensors)")
+                            f"{kind} assigns in place (use hvd.broadcast for tensors)")
     group = group_of(process_set)
     group.set_rank(root_rank)
     converted = [as_tensor(variable, f"variables[{index}]")
                  for index, variable in enumerate(variables)]
-    label = op_name("broadcast_variables", None, process_set)
+    label = op_name(kind, name, process_set)
 
     def run(arrays, base):
         handles = [core.broadcast_async(array, root_rank,
@@ -41,13 +93,10 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
                    for index, array in enumerate(arrays)]
         return [core.synchronize(handle) for handle in handles]
 
-    results = collective("broadcast_variables", [tensor for tensor, _ in converted], run,
+    results = collective(kind, [tensor for tensor, _ in converted], run,
                          [tensor.dtype for tensor, _ in converted], label)
-    assigns = [variable.assign(tf.reshape(restore(result, dtype), tf.shape(tensor)))
-               for variable, result, (tensor, dtype) in zip(variables, results, converted)]
-    if tf.executing_eagerly():
-        return None
-    return tf.group(*[assign for assign in assigns if assign is not None])
+    return [variable.assign(tf.reshape(restore(result, dtype), tf.shape(tensor)))
+            for variable, result, (tensor, dtype) in zip(variables, results, converted)]
 
 
 def broadcast_global_variables(root_rank):

@@ -3,9 +3,9 @@
 import tensorflow as tf
 
 from .. import ops
-from ..process_sets import global_process_set, group_of
+from ..process_sets import global_process_set
 from .compression import Compression
-from .gradients import GradientReducer
+from .gradients import GradientReducer, local_layer_weights
 
 
 class DistributedGradientTape:
@@ -35,10 +35,8 @@ class DistributedGradientTape:
             groups = num_groups
         self._tape = gradtape
         self._reducer = GradientReducer(compression, sparse_as_dense, op,
-                                        gradient_predivide_factor, groups, process_set)
-        self._process_set = process_set
-        self.scale_local_gradients = scale_local_gradients
-        self._local_sources = set()
+                                        gradient_predivide_factor, groups, process_set,
+                                        scale_local_gradients)
 
     def __enter__(self):
         self._tape.__enter__()
@@ -51,8 +49,9 @@ class DistributedGradientTape:
         return getattr(self._tape, name)
 
     def register_local_source(self, source):
-        """Keep ``source``'s gradient local: it is not reduced across ranks."""
-        self._local_sources.add(id(source))
+        """Keep ``source``'s gradient local: it is not reduced across ranks (but divided by
+        the number of ranks when ``scale_local_gradients``, as Horovod does)."""
+        self._reducer.register_local(source)
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         """The wrapped tape's gradients, averaged over ranks (same structure as ``sources``)."""
@@ -61,25 +60,18 @@ class DistributedGradientTape:
         flat_grads = tf.nest.flatten(grads, expand_composites=False) if grads is not None else []
         if len(flat_grads) != len(flat_sources):  # a single source gives a single gradient
             flat_grads = [grads]
-        shared = [index for index, source in enumerate(flat_sources)
-                  if id(source) not in self._local_sources]
-        reduced = self._reducer.reduce([flat_grads[index] for index in shared],
-                                       [flat_sources[index] for index in shared])
-        result = list(flat_grads)
-        for index, grad in zip(shared, reduced):
-            result[index] = grad
-        if self.scale_local_gradients and self._local_sources:
-            size = float(group_of(self._process_set).size)
-            for index, source in enumerate(flat_sources):
-                if id(source) in self._local_sources and result[index] is not None:
-                    result[index] = _divide(result[index], size)
-        return tf.nest.pack_sequence_as(sources, result)
+        reduced = self._reducer.reduce(flat_grads, flat_sources)
+        return tf.nest.pack_sequence_as(sources, reduced)
 
-
-def _divide(grad, size):
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
-    return grad / size
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, **kwargs):
+        """Return ``(local, global)``: lists of (variable, gradient) pairs, in the order of
+        ``sources``, for the variables kept local and those averaged over ranks."""
+        sources = list(sources)
+        grads = self.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+        local, shared = [], []
+        for source, grad in zip(sources, grads):
+            (local if self._reducer.is_local(source) else shared).append((source, grad))
+        return local, shared
 
 
 def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
@@ -93,17 +85,10 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
         local_layers: a Keras layer or a list of them (their trainable weights' gradients are
             not reduced across ranks).
     """
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    for layer in local_layers:
-        if not hasattr(layer, "trainable_weights"):
-            raise ValueError(f"local_layers must be Keras layers, got {type(layer).__name__}")
+    weights = local_layer_weights(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)
-    for layer in local_layers:
-        for variable in layer.trainable_weights:
-            tape.register_local_source(variable)
+    for variable in weights:
+        tape.register_local_source(variable)
     return tape

@@ -27,10 +27,13 @@ class GradientReducer:
         groups: None (one group), a number of groups, or a list of lists of variables
             whose gradients reduce together.
         process_set: average over this set's ranks only.
+        scale_local_gradients: divide the gradients of local variables (``register_local``)
+            by the set's size, as Horovod does, so they weigh as an averaged one would.
     """
 
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=ops.Average,
-                 gradient_predivide_factor=1.0, groups=None, process_set=global_process_set):
+                 gradient_predivide_factor=1.0, groups=None, process_set=global_process_set,
+                 scale_local_gradients=True):
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
         self.op = resolve_op(op, allowed=(ops.Average, ops.Sum))
@@ -43,21 +46,42 @@ class GradientReducer:
                              f"got {groups!r}")
         self.groups = groups
         self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self._local = set()  # ids of the variables whose gradients stay on their rank
+
+    def register_local(self, variable):
+        """Keep ``variable``'s gradient on its rank: it is not reduced (but scaled, see above)."""
+        self._local.add(id(variable))
+
+    def is_local(self, variable):
+        return id(variable) in self._local
 
     def reduce(self, grads, variables=None):
         """Return the averaged gradients, in order (None where the gradient is None).
 
         Over a set of one rank the average is the gradient itself: nothing is exchanged, so
-        a one-process run costs what plain TensorFlow does.
+        a one-process run costs what plain TensorFlow does. A rank outside the process set
+        keeps its own gradients (as in Horovod). The gradients of local variables are not
+        exchanged.
         """
         grads = [tf.convert_to_tensor(grad) if self.sparse_as_dense and
                  isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
-        if group_of(self.process_set).size == 1:
+        if self.process_set.included() is False:
             return grads
+        size = group_of(self.process_set).size
+        if size == 1:
+            return grads
+        local = set()
+        if self._local and variables is not None:
+            local = {index for index, variable in enumerate(variables) if self.is_local(variable)}
         reduced = list(grads)
         dense = []
         for index, grad in enumerate(grads):
             if grad is None:
+                continue
+            if index in local:
+                if self.scale_local_gradients:
+                    reduced[index] = _divide(grad, float(size))
                 continue
             if isinstance(grad, tf.IndexedSlices):
                 reduced[index] = allreduce(grad, op=self.op, process_set=self.process_set)
@@ -104,3 +128,25 @@ class GradientReducer:
             key = group_of_variable.get(id(variables[index]), ("alone", index))
             split.setdefault(key, []).append((index, grad))
         return list(split.values())
+
+
+def _divide(grad, size):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
+def local_layer_weights(local_layers):
+    """The trainable weights of ``local_layers`` (a Keras layer, a list of them, or None).
+
+    Raises:
+        ValueError: an entry is not a Keras layer.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError(f"local_layers must be Keras layers, got {type(layer).__name__}")
+    return [variable for layer in local_layers for variable in layer.trainable_weights]

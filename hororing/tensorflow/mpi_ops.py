@@ -14,7 +14,7 @@ from .. import collectives as core
 from .. import ops
 from ..compression import wire_of
 from ..context import current
-from ..process_sets import global_process_set, group_of
+from ..process_sets import global_process_set, group_of, registered_sets
 from ..validate import check_factor, resolve_op
 from .bridge import as_tensor, collective, op_name, restore, to_tf
 from .compression import Compression
@@ -31,25 +31,43 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     and indices (Sum or Average only). ``compression=Compression.fp16`` sends floating
     tensors as float16. ``device_*`` and ``ignore_name_scope`` are accepted for Horovod
     compatibility. Every rank must call it with the same shape, dtype and op.
+
+    Raises:
+        NotImplementedError: a ``tf.IndexedSlices`` with an op other than Sum or Average, or
+            with a prescale/postscale factor (as Horovod).
     """
+    if isinstance(tensor, tf.IndexedSlices):
+        op = _sparse_op(op, average, prescale_factor, postscale_factor)
+        return _sparse_allreduce(tensor, op, name, process_set)
     op = resolve_op(op, average)
     prescale_factor = check_factor(prescale_factor, "prescale_factor")
     postscale_factor = check_factor(postscale_factor, "postscale_factor")
-    if isinstance(tensor, tf.IndexedSlices):
-        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set)
     compressed, ctx = compression.compress(to_tf(tensor))
     reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set,
                          compression)
     return compression.decompress(reduced, ctx)
 
 
-def _sparse_allreduce(slices, op, prescale_factor, postscale_factor, name, process_set):
+def _sparse_op(op, average, prescale_factor, postscale_factor):
+    """The op a ``tf.IndexedSlices`` reduces with; refuse what Horovod refuses for one."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is None:
+        op = ops.Sum if average is False else ops.Average
     if op not in (ops.Sum, ops.Average):
-        raise ValueError(f"a tf.IndexedSlices (sparse gradient) reduces with Sum or Average "
-                         f"only, got {ops.op_name(op)}; densify it with tf.convert_to_tensor(...)")
+        raise NotImplementedError(
+            f"a tf.IndexedSlices (sparse gradient) reduces with Sum or Average only, got "
+            f"{ops.op_name(op)}; densify it with tf.convert_to_tensor(...) (an optimizer: "
+            f"sparse_as_dense=True)")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise ValueError("prescale_factor/postscale_factor do not apply to a tf.IndexedSlices; "
-                         "densify it with tf.convert_to_tensor(...) or scale the values")
+        raise NotImplementedError(
+            "prescale_factor/postscale_factor do not apply to a tf.IndexedSlices; densify it "
+            "with tf.convert_to_tensor(...) or scale its values")
+    return op
+
+
+def _sparse_allreduce(slices, op, name, process_set):
+    """Gather every rank's values and indices (Average: the values divided by the set size)."""
     values = allgather(slices.values, name=None if name is None else name + ".values",
                        process_set=process_set)
     indices = allgather(slices.indices, name=None if name is None else name + ".indices",
@@ -69,18 +87,32 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, name=None, process_set=global_process_set,
                       ignore_name_scope=False):
-    """Allreduce a list of dense tensors in one op (fused by the engine); return the list."""
+    """Allreduce a list of tensors; return the list.
+
+    Dense tensors go in one op (fused by the engine); each ``tf.IndexedSlices`` is reduced as
+    ``allreduce`` reduces one (Sum or Average only).
+    """
+    tensors = _tensor_list(tensors, "grouped_allreduce")
+    sparse = [index for index, tensor in enumerate(tensors)
+              if isinstance(tensor, tf.IndexedSlices)]
+    if sparse:
+        sparse_op = _sparse_op(op, average, prescale_factor, postscale_factor)
     op = resolve_op(op, average)
     prescale_factor = check_factor(prescale_factor, "prescale_factor")
     postscale_factor = check_factor(postscale_factor, "postscale_factor")
-    tensors = _tensor_list(tensors, "grouped_allreduce")
-    if not tensors:
-        return []
-    compressed = [compression.compress(to_tf(tensor, f"tensors[{index}]"))
-                  for index, tensor in enumerate(tensors)]
-    reduced = _reduce("grouped_allreduce", [payload for payload, _ in compressed], op,
-                      prescale_factor, postscale_factor, name, process_set, compression)
-    return [compression.decompress(result, ctx) for result, (_, ctx) in zip(reduced, compressed)]
+    results = list(tensors)
+    dense = [index for index in range(len(tensors)) if index not in set(sparse)]
+    for number, index in enumerate(sparse):
+        results[index] = _sparse_allreduce(tensors[index], sparse_op, _sub(name, f"sparse{number}"),
+                                           process_set)
+    if dense:
+        compressed = [compression.compress(to_tf(tensors[index], f"tensors[{index}]"))
+                      for index in dense]
+        reduced = _reduce("grouped_allreduce", [payload for payload, _ in compressed], op,
+                          prescale_factor, postscale_factor, name, process_set, compression)
+        for index, result, (_, ctx) in zip(dense, reduced, compressed):
+            results[index] = compression.decompress(result, ctx)
+    return results
 
 
 def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_set,
@@ -107,8 +139,9 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
                     array.copy(), compression, member, op, prescale_factor, postscale_factor,
                     process_set))
             else:
+                (array,), prescale = _prescaled_in_float16([array], prescale_factor)
                 handles.append(core.allreduce_async(
-                    array, name=member, op=op, prescale_factor=prescale_factor,
+                    array, name=member, op=op, prescale_factor=prescale,
                     postscale_factor=postscale_factor, process_set=process_set))
         return [core.synchronize(handle) for handle in handles]
 
@@ -266,10 +299,11 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     label = op_name(_kind, name, process_set)
 
     def run(arrays, base):
+        arrays, prescale = _prescaled_in_float16(arrays, prescale_factor)
         if _kind == "reducescatter":
-            return [core.reducescatter(arrays[0], base, op, process_set, prescale_factor,
+            return [core.reducescatter(arrays[0], base, op, process_set, prescale,
                                        postscale_factor)]
-        return core.grouped_reducescatter(arrays, base, op, process_set, prescale_factor,
+        return core.grouped_reducescatter(arrays, base, op, process_set, prescale,
                                           postscale_factor)
 
     @tf.custom_gradient
@@ -344,6 +378,17 @@ def _query(value, name):
 
 # ---- helpers ---------------------------------------------------------------------------------
 
+def _prescaled_in_float16(arrays, factor):
+    """Float16 tensors prescaled in TensorFlow's float16 arithmetic (computed in float32,
+    rounded to float16), as Horovod's TensorFlow op and ``tensor * factor`` give them; the
+    factor left for the core (1.0 once applied). The core reduces float16 in float32 and
+    would round only the sum; a group of mixed dtypes keeps the core's rule."""
+    if factor == 1.0 or not all(array.dtype == np.float16 for array in arrays):
+        return arrays, factor
+    return [(array.astype(np.float32) * np.float32(factor)).astype(np.float16)
+            for array in arrays], 1.0
+
+
 def _tensor_list(tensors, kind):
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{kind} takes a list of tensors, got {type(tensors).__name__}")
@@ -377,3 +422,14 @@ def _root(root_rank):
 
 def _sub(base, part):
     return None if base is None else f"{base}.{part}"
+
+
+class _Basics:
+    """Horovod's private ``mpi_ops._basics``, for the scripts and tests that read it."""
+
+    @staticmethod
+    def _get_process_set_ids_and_ranks():
+        return registered_sets()
+
+
+_basics = _Basics()

@@ -5,26 +5,53 @@ import tensorflow as tf
 from .. import ops
 from ..process_sets import global_process_set
 from .compression import Compression
+from .aggregation import LocalGradientAggregation
 from .gradients import GradientReducer
 
 
 class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
-    """A tf.compat.v1 optimizer whose ``compute_gradients`` averages over ranks."""
+    """A tf.compat.v1 optimizer whose ``compute_gradients`` (so ``minimize``) averages over
+    ranks, in a TF1 graph or eagerly.
 
-    def __init__(self, optimizer, reducer, name=None, use_locking=False):
+    With ``backward_passes_per_step`` N > 1 the gradients of N passes are summed locally
+    (aggregation.py) and averaged and applied on the N-th; on the passes in between
+    ``apply_gradients`` only adds one to ``global_step``, as Horovod's does.
+    ``register_local_var`` keeps a variable's gradient on its rank.
+    """
+
+    def __init__(self, optimizer, reducer, name=None, use_locking=False, steps=1,
+                 average_aggregated=False):
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}",
                          use_locking=use_locking)
         self._optimizer = optimizer
         self._reducer = reducer
+        self._aggregation = (LocalGradientAggregation(steps, average_aggregated, reducer.reduce)
+                             if steps > 1 else None)
+        self._agg_helper = self._aggregation  # Horovod's name for it
+
+    def register_local_var(self, variable):
+        """Keep ``variable``'s gradient on its rank (divided by the number of ranks)."""
+        self._reducer.register_local(variable)
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's (gradient, variable) pairs, gradients averaged over ranks."""
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
-        grads = self._reducer.reduce([grad for grad, _ in pairs], [var for _, var in pairs])
-        return list(zip(grads, [var for _, var in pairs]))
+        variables = [var for _, var in pairs]
+        grads = [grad for grad, _ in pairs]
+        if self._aggregation is not None:
+            grads = self._aggregation.compute_gradients(grads, variables)
+        else:
+            grads = self._reducer.reduce(grads, variables)
+        return list(zip(grads, variables))
 
-    def apply_gradients(self, *args, **kwargs):
-        return self._optimizer.apply_gradients(*args, **kwargs)
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Apply the (averaged) gradients; with ``backward_passes_per_step`` N, every N-th call."""
+        pairs = list(grads_and_vars)
+        if self._aggregation is None:
+            return self._optimizer.apply_gradients(pairs, global_step=global_step, name=name)
+        return self._aggregation.apply_gradients(
+            lambda: self._optimizer.apply_gradients(pairs, global_step=global_step, name=name),
+            [grad for grad, _ in pairs], global_step)
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -46,18 +73,22 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 
     A Keras optimizer is wrapped as ``hororing.keras.DistributedOptimizer`` does; a
     ``tf.compat.v1.train.Optimizer`` gets a wrapper whose ``compute_gradients`` (and so
-    ``minimize``) reduces. ``device_*``, ``use_locking`` and ``scale_local_gradients`` are
+    ``minimize``) reduces, in a TF1 graph or eagerly. ``backward_passes_per_step`` N > 1
+    applies every N-th pass the sum (or with ``average_aggregated_gradients`` the mean) of N
+    passes' gradients. ``scale_local_gradients`` divides the gradients of variables given to
+    ``register_local_var`` by the number of ranks. ``device_*`` and ``use_locking`` are
     accepted for Horovod compatibility.
     """
     if num_groups and groups is None:
         groups = num_groups
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        if backward_passes_per_step != 1:
-            raise ValueError("backward_passes_per_step > 1 is supported for Keras optimizers; "
-                             "for a tf.compat.v1 optimizer accumulate gradients yourself")
+        steps = backward_passes_per_step
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}")
         reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                                  groups, process_set)
-        return _DistributedV1Optimizer(optimizer, reducer, name, use_locking)
+                                  groups, process_set, scale_local_gradients)
+        return _DistributedV1Optimizer(optimizer, reducer, name, use_locking, steps,
+                                       average_aggregated_gradients)
     from .keras import optimizer as keras_optimizer  # imports Keras only when one is wrapped
     if keras_optimizer.is_keras_optimizer(optimizer):
         return keras_optimizer.DistributedOptimizer(
@@ -65,6 +96,6 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-            process_set=process_set)
+            process_set=process_set, scale_local_gradients=scale_local_gradients)
     raise TypeError(f"DistributedOptimizer wraps a Keras optimizer or a "
                     f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")

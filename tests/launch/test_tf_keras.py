@@ -18,3 +18,12 @@ def test_tf_keras_fit_equals_large_batch_training(launch, ranks):
     assert job.returncode == 0, job.stderr[-3000:]
     difference = float(re.search(r"large-batch training ([0-9.e+-]+)", job.stdout).group(1))
     assert difference < 1e-5
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_tf_keras_gradient_paths_aggregation_and_local_variables(launch, ranks):
+    job = launch(ranks, "tf_keras_aggregation.py", env={"TF_USE_LEGACY_KERAS": "1",
+                                                        "TF_CPP_MIN_LOG_LEVEL": "2"},
+                 timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert f"agree with the references on {ranks} rank(s)" in job.stdout

@@ -160,3 +160,55 @@ def test_wrapping_errors_name_the_fix():
         hvd.DistributedOptimizer(used, backward_passes_per_step=2)
     with pytest.raises(ValueError, match="backward_passes_per_step must be an int"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=0)
+
+
+def _batch(peer):
+    rng = np.random.default_rng([7, peer])
+    return rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)
+
+
+def _gradient(start, peer):
+    x, y = _batch(peer)
+    return 2 * x.T @ (x @ start - y) / len(y)
+
+
+def test_compute_gradients_then_apply_reduces_once_and_local_variables_stay():
+    import tensorflow as tf
+    size, rank = hvd.size(), hvd.rank()
+    start = np.array([0.5, -1.0, 2.0], np.float32)
+    shared, local = keras.Variable(start), keras.Variable(start)
+    # op=Sum: a second reduction of the same gradients would multiply them by size again
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Sum)
+    optimizer.register_local_var(local)
+    x, y = _batch(rank)
+
+    def loss():
+        return (tf.reduce_mean(tf.square(tf.linalg.matvec(x, shared) - y))
+                + tf.reduce_mean(tf.square(tf.linalg.matvec(x, local) - y)))
+    pairs = optimizer.compute_gradients(loss, [shared, local])
+    summed = np.sum([_gradient(start, peer) for peer in range(size)], axis=0)
+    np.testing.assert_allclose(pairs[0][0].numpy(), summed, rtol=1e-5)
+    np.testing.assert_allclose(pairs[1][0].numpy(), _gradient(start, rank) / size, rtol=1e-5)
+    optimizer.apply_gradients(pairs)
+    np.testing.assert_allclose(shared.numpy(), start - 0.1 * summed, rtol=1e-5)
+    np.testing.assert_allclose(local.numpy(), start - 0.1 * _gradient(start, rank) / size,
+                               rtol=1e-5)
+
+
+def test_partial_optimizer_and_the_broadcast_callback_keep_local_layers_local():
+    size, rank = hvd.size(), hvd.rank()
+    x, y = shard(*data())
+    model = build(seed=1 + rank)
+    own = [variable.numpy() for variable in model.layers[0].variables]
+    optimizer = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.0),
+                                                local_layers=model.layers[0])
+    model.compile(optimizer=optimizer, loss="mse")
+    local = list(model.layers[0].variables)
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(size - 1, local_variables=local)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    # learning rate 0: only the broadcast moved anything, and not the first layer
+    for variable, mine in zip(model.layers[0].variables, own):
+        np.testing.assert_array_equal(variable.numpy(), mine)
+    assert_same_on_every_rank(model.layers[1].get_weights()[0])
+    with pytest.raises(ValueError, match="local_layers must be Keras layers, got str"):
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["dense"])

@@ -13,14 +13,17 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Broadcasting before the first step (not after it, as Horovod's callback does) means every
     rank starts from the same weights, so training equals single-process training with the
-    combined batch from the first step on. ``register_local_var`` exempts a variable.
+    combined batch from the first step on. ``local_variables`` (or ``register_local_var``)
+    exempts variables, which keep each rank's own values.
     """
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
         self._local = set()
+        for variable in local_variables or ():
+            self.register_local_var(variable)
 
     def register_local_var(self, variable):
         """Leave ``variable`` as each rank has it."""

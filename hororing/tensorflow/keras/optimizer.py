@@ -9,29 +9,29 @@ Keras's own accumulation, so N-1 of N steps move no data). The optimizer is wrap
 place: it stays an instance of its own class, so ``model.save`` and ``load_model`` see a
 plain Keras optimizer, and no class is created at run time.
 
-tf-keras optimizers (``TF_USE_LEGACY_KERAS=1``) apply through ``apply_gradients``, which
-clips inside: the wrapper averages the gradients on their way in.
+Horovod's wrapper also answers ``compute_gradients(loss, var_list, tape=None)`` with averaged
+gradients; so does this one, and ``apply`` does not average what it returned a second time.
+``register_local_var`` keeps a variable's gradient on its rank.
+
+tf-keras optimizers (``TF_USE_LEGACY_KERAS=1``) are wrapped by tf_keras_optimizer.py.
 """
 
 import threading
 
 import keras
+import tensorflow as tf
 
 from ... import ops
 from ...process_sets import global_process_set
 from ..compression import Compression
-from ..gradients import GradientReducer
+from ..gradients import GradientReducer, local_layer_weights
+from .tf_keras_optimizer import TfKerasHooks, is_tf_keras
 
 _HOOKS = ("apply", "_backend_apply_gradients", "_clip_gradients")
 
 
 def is_keras_optimizer(optimizer):
-    return isinstance(optimizer, keras.optimizers.Optimizer) or _is_tf_keras(optimizer)
-
-
-def _is_tf_keras(optimizer):
-    return (type(optimizer).__module__.startswith("tf_keras.")
-            and callable(getattr(optimizer, "apply_gradients", None)))
+    return isinstance(optimizer, keras.optimizers.Optimizer) or is_tf_keras(optimizer)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -57,8 +57,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             whose gradients reduce together.
         process_set: average over this set's ranks only.
 
-    ``name``, ``device_*``, ``num_groups`` and ``scale_local_gradients`` are accepted for
-    Horovod compatibility.
+        scale_local_gradients: divide the gradients of variables registered with
+            ``register_local_var`` by the number of ranks (they are not reduced).
+
+    ``name``, ``device_*`` and ``num_groups`` are accepted for Horovod compatibility. The
+    wrapped optimizer also gets Horovod's ``compute_gradients(loss, var_list, tape=None)``
+    and ``register_local_var(variable)``.
     """
     if not is_keras_optimizer(optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 or tf-keras optimizer, got "
@@ -68,13 +72,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise ValueError("this optimizer is already wrapped by DistributedOptimizer")
     if num_groups and groups is None:
         groups = num_groups
-    if _is_tf_keras(optimizer):
-        if backward_passes_per_step != 1:
-            raise ValueError("backward_passes_per_step > 1 needs a Keras 3 optimizer (Keras's "
-                             "gradient accumulation); tf-keras optimizers have none")
-        reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                                  groups, process_set)
-        _TfKerasHook(optimizer, reducer).install()
+    steps = backward_passes_per_step
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}")
+    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                              groups, process_set, scale_local_gradients)
+    if is_tf_keras(optimizer):
+        TfKerasHooks(optimizer, reducer, steps, average_aggregated_gradients).install()
         return optimizer
     if keras.backend.backend() != "tensorflow":
         raise ValueError(f"hororing's Keras optimizer needs the TensorFlow backend, but "
@@ -85,9 +89,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError(f"{type(optimizer).__name__} lacks {missing}, which hororing wraps to "
                         f"average gradients; this Keras version ({keras.__version__}) is not "
                         f"supported")
-    steps = backward_passes_per_step
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}")
     if steps > 1:
         if optimizer.built:
             raise ValueError("backward_passes_per_step > 1 needs an optimizer that has not been "
@@ -98,14 +99,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                              f"backward_passes_per_step={optimizer.gradient_accumulation_steps} "
                              f"or leave gradient_accumulation_steps unset")
         optimizer.gradient_accumulation_steps = steps
-    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                              groups, process_set)
     _Hooks(optimizer, reducer, steps, average_aggregated_gradients).install()
     return optimizer
 
 
 class _Hooks:
-    """The three bound methods the wrapper puts on one optimizer instance."""
+    """The methods the wrapper puts on one Keras 3 optimizer instance."""
 
     def __init__(self, optimizer, reducer, steps, average_aggregated):
         self.optimizer = optimizer
@@ -117,12 +116,46 @@ class _Hooks:
         self.state = threading.local()
 
     def install(self):
-        object.__setattr__(self.optimizer, "_hororing", self)
-        object.__setattr__(self.optimizer, "apply", self.apply)
-        object.__setattr__(self.optimizer, "_backend_apply_gradients", self.backend_apply)
-        object.__setattr__(self.optimizer, "_clip_gradients", self.clip)
+        optimizer = self.optimizer
+        object.__setattr__(optimizer, "_hororing", self)
+        object.__setattr__(optimizer, "apply", self.apply)
+        object.__setattr__(optimizer, "_backend_apply_gradients", self.backend_apply)
+        object.__setattr__(optimizer, "_clip_gradients", self.clip)
+        object.__setattr__(optimizer, "compute_gradients", self.compute_gradients)
+        object.__setattr__(optimizer, "_compute_gradients", self._compute_gradients)
+        object.__setattr__(optimizer, "register_local_var", self.reducer.register_local)
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """Horovod's ``compute_gradients``: (gradient, variable) pairs of ``loss`` (a tensor
+        recorded by ``tape``, or a function of no arguments), averaged over ranks. With
+        ``backward_passes_per_step`` > 1 they stay local: Keras accumulates them and the
+        sum is averaged when it is applied."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        variables = list(var_list() if callable(var_list) else var_list)
+        if tape is None:
+            if not callable(loss):
+                raise ValueError("compute_gradients needs the tape that recorded loss, or "
+                                 "loss as a function of no arguments")
+            with tf.GradientTape() as tape:  # watches the trainable variables loss reads
+                loss = loss()
+        elif callable(loss):
+            with tape:
+                loss = loss()
+        grads = tape.gradient(loss, variables, output_gradients=grad_loss)
+        if self.steps == 1:
+            grads = self.reducer.reduce(grads, variables)
+            self.state.prereduced = {id(grad) for grad in grads if grad is not None}
+        return list(zip(grads, variables))
 
     def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        prereduced = getattr(self.state, "prereduced", set())
+        self.state.prereduced = set()
+        # gradients compute_gradients returned are averaged already: never twice
+        self.state.skip = bool(prereduced) and all(grad is None or id(grad) in prereduced
+                                                   for grad in grads)
         self.state.reduced = False
         result = self.original["apply"](grads, trainable_variables)
         if self.steps == 1 and not self.state.reduced and any(g is not None for g in grads):
@@ -136,26 +169,35 @@ class _Hooks:
         return self.original["_backend_apply_gradients"](grads, trainable_variables)
 
     def clip(self, grads):
-        grads = self.reducer.reduce(grads, getattr(self.state, "variables", None))
-        if self.rescale != 1.0:
-            grads = [None if grad is None else grad * self.rescale for grad in grads]
+        if not getattr(self.state, "skip", False):
+            grads = self.reducer.reduce(grads, getattr(self.state, "variables", None))
+            if self.rescale != 1.0:
+                grads = [None if grad is None else grad * self.rescale for grad in grads]
         self.state.reduced = True
         return self.original["_clip_gradients"](grads)
 
 
-class _TfKerasHook:
-    """tf-keras: average the gradients on their way into ``apply_gradients``."""
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=ops.Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """A DistributedOptimizer that keeps the gradients of ``local_layers``' weights on each rank.
 
-    def __init__(self, optimizer, reducer):
-        self.optimizer = optimizer
-        self.reducer = reducer
-        self.original = optimizer.apply_gradients
-
-    def install(self):
-        object.__setattr__(self.optimizer, "_hororing", self)
-        object.__setattr__(self.optimizer, "apply_gradients", self.apply_gradients)
-
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        pairs = list(grads_and_vars)
-        grads = self.reducer.reduce([grad for grad, _ in pairs], [var for _, var in pairs])
-        return self.original(list(zip(grads, [var for _, var in pairs])), *args, **kwargs)
+    Args:
+        local_layers: a Keras layer or a list of them; their trainable weights are registered
+            with ``register_local_var`` (not reduced; divided by the number of ranks when
+            ``scale_local_gradients``, as Horovod does).
+        The other arguments are DistributedOptimizer's.
+    """
+    weights = local_layer_weights(local_layers)
+    optimizer = DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for variable in weights:
+        optimizer.register_local_var(variable)
+    return optimizer
