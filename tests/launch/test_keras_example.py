@@ -1,29 +1,16 @@
 """examples/train_keras.py under mpiexec: Keras 3 model.fit with hororing, ring and PS."""
 
-import os
-import pathlib
-import re
-import subprocess
-import sys
-
 import pytest
 
-from conftest import mpiexec
+from conftest import reported_accuracy as accuracy
+from conftest import run_example
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("sklearn")
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_keras.py"
 
 
-def run(ranks, *args, timeout=300):
-    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(EXAMPLE), *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-
-
-def accuracy(job):
-    assert job.returncode == 0, job.stderr[-3000:]
-    return float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+def run(ranks, *args):
+    return run_example("train_keras.py", ranks, *args)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
