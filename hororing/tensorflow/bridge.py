@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from ..errors import PreconditionError
 from .errors import as_tf_error
-from .graph import op_name, raise_on_failure
+from .graph import raise_on_failure
 
 _CARRIED = {tf.bfloat16: tf.float32, tf.bool: tf.uint8}
 _ENGINE_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.uint32, tf.int32, tf.uint64,

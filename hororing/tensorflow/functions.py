@@ -5,7 +5,8 @@ import tensorflow as tf
 from .. import collectives as core
 from .. import objects
 from ..process_sets import global_process_set, group_of
-from .bridge import as_tensor, collective, op_name, restore
+from .bridge import as_tensor, collective, restore
+from .graph import op_name
 
 __all__ = ["allgather_object", "broadcast_", "broadcast_global_variables", "broadcast_object",
            "broadcast_object_fn", "broadcast_variables"]

@@ -16,8 +16,9 @@ from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of, registered_sets
 from ..validate import check_factor, resolve_op
-from .bridge import as_tensor, collective, op_name, restore, to_tf
+from .bridge import as_tensor, collective, restore, to_tf
 from .compression import Compression
+from .graph import op_name
 
 
 # ---- allreduce ------------------------------------------------------------------------------
