@@ -31,3 +31,15 @@ class UnsupportedOpError(ValueError, RuntimeError):
     Both a ValueError (hororing's error for a bad argument) and a RuntimeError (what
     Horovod raises for an op its reducescatter lacks), so either ``except`` catches it.
     """
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The hosts of an elastic job changed: every rank raises it at the same commit.
+
+    ``skip_sync`` is Horovod's hint that only hosts were removed, so the survivors need not
+    sync their state again.
+    """
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the hosts of this elastic job changed")
+        self.skip_sync = skip_sync

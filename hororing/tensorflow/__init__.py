@@ -15,6 +15,8 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pro
                 remove_process_set, shutdown, size, start_timeline, stop_timeline)
 from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rocm_built)
+from ..errors import HostsUpdatedInterrupt
+from . import elastic
 from .compression import Compression
 from .functions import (allgather_object, broadcast_, broadcast_global_variables,
                         broadcast_object, broadcast_object_fn, broadcast_variables)
@@ -34,12 +36,13 @@ def cuda_built():
 
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression",
-    "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError", "Max", "Min",
+    "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "Max", "Min",
     "PartialDistributedGradientTape", "ProcessSet", "Product", "Sum", "SyncBatchNormalization",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
     "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
     "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
-    "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
     "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",

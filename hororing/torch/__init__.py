@@ -8,6 +8,8 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pro
                 is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,
                 shutdown, size)
 from .. import data
+from ..errors import HostsUpdatedInterrupt
+from . import elastic
 from .async_optimizer import AsyncPSOptimizer
 from .bridge import poll, synchronize
 from .build import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
@@ -28,12 +30,12 @@ from .timeline import start_timeline, stop_timeline
 
 __all__ = [
     "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer",
-    "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size",
-    "cuda_built", "data", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "cuda_built", "data", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size",

@@ -17,7 +17,8 @@ from ... import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pr
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object, broadcast_variables
 from ..mpi_ops import allgather, allreduce, alltoall, barrier, broadcast, join, reducescatter
-from . import callbacks
+from ...errors import HostsUpdatedInterrupt
+from . import callbacks, elastic
 from ._backend import keras
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
@@ -47,11 +48,12 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "Max",
     "Min", "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "add_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
     "broadcast_global_variables", "broadcast_object", "broadcast_variables", "callbacks",
-    "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "join",
+    "cross_rank", "cross_size", "elastic", "global_process_set", "init", "is_initialized", "join",
     "load_model", "local_rank", "local_size", "ps_stats", "rank", "reducescatter",
     "remove_process_set", "shutdown", "size", "start_timeline", "stop_timeline",
 ]

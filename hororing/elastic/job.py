@@ -1,0 +1,65 @@
+"""What a rank knows of the elastic job around it, and how hororun tells it the hosts changed.
+
+hororun's elastic mode sets HORORING_ELASTIC_DIR (where each host keeps its commits) and
+HORORING_ELASTIC_LAUNCH (0 for the first launch, then 1, 2, ... for each relaunch). A rank
+started any other way (plain mpiexec) has neither: its commits stay in memory, as Horovod's.
+
+Host updates arrive as SIGUSR1, which mpiexec (Hydra and Open MPI's mpirun alike) forwards to
+every rank. hororun starts each rank with SIGUSR1 ignored until ``listen()`` installs the
+handler, so an early notice is lost rather than fatal; hororun repeats it until the job
+answers.
+"""
+
+import os
+import signal
+import threading
+
+DIR_ENV = "HORORING_ELASTIC_DIR"
+LAUNCH_ENV = "HORORING_ELASTIC_LAUNCH"
+NOTICE_SIGNAL = signal.SIGUSR1
+# exit status of every rank when the job stops at a commit so that hororun relaunches it at the
+# size the hosts now allow (EX_TEMPFAIL)
+RESCALE_STATUS = 75
+
+
+def directory():
+    """The job's elastic directory on this host, or None outside hororun's elastic mode."""
+    return os.environ.get(DIR_ENV) or None
+
+
+def supervised():
+    return directory() is not None
+
+
+def launch():
+    """0 for the job's first launch, n for its n-th relaunch."""
+    try:
+        return int(os.environ.get(LAUNCH_ENV, "0"))
+    except ValueError:
+        return 0
+
+
+class _Notices:
+    lock = threading.Lock()
+    count = 0
+    listening = False
+
+
+def _on_notice(signum, frame):
+    _Notices.count += 1
+
+
+def listen():
+    """Count hororun's host-update notices from now on (main thread; idempotent)."""
+    with _Notices.lock:
+        if _Notices.listening or not supervised():
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(NOTICE_SIGNAL, _on_notice)
+        _Notices.listening = True
+
+
+def notices():
+    """How many host-update notices this rank has received."""
+    return _Notices.count

@@ -1,0 +1,59 @@
+"""The ``run`` decorator: the elastic training loop's entry and its answers to faults.
+
+An MPI world does not outlive a dead rank, so recovery is a relaunch (docs/elastic.md):
+
+- On entry the wrapped function's state is synced: from rank 0 on a fresh job, or, in a job
+  that hororun relaunched, from the newest commit that any host kept (then the reset
+  callbacks run, since the job may have a new size).
+- ``HorovodInternalError`` (a collective failed): the state rolls back to the last commit and
+  the error goes on, ending this rank; under hororun's elastic mode hororun relaunches the job,
+  which resumes from the newest commit on disk. Without hororun the error is the caller's.
+- ``HostsUpdatedInterrupt`` (hororun reported new or lost hosts; raised on every rank at the
+  same commit): the state is written to disk once more and every rank exits with
+  ``job.RESCALE_STATUS`` after a barrier, for hororun to relaunch at the size the hosts allow.
+"""
+
+import functools
+import sys
+
+from .. import collectives, context
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from . import job
+
+
+def run_fn(func):
+    """Wrap ``func(state, *args, **kwargs)`` as Horovod's ``hvd.elastic.run`` does."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        job.listen()
+        if state._resume() >= 0:
+            state.on_reset()
+        else:
+            state.sync()
+        try:
+            return func(state, *args, **kwargs)
+        except HorovodInternalError:
+            state.restore()
+            raise
+        except HostsUpdatedInterrupt:
+            if not job.supervised():
+                raise
+            _stop_for_relaunch(state)
+
+    return wrapper
+
+
+run = run_fn
+
+
+def _stop_for_relaunch(state):
+    state.save()
+    state._commits += 1
+    state._persist()
+    collectives.barrier()  # every host has written before any rank's exit ends the job
+    if context.rank() == 0:
+        sys.stderr.write(f"hororing.elastic: hosts changed; {context.size()} ranks stop at "
+                         f"commit {state._commits} for hororun to relaunch\n")
+        sys.stderr.flush()
+    raise SystemExit(job.RESCALE_STATUS)

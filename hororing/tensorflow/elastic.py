@@ -1,0 +1,127 @@
+"""``hvd.elastic`` for TensorFlow: ``run``, ``TensorFlowState``, ``TensorFlowKerasState``.
+
+Variables are saved as numpy values, so a commit can be written to disk and read back by a
+relaunched job (hororing.elastic). ``TensorFlowState`` also works in a TF1 graph with a
+session; the Keras state is for eager programs (TensorFlow 2).
+"""
+
+import tensorflow as tf
+
+from ..elastic import (HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run,
+                       run_fn)
+from ..elastic.state import HandledState, StateHandler
+from .functions import broadcast_object, broadcast_variables
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State",
+           "TensorFlowKerasState", "TensorFlowState", "run", "run_fn"]
+
+
+class _VariablesHandler(StateHandler):
+    """A list of variables, read and assigned eagerly or through a TF1 session."""
+
+    def __init__(self, value, session=None):
+        self.value = value
+        self.session = session
+        self._broadcast_op = None
+        if not tf.executing_eagerly():  # one op, built once, run by every sync
+            self._broadcast_op = broadcast_variables(self.variables(), root_rank=0)
+        super().__init__(value)
+
+    def variables(self):
+        return list(self.value)
+
+    def capture(self):
+        variables = self.variables()
+        if self.session is not None:
+            return list(self.session.run(variables))
+        return [variable.numpy() for variable in variables]
+
+    def apply(self, saved):
+        variables = self.variables()
+        if len(saved) != len(variables):
+            raise ValueError(f"the saved state has {len(saved)} variables, this one "
+                             f"{len(variables)}: was the model or optimizer changed?")
+        for variable, value in zip(variables, saved):
+            if self.session is not None:
+                variable.load(value, self.session)
+            else:
+                variable.assign(value)
+
+    def sync(self):
+        if self._broadcast_op is not None:
+            self.session.run(self._broadcast_op)
+        else:
+            broadcast_variables(self.variables(), root_rank=0)
+
+
+class _ModelHandler(_VariablesHandler):
+    def variables(self):
+        return list(self.value.variables)
+
+
+class _OptimizerHandler(_VariablesHandler):
+    """An optimizer's variables; one not built yet is built when a saved state needs it."""
+
+    def __init__(self, optimizer, model):
+        self._model = model
+        super().__init__(optimizer)
+
+    def variables(self):
+        variables = self.value.variables
+        return list(variables() if callable(variables) else variables)
+
+    def apply(self, saved):
+        if len(saved) != len(self.variables()) and hasattr(self.value, "build"):
+            self.value.build(self._model.trainable_variables)
+        super().apply(saved)
+
+
+class TensorFlowState(HandledState):
+    """State of a list of TensorFlow variables (Horovod's ``hvd.elastic.TensorFlowState``).
+
+    Args:
+        variables: the variables (default: ``tf.compat.v1.global_variables()``).
+        session: in a TF1 graph, the session that holds their values (default: the default
+            session).
+        **kwargs: plain Python objects to keep too, exposed as attributes.
+    """
+
+    def __init__(self, variables=None, session=None, **kwargs):
+        eager = tf.executing_eagerly()
+        if variables is None:
+            variables = tf.compat.v1.global_variables()
+        if not eager and session is None:
+            session = tf.compat.v1.get_default_session()
+            if session is None:
+                raise ValueError("in a TF1 graph, TensorFlowState needs a session: pass "
+                                 "session= or create it inside `with session.as_default()`")
+        handler = _VariablesHandler(variables, session if not eager else None)
+        self.session = session
+        super().__init__({"variables": handler}, broadcast_object, None, **kwargs)
+
+
+class TensorFlowKerasState(HandledState):
+    """State of a Keras model and its optimizer (Horovod's ``TensorFlowKerasState``).
+
+    Args:
+        model: a built Keras model.
+        optimizer: its optimizer (default: ``model.optimizer``).
+        backend: accepted for Horovod compatibility (TF1 Keras sessions are not supported).
+        **kwargs: plain Python objects to keep too, exposed as attributes.
+
+    Raises:
+        ValueError: the model is not built yet.
+    """
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        if hasattr(model, "build") and not model.built:
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+        if not tf.executing_eagerly():
+            raise ValueError("TensorFlowKerasState needs eager execution (TensorFlow 2); for "
+                             "a TF1 graph use TensorFlowState(session=...)")
+        optimizer = optimizer or getattr(model, "optimizer", None)
+        handlers = {"model": _ModelHandler(model)}
+        if optimizer is not None:
+            handlers["optimizer"] = _OptimizerHandler(optimizer, model)
+        self.backend = backend
+        super().__init__(handlers, broadcast_object, None, **kwargs)
