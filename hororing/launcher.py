@@ -32,6 +32,8 @@ def main(argv=None):
         return 0
     if not args.command:
         _parser().error("give the command to run, e.g. hororun -np 2 python train.py")
+    if args.discovery_script or args.min_np is not None:
+        return _run_elastic(args, mpiexec)
     if args.np is None:
         _parser().error("-np is required: the number of processes to start")
     if args.np < 1:
@@ -51,6 +53,42 @@ def main(argv=None):
         return subprocess.call(command, env=env)
 
 
+def _run_elastic(args, mpiexec):
+    from .runner import discovery
+    from .runner.elastic import ElasticDriver
+
+    min_np = args.min_np if args.min_np is not None else args.np
+    if min_np is None or min_np < 1:
+        _parser().error("elastic mode needs -np or --min-np >= 1")
+    if args.max_np is not None and args.max_np < min_np:
+        _parser().error(f"--max-np {args.max_np} is below the minimum {min_np}")
+    if mpiexec is None:
+        sys.stderr.write("hororun: no mpiexec found next to this Python or on PATH\n")
+        return 2
+    if args.discovery_script:
+        discover = discovery.ScriptDiscovery(args.discovery_script, args.slots)
+    else:
+        try:
+            hosts = hosts_of(args)
+        except ValueError as error:
+            sys.stderr.write(f"hororun: {error}\n")
+            return 2
+        discover = discovery.FixedDiscovery(hosts or [("localhost", max(args.np or 0, min_np,
+                                                                        args.max_np or 0))])
+    env = dict(os.environ)
+    if args.start_timeout is not None:
+        env["HORORING_START_TIMEOUT"] = str(args.start_timeout)
+    flavor = mpi_flavor(mpiexec)
+
+    def command_for(size, hosts, scratch):
+        return mpiexec_command(mpiexec, flavor, size, hosts, scratch)
+
+    driver = ElasticDriver(command_for, args.command, discover, min_np, args.max_np,
+                           args.elastic_timeout, args.reset_limit, args.elastic_dir, env,
+                           args.discovery_interval, args.verbose)
+    return driver.run()
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="hororun", description="Launch a hororing (or Horovod) training script with MPI.")
@@ -67,6 +105,28 @@ def _parser():
                         help="print the frameworks, controllers and operations available")
     parser.add_argument("--mpiexec", help="the mpiexec to use (default: next to this Python, "
                                           "then PATH)")
+    elastic = parser.add_argument_group(
+        "elastic", "relaunch the job from its newest commit when a rank dies or the hosts "
+                   "change (hvd.elastic.run; docs/elastic.md)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
+                         help="fewest ranks to train with (default: -np); turns elastic mode on")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
+                         help="most ranks to train with (default: no bound)")
+    elastic.add_argument("--host-discovery-script", dest="discovery_script",
+                         help="prints the hosts available now, one 'host' or 'host:slots' a "
+                              "line; turns elastic mode on")
+    elastic.add_argument("--slots", "--slots-per-host", dest="slots", type=int, default=1,
+                         help="slots of a discovered host whose line names none (default: 1)")
+    elastic.add_argument("--elastic-timeout", type=float,
+                         default=float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600")),
+                         help="seconds to wait for --min-np slots (default: 600)")
+    elastic.add_argument("--reset-limit", type=int,
+                         help="relaunches allowed, for faults and host changes (default: none)")
+    elastic.add_argument("--elastic-dir",
+                         help="where each host keeps the job's commits (default: a new "
+                              "temporary directory)")
+    elastic.add_argument("--discovery-interval", type=float, default=1.0,
+                         help="seconds between runs of the discovery script (default: 1)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 
@@ -98,15 +158,25 @@ def build_command(args, mpiexec, flavor, scratch):
     env = dict(os.environ)
     if args.start_timeout is not None:
         env["HORORING_START_TIMEOUT"] = str(args.start_timeout)
-    command = [mpiexec, "-n", str(args.np)]
-    hosts = parse_hosts(args.hosts) if args.hosts else None
+    return mpiexec_command(mpiexec, flavor, args.np, hosts_of(args), scratch) + \
+        list(args.command), env
+
+
+def hosts_of(args):
+    """The (host, slots) pairs of ``-H`` or ``--hostfile``, or None for this machine."""
     if args.hostfile:
-        hosts = read_hostfile(args.hostfile)
+        return read_hostfile(args.hostfile)
+    return parse_hosts(args.hosts) if args.hosts else None
+
+
+def mpiexec_command(mpiexec, flavor, np, hosts, scratch):
+    """``mpiexec`` with the flags that start ``np`` ranks on ``hosts`` (None: this machine)."""
+    command = [mpiexec, "-n", str(np)]
     if flavor == OPEN_MPI:
         if os.geteuid() == 0:
             command.append("--allow-run-as-root")
         slots = sum(count for _, count in hosts) if hosts else os.cpu_count() or 1
-        if args.np > slots:
+        if np > slots:
             command.append("--oversubscribe")
         if hosts:
             command += ["-H", ",".join(f"{host}:{count}" for host, count in hosts)]
@@ -114,7 +184,7 @@ def build_command(args, mpiexec, flavor, scratch):
         hostfile = pathlib.Path(scratch) / "hosts"
         hostfile.write_text("".join(f"{host}:{count}\n" for host, count in hosts))
         command += ["-f", str(hostfile)]
-    return command + list(args.command), env
+    return command
 
 
 def parse_hosts(text):

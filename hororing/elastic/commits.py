@@ -28,9 +28,10 @@ class _CrcWriter:
         self.length = 0
 
     def write(self, data):
-        self.crc = zlib.crc32(data, self.crc)
-        self.length += len(data)
-        return self.file.write(data)
+        view = memoryview(data).cast("B")  # pickle also hands over PickleBuffers
+        self.crc = zlib.crc32(view, self.crc)
+        self.length += view.nbytes
+        return self.file.write(view)
 
 
 def path_of(directory, seq):
@@ -94,8 +95,14 @@ def newest(directory):
 
 
 def remove_temporaries(directory):
-    """Delete what writers killed mid-write left behind."""
+    """Delete what writers killed mid-write left behind; return [(name, bytes)] deleted."""
     directory = pathlib.Path(directory)
+    removed = []
     if directory.is_dir():
-        for path in directory.glob(".*.tmp"):
-            path.unlink(missing_ok=True)
+        for path in sorted(directory.glob(".*.tmp")):
+            try:
+                removed.append((path.name, path.stat().st_size))
+                path.unlink()
+            except OSError:
+                pass
+    return removed

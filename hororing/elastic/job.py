@@ -60,6 +60,18 @@ def listen():
         _Notices.listening = True
 
 
+def stop_listening():
+    """Ignore further notices: the wrapped function has returned or the job is stopping.
+
+    Python restores SIGUSR1's default action (terminate) as it exits, so a notice that
+    hororun repeats while the rank exits would otherwise kill it with signal 10.
+    """
+    with _Notices.lock:
+        if _Notices.listening and threading.current_thread() is threading.main_thread():
+            signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
+            _Notices.listening = False
+
+
 def notices():
     """How many host-update notices this rank has received."""
     return _Notices.count

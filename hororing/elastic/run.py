@@ -27,11 +27,11 @@ def run_fn(func):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         job.listen()
-        if state._resume() >= 0:
-            state.on_reset()
-        else:
-            state.sync()
         try:
+            if state._resume() >= 0:
+                state.on_reset()
+            else:
+                state.sync()
             return func(state, *args, **kwargs)
         except HorovodInternalError:
             state.restore()
@@ -40,6 +40,8 @@ def run_fn(func):
             if not job.supervised():
                 raise
             _stop_for_relaunch(state)
+        finally:
+            job.stop_listening()
 
     return wrapper
 

@@ -115,7 +115,9 @@ class State:
             return -1
         found, record = -1, None
         if context.local_rank() == 0:
-            commits.remove_temporaries(directory)
+            for name, size in commits.remove_temporaries(directory):
+                sys.stderr.write(f"hororing.elastic: rank {context.rank()} dropped {name}, a "
+                                 f"commit half-written when its writer died ({size} bytes)\n")
             found, record = commits.newest(directory)
         seqs = collectives.allgather(np.array([found], dtype=np.int64),
                                      name="elastic.newest_commit")

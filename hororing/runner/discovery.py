@@ -1,0 +1,77 @@
+"""Hosts and slots for an elastic job, from a discovery script or a fixed list."""
+
+import subprocess
+
+
+class DiscoveryError(RuntimeError):
+    """The discovery script failed or printed something that is not a host list."""
+
+
+class ScriptDiscovery:
+    """Runs ``script`` and reads one ``host`` or ``host:slots`` per line (Horovod's format).
+
+    A line without slots gets ``default_slots``. Blank lines and ``#`` comments are skipped.
+    """
+
+    def __init__(self, script, default_slots=1, timeout=30.0):
+        self.script = script
+        self.default_slots = default_slots
+        self.timeout = timeout
+
+    def __call__(self):
+        try:
+            result = subprocess.run(self.script, shell=True, capture_output=True, text=True,
+                                    timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise DiscoveryError(f"host discovery script {self.script!r} did not finish in "
+                                 f"{self.timeout:g} s") from None
+        if result.returncode != 0:
+            raise DiscoveryError(f"host discovery script {self.script!r} exited with status "
+                                 f"{result.returncode}: {result.stderr.strip()[-500:]}")
+        return parse(result.stdout, self.default_slots, self.script)
+
+
+class FixedDiscovery:
+    """The hosts of ``-H``/``--hostfile`` (or this machine), which never change."""
+
+    def __init__(self, hosts):
+        self.hosts = list(hosts)
+
+    def __call__(self):
+        return list(self.hosts)
+
+
+def parse(text, default_slots, source):
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        host, _, slots = line.partition(":")
+        host, slots = host.strip(), slots.strip()
+        if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
+            raise DiscoveryError(f"host discovery script {source!r}, line {number}: expected "
+                                 f"'host' or 'host:slots' with slots >= 1, got {line!r}")
+        hosts.append((host, int(slots) if slots else default_slots))
+    seen = set()
+    for host, _ in hosts:
+        if host in seen:
+            raise DiscoveryError(f"host discovery script {source!r} lists {host!r} twice")
+        seen.add(host)
+    return hosts
+
+
+def total_slots(hosts):
+    return sum(slots for _, slots in hosts)
+
+
+def assign(hosts, size):
+    """The first ``size`` slots of ``hosts``, in their order: [(host, slots used)]."""
+    placed, left = [], size
+    for host, slots in hosts:
+        if left <= 0:
+            break
+        take = min(slots, left)
+        placed.append((host, take))
+        left -= take
+    return placed

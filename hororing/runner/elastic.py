@@ -1,0 +1,204 @@
+"""hororun's elastic driver: relaunch the job on the hosts there are, from its newest commit.
+
+An MPI world does not outlive a dead rank (MPICH from PyPI has no fault-tolerance extension,
+and mpiexec ends every rank when one dies), so the driver supervises mpiexec:
+
+1. It asks the discovery (a script, or the fixed ``-H``/``--hostfile`` hosts) for hosts,
+   waits up to ``--elastic-timeout`` until they offer ``--min-np`` slots, and launches
+   min(slots, ``--max-np``) ranks with HORORING_ELASTIC_DIR and HORORING_ELASTIC_LAUNCH set.
+   Each rank starts with SIGUSR1 ignored (``sh -c 'trap "" USR1; exec ...'``) until
+   ``hvd.elastic.run`` listens for it.
+2. While the job runs it polls the discovery every ``--discovery-interval`` seconds. When
+   the hosts would give the job another size, or a host in use is gone, it sends SIGUSR1 to
+   mpiexec (which forwards it to every rank) and repeats that each poll until the job ends:
+   the ranks stop together at their next commit with status 75.
+3. Whatever ended the job (status 75, a rank that raised, a rank killed), it relaunches on
+   the hosts discovered then, and the new ranks resume from the newest commit that any host
+   kept. Status 0 ends the driver. ``--reset-limit`` bounds the relaunches; where ranks run on
+   this machine, three failed launches in a row with no new commit on its disk end the job as
+   well, since relaunching a job that fails before its first commit would loop forever.
+"""
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..elastic import commits, job
+from . import discovery
+
+_IGNORE_NOTICES = 'trap "" USR1; exec "$@"'
+NO_PROGRESS_LIMIT = 3
+
+
+def log(message):
+    stamp = time.strftime("%H:%M:%S")
+    sys.stderr.write(f"hororun[elastic] {stamp} {message}\n")
+    sys.stderr.flush()
+
+
+class ElasticDriver:
+    """Runs ``command`` under ``mpiexec`` again and again until it succeeds or cannot go on.
+
+    Args:
+        command_for: ``command_for(size, hosts, scratch)`` returns the mpiexec command (without
+            the rank command) for ``size`` ranks on ``hosts`` [(host, slots)].
+        command: the rank command.
+        discover: a callable that returns the hosts [(host, slots)] available now.
+        min_np, max_np: the job's bounds (max_np None: no bound).
+        elastic_timeout: seconds to wait for ``min_np`` slots before giving up.
+        reset_limit: relaunches allowed (None: no limit).
+        directory: where this machine's ranks keep their commits (a new temporary directory
+            when None, removed at the end).
+        env: the environment for mpiexec.
+        interval: seconds between discovery polls.
+    """
+
+    def __init__(self, command_for, command, discover, min_np, max_np=None,
+                 elastic_timeout=600.0, reset_limit=None, directory=None, env=None,
+                 interval=1.0, verbose=False):
+        self.command_for = command_for
+        self.command = list(command)
+        self.discover = discover
+        self.min_np = min_np
+        self.max_np = max_np
+        self.elastic_timeout = elastic_timeout
+        self.reset_limit = reset_limit
+        self.directory = directory
+        self.env = dict(os.environ if env is None else env)
+        self.interval = interval
+        self.verbose = verbose
+
+    def run(self):
+        """Return the job's exit status: 0 when it finished, else why it stopped."""
+        owned = self.directory is None
+        directory = self.directory or tempfile.mkdtemp(prefix="hororun-elastic-")
+        try:
+            with tempfile.TemporaryDirectory(prefix="hororun-") as scratch:
+                return self._supervise(pathlib.Path(directory), scratch)
+        finally:
+            if owned:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def _supervise(self, directory, scratch):
+        launch, resets, fruitless = 0, 0, 0
+        while True:
+            hosts = self._wait_for_hosts()
+            if hosts is None:
+                return 1
+            size = self._size(hosts)
+            placed = discovery.assign(hosts, size)
+            before = _newest_local_commit(directory)
+            status = self._launch(launch, size, placed, directory, scratch)
+            if status == 0:
+                log(f"launch {launch} finished")
+                return 0
+            after = _newest_local_commit(directory)
+            if status == job.RESCALE_STATUS:
+                log(f"launch {launch} stopped at commit {after} for the new hosts")
+                fruitless = 0
+            else:
+                log(f"launch {launch} failed with exit status {status} (a rank died or raised;"
+                    f" the newest commit on this machine is {after})")
+                counted = any(_is_local(host) for host, _ in placed)
+                fruitless = fruitless + 1 if counted and after == before else 0
+                if fruitless >= NO_PROGRESS_LIMIT:
+                    log(f"{fruitless} launches in a row failed without a new commit; stopping")
+                    return status
+            resets += 1
+            if self.reset_limit is not None and resets > self.reset_limit:
+                log(f"reset limit {self.reset_limit} reached; stopping")
+                return status
+            launch += 1
+
+    def _size(self, hosts):
+        slots = discovery.total_slots(hosts)
+        return slots if self.max_np is None else min(slots, self.max_np)
+
+    def _wait_for_hosts(self):
+        deadline = time.monotonic() + self.elastic_timeout
+        reported = None
+        while True:
+            try:
+                hosts = self.discover()
+            except discovery.DiscoveryError as error:
+                hosts, reason = [], str(error)
+            else:
+                reason = f"{discovery.total_slots(hosts)} slots on {len(hosts)} hosts"
+            if discovery.total_slots(hosts) >= self.min_np:
+                return hosts
+            if reported != reason:
+                log(f"waiting for {self.min_np} slots: {reason}")
+                reported = reason
+            if time.monotonic() >= deadline:
+                log(f"no {self.min_np} slots within --elastic-timeout {self.elastic_timeout:g} s"
+                    f" ({reason}); stopping")
+                return None
+            time.sleep(self.interval)
+
+    def _launch(self, launch, size, placed, directory, scratch):
+        env = dict(self.env)
+        env[job.DIR_ENV] = str(directory)
+        env[job.LAUNCH_ENV] = str(launch)
+        command = self.command_for(size, placed, scratch) + \
+            ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self.command
+        log(f"launch {launch}: {size} ranks on " +
+            ",".join(f"{host}:{slots}" for host, slots in placed))
+        if self.verbose:
+            log("command: " + " ".join(command))
+        process = subprocess.Popen(command, env=env)
+        noticed = False
+        try:
+            while True:
+                try:
+                    return process.wait(timeout=self.interval)
+                except subprocess.TimeoutExpired:
+                    pass
+                change = self._change(size, placed)
+                if change:
+                    if not noticed:
+                        log(f"hosts changed ({change}); asking launch {launch} to stop at its "
+                            f"next commit")
+                        noticed = True
+                    process.send_signal(job.NOTICE_SIGNAL)
+        except BaseException:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            raise
+
+    def _change(self, size, placed):
+        """Why the running job should stop for the hosts discovered now, or None."""
+        try:
+            hosts = self.discover()
+        except discovery.DiscoveryError as error:
+            log(f"discovery failed, keeping the hosts in use: {error}")
+            return None
+        available = dict(hosts)
+        short = [f"{host} has {available.get(host, 0)} of the {used} slots in use"
+                 for host, used in placed if available.get(host, 0) < used]
+        if short:
+            return "; ".join(short)
+        new_size = self._size(hosts)
+        if new_size > size:
+            return f"{new_size} slots usable, the job has {size}"
+        return None
+
+
+def _is_local(host):
+    """Whether ``host`` is this machine, whose disk the driver can read commits from."""
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    return host in names
+
+
+def _newest_local_commit(directory):
+    found = commits.sequences(directory)
+    return found[0] if found else -1
