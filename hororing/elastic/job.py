@@ -20,6 +20,8 @@ NOTICE_SIGNAL = signal.SIGUSR1
 # exit status of every rank when the job stops at a commit so that hororun relaunches it at the
 # size the hosts now allow (EX_TEMPFAIL)
 RESCALE_STATUS = 75
+# what rank 0 writes to stderr once every rank has agreed to stop for a host change
+ACKNOWLEDGEMENT = b"hororing.elastic: hosts changed;"
 
 
 def directory():

@@ -50,12 +50,13 @@ run = run_fn
 
 
 def _stop_for_relaunch(state):
+    job.stop_listening()
     state.save()
     state._commits += 1
-    state._persist()
-    collectives.barrier()  # every host has written before any rank's exit ends the job
-    if context.rank() == 0:
-        sys.stderr.write(f"hororing.elastic: hosts changed; {context.size()} ranks stop at "
+    if context.rank() == 0:  # hororun stops repeating its notice when it reads this
+        sys.stderr.write(f"{job.ACKNOWLEDGEMENT.decode()} {context.size()} ranks stop at "
                          f"commit {state._commits} for hororun to relaunch\n")
         sys.stderr.flush()
+    state._persist()
+    collectives.barrier()  # every host has written before any rank's exit ends the job
     raise SystemExit(job.RESCALE_STATUS)

@@ -10,8 +10,9 @@ and mpiexec ends every rank when one dies), so the driver supervises mpiexec:
    ``hvd.elastic.run`` listens for it.
 2. While the job runs it polls the discovery every ``--discovery-interval`` seconds. When
    the hosts would give the job another size, or a host in use is gone, it sends SIGUSR1 to
-   mpiexec (which forwards it to every rank) and repeats that each poll until the job ends:
-   the ranks stop together at their next commit with status 75.
+   mpiexec (which forwards it to every rank) and repeats that each poll until rank 0 answers
+   on stderr (``job.ACKNOWLEDGEMENT``; a signal that reaches a rank as it exits makes Hydra
+   fail the job): the ranks stop together at their next commit with status 75.
 3. Whatever ended the job (status 75, a rank that raised, a rank killed), it relaunches on
    the hosts discovered then, and the new ranks resume from the newest commit that any host
    kept. Status 0 ends the driver. ``--reset-limit`` bounds the relaunches; where ranks run on
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from ..elastic import commits, job
@@ -151,21 +153,29 @@ class ElasticDriver:
             ",".join(f"{host}:{slots}" for host, slots in placed))
         if self.verbose:
             log("command: " + " ".join(command))
-        process = subprocess.Popen(command, env=env)
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        acknowledged = threading.Event()
+        pump = threading.Thread(target=_pump_stderr, args=(process.stderr, acknowledged),
+                                daemon=True)
+        pump.start()
         noticed = False
         try:
             while True:
                 try:
-                    return process.wait(timeout=self.interval)
+                    status = process.wait(timeout=self.interval)
+                    pump.join()
+                    return status
                 except subprocess.TimeoutExpired:
                     pass
+                if acknowledged.is_set():
+                    continue  # the ranks are stopping: a signal now could hit an exiting one
                 change = self._change(size, placed)
                 if change:
                     if not noticed:
                         log(f"hosts changed ({change}); asking launch {launch} to stop at its "
                             f"next commit")
                         noticed = True
-                    process.send_signal(job.NOTICE_SIGNAL)
+                    process.send_signal(job.NOTICE_SIGNAL)  # again each poll until answered
         except BaseException:
             process.send_signal(signal.SIGTERM)
             try:
@@ -191,6 +201,20 @@ class ElasticDriver:
         if new_size > size:
             return f"{new_size} slots usable, the job has {size}"
         return None
+
+
+def _pump_stderr(stream, acknowledged):
+    """Copy the job's stderr to ours; set ``acknowledged`` when the ranks take the notice."""
+    binary = getattr(sys.stderr, "buffer", None)
+    for line in iter(stream.readline, b""):
+        if job.ACKNOWLEDGEMENT in line:
+            acknowledged.set()
+        if binary is not None:
+            binary.write(line)
+        else:
+            sys.stderr.write(line.decode(errors="replace"))
+        sys.stderr.flush()
+    stream.close()
 
 
 def _is_local(host):

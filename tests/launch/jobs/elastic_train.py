@@ -24,6 +24,8 @@ parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--kill", default=None)
 parser.add_argument("--raise", dest="raise_at", default=None)
 parser.add_argument("--kill-in-write", default=None)
+parser.add_argument("--raise-every-launch", action="store_true",
+                    help="--raise applies to every launch, whatever its L")
 parser.add_argument("--out", required=True)
 parser.add_argument("--progress", default=None, help="rank 0 writes 'launch size step' here")
 args = parser.parse_args()
@@ -37,7 +39,7 @@ def at(spec):
     if spec is None:
         return None
     launch, rank, step = (int(part) for part in spec.split(":"))
-    return (rank, step) if launch == LAUNCH else None
+    return (rank, step) if launch == LAUNCH or args.raise_every_launch else None
 
 
 class BombInCommit:
@@ -46,6 +48,9 @@ class BombInCommit:
     def __init__(self, commit, count=0):
         self.commit = commit
         self.count = count
+
+    def __deepcopy__(self, memo):  # save() copies without firing; only pickling fires
+        return BombInCommit(self.commit, self.count)
 
     def __reduce__(self):
         if self.commit is not None and self.count == self.commit:

@@ -1,0 +1,193 @@
+"""hororun's elastic mode against real faults: SIGKILL, a raising rank, a kill mid-commit,
+hosts that change. Every job is bounded by a timeout; each must end with the parameters of an
+uninterrupted run (bit for bit at the same size, to rounding after a resize)."""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import JOBS, mpiexec
+
+JOB = [sys.executable, str(JOBS / "elastic_train.py")]
+TIMEOUT = 180
+
+
+def hororun(*args):
+    return [sys.executable, "-m", "hororing.launcher", "--mpiexec", mpiexec(), *args]
+
+
+def run_elastic(tmp_path, *flags, job_args=(), timeout=TIMEOUT):
+    out = tmp_path / "result.json"
+    command = hororun(*flags, "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out",
+                      str(out), *job_args)
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    result = json.loads(out.read_text()) if out.exists() else None
+    return finished, result
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Parameters after 30 steps on 2 and on 3 ranks, run by plain mpiexec (no elastic mode)."""
+    found = {}
+    for ranks in (2, 3):
+        out = tmp_path_factory.mktemp("reference") / "result.json"
+        finished = subprocess.run([mpiexec(), "-n", str(ranks), *JOB, "--out", str(out)],
+                                  capture_output=True, text=True, timeout=TIMEOUT)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        found[ranks] = json.loads(out.read_text())["params"]
+    return found
+
+
+def events(finished):
+    return [line for line in finished.stderr.splitlines()
+            if line.startswith(("hororun[elastic]", "hororing.elastic"))]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_killed_at_a_random_step_costs_only_the_work_since_the_last_commit(
+        tmp_path, reference, seed):
+    picker = random.Random(seed)
+    rank, step = picker.randrange(3), picker.randrange(1, 29)
+    finished, result = run_elastic(tmp_path, "-np", "3", "--min-np", "1",
+                                   job_args=["--kill", f"0:{rank}:{step}"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert sum("failed with exit status" in line for line in lines) == 1, lines
+    resumed = [line for line in lines if "resumed from commit" in line]
+    assert len(resumed) == 1, lines
+    commit = int(re.search(r"resumed from commit (\d+)", resumed[0]).group(1))
+    assert step <= commit <= step + 1  # the last commit before the kill, or the one in flight
+    assert result["launch"] == 1 and result["size"] == 3 and result["step"] == 30
+    assert result["params"] == reference[3]
+
+
+def test_a_rank_that_raises_is_relaunched_from_the_last_commit(tmp_path, reference):
+    finished, result = run_elastic(tmp_path, "-np", "2", "--min-np", "2",
+                                   job_args=["--raise", "0:1:11"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "RuntimeError: injected failure at step 11" in finished.stderr
+    # rank 0 may write commit 12 (step 11 done) before it learns that rank 1 is gone
+    assert any(re.search(r"resumed from commit 1[12],", line) for line in events(finished)), \
+        events(finished)
+    assert result["launch"] == 1 and result["params"] == reference[2]
+
+
+def test_a_kill_in_the_middle_of_writing_a_commit_leaves_the_previous_one(tmp_path, reference):
+    finished, result = run_elastic(tmp_path, "-np", "2", "--min-np", "1",
+                                   job_args=["--kill-in-write", "0:9"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    dropped = [line for line in events(finished) if "half-written" in line]
+    assert len(dropped) == 1 and ".commit-0000000009.pkl." in dropped[0], events(finished)
+    assert int(re.search(r"\((\d+) bytes\)", dropped[0]).group(1)) > 0
+    assert any("resumed from commit 8" in line for line in events(finished)), events(finished)
+    assert result["launch"] == 1 and result["params"] == reference[2]
+
+
+def wait_for_progress(path, step, process, limit=TIMEOUT):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            launch, size, done = (int(part) for part in path.read_text().split())
+            if done >= step:
+                return launch, size, done
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the job did not reach step {step}")
+
+
+def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags):
+    hosts, progress = tmp_path / "hosts", tmp_path / "progress"
+    hosts.write_text(first_hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    out = tmp_path / "result.json"
+    command = hororun(*flags, "--host-discovery-script", str(script), "--discovery-interval",
+                      "0.2", "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out", str(out),
+                      "--progress", str(progress), "--step-sleep", "0.05")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        try:
+            wait_for_progress(progress, 8, process)
+            hosts.write_text(later_hosts)
+            stdout, stderr = process.communicate(timeout=TIMEOUT)
+        except BaseException:
+            process.kill()
+            raise
+    finished = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return finished, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_a_host_dropped_from_discovery_stops_the_job_at_a_commit_and_it_goes_on_smaller(
+        tmp_path, reference):
+    finished, result = run_with_changing_hosts(
+        tmp_path, "localhost:1\n127.0.0.1:2\n", "127.0.0.1:2\n", ["-np", "3", "--min-np", "1"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("localhost has 0 of the 1 slots in use" in line for line in lines), lines
+    assert any("stopped at commit" in line for line in lines), "\n".join(lines)
+    assert not any("failed" in line for line in lines), lines
+    assert result["size"] == 2 and result["launch"] == 1 and result["step"] == 30
+    # the same global batch each step: a resize changes the sums' rounding only
+    np.testing.assert_allclose(np.concatenate(result["params"]),
+                               np.concatenate(reference[3]), rtol=1e-5)
+
+
+def test_more_slots_discovered_grow_the_job_up_to_max_np(tmp_path, reference):
+    finished, result = run_with_changing_hosts(
+        tmp_path, "localhost:2\n", "localhost:2\n127.0.0.1:4\n",
+        ["-np", "2", "--min-np", "2", "--max-np", "3"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("3 slots usable, the job has 2" in line for line in lines), lines
+    assert result["size"] == 3 and result["launch"] == 1
+    np.testing.assert_allclose(np.concatenate(result["params"]),
+                               np.concatenate(reference[2]), rtol=1e-5)
+
+
+def test_a_job_that_fails_before_every_commit_is_not_relaunched_forever(tmp_path):
+    finished, result = run_elastic(tmp_path, "-np", "2", "--min-np", "1",
+                                   job_args=["--raise", "0:0:0", "--raise-every-launch"])
+    assert finished.returncode != 0 and result is None
+    lines = events(finished)
+    assert sum("failed with exit status" in line for line in lines) == 3, lines
+    assert "3 launches in a row failed without a new commit; stopping" in lines[-1]
+
+
+def test_the_reset_limit_ends_the_job(tmp_path):
+    finished, result = run_elastic(tmp_path, "-np", "2", "--min-np", "1", "--reset-limit", "0",
+                                   job_args=["--kill", "0:1:5"])
+    assert finished.returncode != 0 and result is None
+    assert "reset limit 0 reached; stopping" in events(finished)[-1]
+
+
+def test_too_few_slots_end_the_job_after_the_elastic_timeout(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:1\n")
+    script.chmod(0o755)
+    finished, result = run_elastic(tmp_path, "-np", "2", "--host-discovery-script",
+                                   str(script), "--elastic-timeout", "0.5",
+                                   "--discovery-interval", "0.1")
+    assert finished.returncode == 1 and result is None
+    lines = events(finished)
+    assert "waiting for 2 slots: 1 slots on 1 hosts" in lines[0], lines
+    assert "no 2 slots within --elastic-timeout 0.5 s" in lines[-1], lines
+
+
+def test_a_bad_discovery_line_is_named(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 'localhost:two'\n")
+    script.chmod(0o755)
+    finished, _ = run_elastic(tmp_path, "-np", "1", "--host-discovery-script", str(script),
+                              "--elastic-timeout", "0")
+    assert finished.returncode == 1
+    assert "line 1: expected 'host' or 'host:slots' with slots >= 1, got 'localhost:two'" in \
+        finished.stderr
