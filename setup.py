@@ -15,7 +15,7 @@ setup(
     packages=PACKAGES,
     package_dir={"hororing.kernels": "kernels"},
     entry_points={"console_scripts": ["hororun = hororing.launcher:main"]},
-    install_requires=["numpy>=1.22", "mpi4py>=3.1"],
+    install_requires=["numpy>=1.22", "mpi4py>=3.1", "cloudpickle>=2"],
     extras_require={
         "mpi": ["mpich"],
         "torch": ["torch>=2.1"],

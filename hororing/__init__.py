@@ -23,12 +23,13 @@ from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .optim import SGD, DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .runner.programmatic import RunError, run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Adasum", "AsyncPSOptimizer", "Average", "Compression", "Config", "DistributedOptimizer",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "SGD", "Sum",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "RunError", "SGD", "Sum",
     "add_process_set", "global_process_set", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "remove_process_set",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
@@ -37,6 +38,6 @@ __all__ = [
     "cross_size", "data", "elastic", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
     "local_size",
-    "poll", "ps_stats", "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
+    "poll", "ps_stats", "rank", "reducescatter", "reducescatter_async", "run", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize",
 ]

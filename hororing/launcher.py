@@ -164,9 +164,14 @@ def build_command(args, mpiexec, flavor, scratch):
 
 def hosts_of(args):
     """The (host, slots) pairs of ``-H`` or ``--hostfile``, or None for this machine."""
-    if args.hostfile:
-        return read_hostfile(args.hostfile)
-    return parse_hosts(args.hosts) if args.hosts else None
+    return hostfile_or_hosts(args.hostfile, args.hosts)
+
+
+def hostfile_or_hosts(hostfile, hosts):
+    """The (host, slots) pairs of a host file or a ``host:slots,...`` list, or None."""
+    if hostfile:
+        return read_hostfile(hostfile)
+    return parse_hosts(hosts) if hosts else None
 
 
 def mpiexec_command(mpiexec, flavor, np, hosts, scratch):

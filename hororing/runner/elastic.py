@@ -59,11 +59,15 @@ class ElasticDriver:
             when None, removed at the end).
         env: the environment for mpiexec.
         interval: seconds between discovery polls.
+        start: ``start(command, env, acknowledged)`` starts a launch and returns the process
+            and a function that waits for its output to be consumed; it must set the event
+            ``acknowledged`` when the job's stderr carries ``job.ACKNOWLEDGEMENT`` (default:
+            ``start_copying_stderr``).
     """
 
     def __init__(self, command_for, command, discover, min_np, max_np=None,
                  elastic_timeout=600.0, reset_limit=None, directory=None, env=None,
-                 interval=1.0, verbose=False):
+                 interval=1.0, verbose=False, start=None):
         self.command_for = command_for
         self.command = list(command)
         self.discover = discover
@@ -75,6 +79,7 @@ class ElasticDriver:
         self.env = dict(os.environ if env is None else env)
         self.interval = interval
         self.verbose = verbose
+        self.start = start or start_copying_stderr
 
     def run(self):
         """Return the job's exit status: 0 when it finished, else why it stopped."""
@@ -153,17 +158,14 @@ class ElasticDriver:
             ",".join(f"{host}:{slots}" for host, slots in placed))
         if self.verbose:
             log("command: " + " ".join(command))
-        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
         acknowledged = threading.Event()
-        pump = threading.Thread(target=_pump_stderr, args=(process.stderr, acknowledged),
-                                daemon=True)
-        pump.start()
+        process, drained = self.start(command, env, acknowledged)
         noticed = False
         try:
             while True:
                 try:
                     status = process.wait(timeout=self.interval)
-                    pump.join()
+                    drained()
                     return status
                 except subprocess.TimeoutExpired:
                     pass
@@ -203,17 +205,25 @@ class ElasticDriver:
         return None
 
 
-def _pump_stderr(stream, acknowledged):
-    """Copy the job's stderr to ours; set ``acknowledged`` when the ranks take the notice."""
-    binary = getattr(sys.stderr, "buffer", None)
+def start_copying_stderr(command, env, acknowledged):
+    """Start ``command``; copy its stderr to ours, watching for the ranks' acknowledgement."""
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    pump = threading.Thread(target=copy_lines, args=(process.stderr, sys.stderr, acknowledged),
+                            daemon=True)
+    pump.start()
+    return process, pump.join
+
+
+def copy_lines(stream, sink, acknowledged=None, keep=None):
+    """Copy ``stream``'s lines to ``sink``; set ``acknowledged`` on the ranks' answer to a
+    notice; lines for which ``keep(line)`` is true are kept from ``sink``."""
     for line in iter(stream.readline, b""):
-        if job.ACKNOWLEDGEMENT in line:
+        if acknowledged is not None and job.ACKNOWLEDGEMENT in line:
             acknowledged.set()
-        if binary is not None:
-            binary.write(line)
-        else:
-            sys.stderr.write(line.decode(errors="replace"))
-        sys.stderr.flush()
+        if keep is not None and keep(line):
+            continue
+        sink.write(line.decode(errors="replace"))
+        sink.flush()
     stream.close()
 
 

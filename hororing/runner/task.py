@@ -1,0 +1,44 @@
+"""What each rank of ``hororing.run`` executes: ``python -m hororing.runner.task``.
+
+Rank 0 reads the pickled (function, args, kwargs) from its stdin (mpiexec forwards the
+driver's stdin to rank 0 only, on any host) and broadcasts it. Each rank runs the function;
+rank 0 gathers the results and prints them on one marked stdout line. A rank whose function
+raises reports the error on one marked stderr line and aborts the job, so that no rank waits
+forever in a collective for it.
+"""
+
+import base64
+import pickle
+import sys
+import traceback
+
+from mpi4py import MPI
+
+from .programmatic import ERROR_MARK, RESULT_MARK
+
+
+def main():
+    world = MPI.COMM_WORLD
+    payload = sys.stdin.buffer.read() if world.rank == 0 else None
+    payload = world.bcast(payload, root=0)
+    try:
+        func, args, kwargs = pickle.loads(payload)
+        outcome = (True, func(*args, **kwargs))
+        pickle.dumps(outcome[1])  # an unpicklable result is this rank's error, named here
+    except BaseException as error:  # noqa: BLE001 - every failure is reported, then fatal
+        report = {"rank": world.rank, "error": f"{type(error).__name__}: {error}",
+                  "traceback": traceback.format_exc()}
+        line = base64.b64encode(pickle.dumps(report)).decode()
+        sys.stderr.write(f"{ERROR_MARK}{line}\n")
+        sys.stderr.flush()
+        world.Abort(1)
+        return
+    results = world.gather(outcome[1], root=0)
+    if world.rank == 0:
+        line = base64.b64encode(pickle.dumps(results)).decode()
+        sys.stdout.write(f"{RESULT_MARK}{line}\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
