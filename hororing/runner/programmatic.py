@@ -14,7 +14,6 @@ import sys
 import tempfile
 import threading
 
-from .. import launcher
 from .elastic import copy_lines
 
 # the lines by which the ranks (hororing.runner.task) hand back results and errors
@@ -57,6 +56,8 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
     """
     import cloudpickle
 
+    from .. import launcher  # here: ``python -m hororing.launcher`` imports this package
+
     if use_gloo:
         raise ValueError("hororing runs over MPI only: call hororing.run without use_gloo")
     np = np or num_proc or 1
@@ -95,6 +96,7 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
 
 def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector, np, min_np,
                  max_np, host_list, script, slots, reset_limit, elastic_timeout):
+    from .. import launcher
     from . import discovery
     from .elastic import ElasticDriver
 

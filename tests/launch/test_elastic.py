@@ -34,11 +34,11 @@ def run_elastic(tmp_path, *flags, job_args=(), timeout=TIMEOUT):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Parameters after 30 steps on 2 and on 3 ranks, run by plain mpiexec (no elastic mode)."""
+    """Parameters after 30 steps on 2 and on 3 ranks, run without elastic mode."""
     found = {}
     for ranks in (2, 3):
         out = tmp_path_factory.mktemp("reference") / "result.json"
-        finished = subprocess.run([mpiexec(), "-n", str(ranks), *JOB, "--out", str(out)],
+        finished = subprocess.run(hororun("-np", str(ranks), *JOB, "--out", str(out)),
                                   capture_output=True, text=True, timeout=TIMEOUT)
         assert finished.returncode == 0, finished.stderr[-3000:]
         found[ranks] = json.loads(out.read_text())["params"]

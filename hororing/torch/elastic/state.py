@@ -9,35 +9,27 @@ from .. import functions
 from .sampler import ElasticSampler
 
 
-class ModelStateHandler(StateHandler):
+class _StateDictHandler(StateHandler):
+    """An object with ``state_dict()``/``load_state_dict()``, saved as a deep copy."""
+
     def capture(self):
         return copy.deepcopy(self.value.state_dict())
 
     def apply(self, saved):
         self.value.load_state_dict(saved)
 
+
+class ModelStateHandler(_StateDictHandler):
     def sync(self):
         functions.broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class OptimizerStateHandler(StateHandler):
-    def capture(self):
-        return copy.deepcopy(self.value.state_dict())
-
-    def apply(self, saved):
-        self.value.load_state_dict(saved)
-
+class OptimizerStateHandler(_StateDictHandler):
     def sync(self):
         functions.broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class SamplerStateHandler(StateHandler):
-    def capture(self):
-        return copy.deepcopy(self.value.state_dict())
-
-    def apply(self, saved):
-        self.value.load_state_dict(saved)
-
+class SamplerStateHandler(_StateDictHandler):
     def sync(self):
         self.value.load_state_dict(functions.broadcast_object(self.value.state_dict(),
                                                               name="elastic.sampler"))
