@@ -191,3 +191,26 @@ def test_a_bad_discovery_line_is_named(tmp_path):
     assert finished.returncode == 1
     assert "line 1: expected 'host' or 'host:slots' with slots >= 1, got 'localhost:two'" in \
         finished.stderr
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_a_keras_fit_killed_mid_epoch_resumes_with_its_optimizer_state(tmp_path, legacy):
+    pytest.importorskip("tensorflow")
+    if legacy == "1":
+        pytest.importorskip("tf_keras")
+    job = [sys.executable, str(JOBS / "elastic_keras.py")]
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": legacy, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    results = []
+    for name, kill in (("uninterrupted", []), ("killed", ["--kill", "2:3"])):
+        out = tmp_path / f"{name}.json"
+        finished = subprocess.run(
+            hororun("-np", "2", "--min-np", "2", "--elastic-dir", str(tmp_path / name), *job,
+                    "--out", str(out), *kill), capture_output=True, text=True, timeout=TIMEOUT,
+            env=env)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        results.append((json.loads(out.read_text()), events(finished)))
+    (plain, _), (killed, lines) = results
+    # the kill comes in epoch 2 (the third); commits come at epoch ends: 2 epochs are kept
+    assert any("resumed from commit 2," in line for line in lines), lines
+    assert killed["launch"] == 1 and killed["epoch"] == plain["epoch"] == 4
+    assert killed["weights"] == plain["weights"]  # Adam's moments and step count came back
