@@ -193,3 +193,28 @@ def test_v1_optimizer_in_a_monitored_training_session(passes_per_step):
     np.testing.assert_allclose(final, expected, rtol=1e-4, atol=1e-5)
     assert steps == 6  # a pass that only accumulates still counts as a step
     assert hvd.allgather_object(final.tobytes()) == [final.tobytes()] * hvd.size()
+
+
+def test_tensorflow_state_in_a_graph_syncs_restores_and_commits(session):
+    rank = hvd.rank()
+    weights = tf.compat.v1.get_variable("elastic_w", initializer=np.full((2, 3), rank + 1.0,
+                                                                         np.float32))
+    bias = tf.compat.v1.get_variable("elastic_b", initializer=np.full(3, -rank, np.float64))
+    session.run(tf.compat.v1.global_variables_initializer())
+    state = hvd.elastic.TensorFlowState([weights, bias], session=session, step=10 + rank)
+    state.sync()
+    w, b = session.run([weights, bias])
+    assert np.array_equal(w, np.ones((2, 3))) and np.array_equal(b, np.zeros(3))
+    assert state.step == 10
+    weights.load(np.full((2, 3), 7.0), session)
+    state.step = 11
+    state.restore()
+    assert np.array_equal(session.run(weights), np.ones((2, 3))) and state.step == 10
+    weights.load(np.full((2, 3), 5.0), session)
+    state.step = 12
+    state.commit()
+    weights.load(np.zeros((2, 3)), session)
+    state.restore()
+    assert np.array_equal(session.run(weights), np.full((2, 3), 5.0)) and state.step == 12
+    snapshot = state.snapshot()
+    assert np.array_equal(snapshot["handlers"]["variables"][0], np.full((2, 3), 5.0))
