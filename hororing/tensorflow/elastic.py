@@ -5,15 +5,39 @@ relaunched job (hororing.elastic). ``TensorFlowState`` also works in a TF1 graph
 session; the Keras state is for eager programs (TensorFlow 2).
 """
 
+import functools
+
 import tensorflow as tf
 
-from ..elastic import (HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run,
-                       run_fn)
+from ..elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run_fn
 from ..elastic.state import HandledState, StateHandler
 from .functions import broadcast_object, broadcast_variables
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State",
            "TensorFlowKerasState", "TensorFlowState", "run", "run_fn"]
+
+
+def run(func):
+    """Horovod's ``hvd.elastic.run`` for TensorFlow (see hororing.elastic.run).
+
+    A collective that fails inside a ``tf.function`` reaches Python as TensorFlow's
+    ``UnknownError`` or ``FailedPreconditionError`` from hororing's op, not as
+    ``HorovodInternalError``; such an error is turned into one, so the state rolls back.
+    """
+    @functools.wraps(func)
+    def translating(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except (tf.errors.UnknownError, tf.errors.FailedPreconditionError) as error:
+            if isinstance(error, HorovodInternalError) or not _from_hororing(error):
+                raise
+            raise HorovodInternalError(error.message) from error
+    return run_fn(translating)
+
+
+def _from_hororing(error):
+    message = error.message or ""
+    return "hororing collective failed" in message or "Hororing" in message
 
 
 class _VariablesHandler(StateHandler):

@@ -338,3 +338,27 @@ def test_mismatch_inside_tf_function_keeps_the_message():
                        match="Mismatched ALLREDUCE tensor shapes"):
         step(tf.ones([2 + hvd.rank()]))
     assert step(tf.ones([2])).numpy().tolist() == [1.0, 1.0]
+
+
+def test_elastic_run_rolls_back_when_a_collective_fails_inside_a_tf_function():
+    if hvd.size() == 1:
+        pytest.skip("a mismatch needs two ranks")
+    variable = tf.Variable(np.zeros(3, np.float32))
+    state = hvd.elastic.TensorFlowState([variable], step=0)
+
+    @tf.function
+    def mismatched():  # the ranks disagree on the shape
+        return hvd.allreduce(tf.zeros([2 + hvd.rank() % 2]), name="elastic.tf_mismatch")
+
+    @hvd.elastic.run
+    def train(state):
+        variable.assign(np.ones(3, np.float32))
+        state.step = 1
+        state.commit()
+        variable.assign(np.full(3, 9.0, np.float32))
+        state.step = 2
+        mismatched()
+
+    with pytest.raises(hvd.HorovodInternalError, match="elastic.tf_mismatch"):
+        train(state)
+    assert state.step == 1 and np.array_equal(variable.numpy(), np.ones(3))

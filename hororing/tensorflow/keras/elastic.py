@@ -1,8 +1,7 @@
 """``hvd.elastic`` for Keras: ``KerasState``, ``run`` and the three state callbacks."""
 
-from ...elastic import (HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run,
-                        run_fn)
-from ..elastic import TensorFlowKerasState
+from ...elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run_fn
+from ..elastic import TensorFlowKerasState, run
 from ._backend import keras
 
 __all__ = ["CommitStateCallback", "HorovodInternalError", "HostsUpdatedInterrupt", "KerasState",
