@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def _run_elastic(args, mpiexec):
     flavor = mpi_flavor(mpiexec)
 
     def command_for(size, hosts, scratch):
-        return mpiexec_command(mpiexec, flavor, size, hosts, scratch)
+        return mpiexec_command(mpiexec, flavor, size, hosts, scratch) + shlex.split(args.mpi_args)
 
     driver = ElasticDriver(command_for, args.command, discover, min_np, args.max_np,
                            args.elastic_timeout, args.reset_limit, args.elastic_dir, env,
@@ -105,6 +106,9 @@ def _parser():
                         help="print the frameworks, controllers and operations available")
     parser.add_argument("--mpiexec", help="the mpiexec to use (default: next to this Python, "
                                           "then PATH)")
+    parser.add_argument("--mpi-args", default="",
+                        help="more mpiexec arguments, as one string (e.g. the launcher of "
+                             "scripts/emulated_hosts.sh: --mpi-args \"$(cat DIR/mpi-args)\")")
     elastic = parser.add_argument_group(
         "elastic", "relaunch the job from its newest commit when a rank dies or the hosts "
                    "change (hvd.elastic.run; docs/elastic.md)")
@@ -159,7 +163,7 @@ def build_command(args, mpiexec, flavor, scratch):
     if args.start_timeout is not None:
         env["HORORING_START_TIMEOUT"] = str(args.start_timeout)
     return mpiexec_command(mpiexec, flavor, args.np, hosts_of(args), scratch) + \
-        list(args.command), env
+        shlex.split(args.mpi_args) + list(args.command), env
 
 
 def hosts_of(args):

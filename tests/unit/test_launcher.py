@@ -8,7 +8,8 @@ from hororing import launcher
 
 
 def args(**overrides):
-    values = dict(np=4, hosts=None, hostfile=None, start_timeout=None, command=["python", "t.py"])
+    values = dict(np=4, hosts=None, hostfile=None, start_timeout=None, mpi_args="",
+                  command=["python", "t.py"])
     values.update(overrides)
     return argparse.Namespace(**values)
 
