@@ -38,13 +38,22 @@ class Context:
         self.cross_comm = comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank = self.cross_comm.Get_rank()
         self.cross_size = self.cross_comm.Get_size()
-        # every node runs as many ranks as every other (Horovod's is_homogeneous)
-        self.homogeneous = len(set(comm.allgather(self.local_size))) == 1
+        # every node runs as many ranks as every other (Horovod's is_homogeneous), and each
+        # rank's host, to name it in stall warnings
+        layout = comm.allgather((self.local_size, MPI.Get_processor_name()))
+        self.homogeneous = len({local_size for local_size, _ in layout}) == 1
+        self.hosts = [host for _, host in layout]
         # one GPU per rank, where a GPU library is in use and the user has not chosen one
         self.device = gpu.select_device(self.local_rank, config.select_device)
         timeline = None
         if config.timeline_path and self.rank == 0:
             timeline = Timeline(config.timeline_path, config.timeline_mark_cycles)
+        transport.set_world(comm)
+        self.watchdog = None
+        if config.stall_check_enabled and config.stall_check_seconds > 0:
+            self.watchdog = transport.StallWatchdog(self.rank, self.hosts,
+                                                    config.stall_check_seconds,
+                                                    config.stall_shutdown_seconds)
         self.engine = Engine(comm, config, timeline, reducer)
         self.group = Group(0, range(self.size), comm, self.engine)
         self.groups = {0: self.group}      # process sets this rank belongs to, by id
@@ -110,6 +119,8 @@ class Context:
         if self.reducer is not None:
             self.reducer.close(failure)  # dedicated servers exit when every worker is done
         self.engine.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for comm in (self.local_comm, self.cross_comm, self.comm):
             comm.Free()
 

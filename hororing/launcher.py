@@ -51,7 +51,40 @@ def main(argv=None):
             return 2
         if args.verbose:
             print("hororun: " + " ".join(_quote(part) for part in command), flush=True)
-        return subprocess.call(command, env=env)
+        return run_and_explain(command, env)
+
+
+# what mpiexec's own messages mean, for the line hororun adds when a job fails
+_SIGNATURES = [
+    ("assert (!closed) failed", "mpiexec lost its connection to a host: the processes of a "
+                                "host died, or its link failed"),
+    ("Ending the job: no progress", "a collective made no progress for longer than "
+                                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (see the stall warning "
+                                    "above: it names the ranks and hosts waited on)"),
+    ("EXIT STRING: Killed (signal 9)", "a rank was killed (SIGKILL: out of memory, or by hand)"),
+    ("exited on signal 9", "a rank was killed (SIGKILL: out of memory, or by hand)"),
+]
+
+
+def run_and_explain(command, env):
+    """Run mpiexec, its stderr passed through; if it fails, add one line saying why, when its
+    messages say so."""
+    from .runner.elastic import copy_lines
+
+    seen = []
+
+    def watch(line):
+        for signature, meaning in _SIGNATURES:
+            if signature.encode() in line and meaning not in seen:
+                seen.append(meaning)
+        return False
+
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    copy_lines(process.stderr, sys.stderr, keep=watch)
+    status = process.wait()
+    if status != 0 and seen:
+        sys.stderr.write(f"hororun: the job failed (exit status {status}): {'; '.join(seen)}\n")
+    return status
 
 
 def _run_elastic(args, mpiexec):

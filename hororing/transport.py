@@ -6,14 +6,28 @@ the request, spins briefly (lowest latency when each rank has a core), then yiel
 then sleeps with a growing interval, so an oversubscribed job still moves forward.
 """
 
+import logging
 import os
 import sys
+import threading
 import time
 
 import numpy as np
 from ._mpi import MPI
 
 _ABORT_GRACE_S = 1.0
+# a rank whose MPI_Abort has not ended it by then (its proxy cut off) exits by itself
+_ABORT_GIVE_UP_S = 10.0
+
+log = logging.getLogger("hororing")
+_local = threading.local()
+
+
+class _Waits:
+    """The waits that have reached the sleeping phase, by thread: what they wait for."""
+
+    lock = threading.Lock()
+    active = {}  # thread id -> [since, what, peers, warned_at]
 
 
 class _Backoff:
@@ -43,7 +57,131 @@ def end_job(message):
     sys.stderr.write(message if message.endswith("\n") else message + "\n")
     sys.stderr.flush()
     time.sleep(_ABORT_GRACE_S)
+    # MPI_Abort goes through this host's proxy to mpiexec; cut off from it (a failed link),
+    # it may never return, and this rank must end all the same
+    threading.Timer(_ABORT_GIVE_UP_S, os._exit, args=(1,)).start()
     MPI.COMM_WORLD.Abort(1)
+
+
+class activity:
+    """``with activity(what, peers):`` names what this thread's waits are for, and the ranks
+    (of the job's communicator) they wait on, for the stall watchdog. ``what`` is a string or
+    a function returning one (formatted only if a wait stalls). Nested activities add detail
+    to the outer one; an inner one without peers keeps the outer one's."""
+
+    __slots__ = ("what", "peers", "outer")
+
+    def __init__(self, what, peers=None):
+        self.what = what
+        self.peers = peers
+
+    def __enter__(self):
+        self.outer = getattr(_local, "activity", None)
+        _local.activity = self
+        return self
+
+    def __exit__(self, *exc):
+        _local.activity = self.outer
+        return False
+
+    def describe(self):
+        """(what, peers) of this activity and the ones it is nested in."""
+        parts, peers, current = [], None, self
+        while current is not None:
+            parts.append(current.what() if callable(current.what) else current.what)
+            if peers is None:
+                peers = current.peers
+            current = current.outer
+        return ", ".join(reversed(parts)), peers
+
+
+class _World:
+    group = None  # the job's communicator's group: peers are named by their rank in it
+
+
+def set_world(comm):
+    """Name peers in the stall watchdog's warnings by their rank in ``comm`` (the job's)."""
+    _World.group = comm.Get_group()
+
+
+def world_ranks(comm, ranks):
+    """``ranks`` of ``comm`` as ranks of the job's communicator (as given if unknown)."""
+    if _World.group is None:
+        return list(ranks)
+    group = comm.Get_group()
+    try:
+        return [rank if rank >= 0 else None
+                for rank in MPI.Group.Translate_ranks(group, list(ranks), _World.group)]
+    finally:
+        group.Free()
+
+
+def _register_wait():
+    current = getattr(_local, "activity", None)
+    what, peers = current.describe() if current is not None else ("an MPI operation", None)
+    with _Waits.lock:
+        _Waits.active[threading.get_ident()] = [time.monotonic(), what, peers, None]
+
+
+def _unregister_wait():
+    with _Waits.lock:
+        _Waits.active.pop(threading.get_ident(), None)
+
+
+class StallWatchdog:
+    """Warns when a wait makes no progress for ``check_s`` seconds: a failed link or host
+    leaves a rank waiting inside a collective, where the engine's own stall check (which
+    looks at ranks that never submit) cannot run. The warning names the collective or the
+    negotiation cycle, and the ranks and hosts waited on. Past ``shutdown_s`` (> 0) it ends
+    the job. One per process, a daemon thread that checks once a second."""
+
+    def __init__(self, rank, hosts, check_s, shutdown_s, interval_s=1.0):
+        self.rank = rank
+        self.hosts = hosts
+        self.check_s = check_s
+        self.shutdown_s = shutdown_s
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hororing-stall-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _watch(self):
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            with _Waits.lock:
+                waits = [list(entry) for entry in _Waits.active.values()]
+                for entry in _Waits.active.values():
+                    if now - entry[0] >= self.check_s and \
+                            (entry[3] is None or now - entry[3] >= self.check_s):
+                        entry[3] = now
+            for since, what, peers, warned_at in waits:
+                waited = now - since
+                if 0 < self.shutdown_s <= waited:
+                    end_job(f"{self.describe(waited, what, peers)} Ending the job: no progress "
+                            f"for longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
+                            f"{self.shutdown_s:g}.")
+                if waited >= self.check_s and (warned_at is None or
+                                               now - warned_at >= self.check_s):
+                    log.warning(self.describe(waited, what, peers))
+
+    def describe(self, waited, what, peers):
+        host = self.hosts[self.rank] if self.rank < len(self.hosts) else "?"
+        if peers:
+            peers = sorted(set(peer for peer in peers if peer is not None))
+            on = ", ".join(f"{peer} ({self.hosts[peer]})" if 0 <= peer < len(self.hosts)
+                           else str(peer) for peer in peers[:8])
+            more = f" and {len(peers) - 8} more" if len(peers) > 8 else ""
+            waits_on = f"rank(s) {on}{more}"
+        else:
+            waits_on = "every rank of the collective"
+        return (f"hororing stall: rank {self.rank} ({host}) has waited {waited:.0f} s in {what} "
+                f"for {waits_on}, and no data came. A link or a host may have failed.")
 
 
 def wait(request, deadline=None, unless_soon=None):
@@ -73,21 +211,29 @@ def wait_until(done, deadline=None, unless_soon=None):
                                             _Backoff.max_sleep_s)
     tests = 0
     sleep_s = min(1e-5, max_sleep_s)
-    while not done():
-        tests += 1
-        if deadline is not None and tests % 64 == 0 and time.monotonic() > deadline:
-            return False
-        if tests < spin_tests:
-            continue
-        if unless_soon is not None:  # once, at the end of the spin phase
-            unless_soon()
-            unless_soon = None
-        if tests < yield_tests:
-            os.sched_yield()
-            continue
-        time.sleep(sleep_s)
-        sleep_s = min(sleep_s * 2, max_sleep_s)
-    return True
+    registered = False
+    try:
+        while not done():
+            tests += 1
+            if deadline is not None and tests % 64 == 0 and time.monotonic() > deadline:
+                return False
+            if tests < spin_tests:
+                continue
+            if unless_soon is not None:  # once, at the end of the spin phase
+                unless_soon()
+                unless_soon = None
+            if tests < yield_tests:
+                os.sched_yield()
+                continue
+            if not registered:  # a real wait now: the stall watchdog may look at it
+                _register_wait()
+                registered = True
+            time.sleep(sleep_s)
+            sleep_s = min(sleep_s * 2, max_sleep_s)
+        return True
+    finally:
+        if registered:
+            _unregister_wait()
 
 
 def byte_view(array):

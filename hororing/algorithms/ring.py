@@ -36,6 +36,9 @@ class Ring:
         self._scratch = np.empty(0, dtype=np.uint8)
         self.contributors = self.size  # ranks whose data is in a reduced result
         self.bytes_sent = 0  # to the right neighbour, over this ring's life
+        schedule = self._schedules[True]
+        self._neighbours = transport.world_ranks(comm, [schedule.left, schedule.right]) \
+            if self.size > 1 else []
 
     def allreduce(self, buffer, op, finalize=None, segments=None, stage=None):
         """Reduce the flat ``buffer`` over all ranks in place.
@@ -79,6 +82,10 @@ class Ring:
                 synchronize()
             stage.final(0, buffer.size)
             return
+        with transport.activity(self._describe, self._neighbours):
+            self._steps(buffer, op, bounds, schedule, finalize, stage, synchronize, steps)
+
+    def _steps(self, buffer, op, bounds, schedule, finalize, stage, synchronize, steps):
         comm, left, right = self.comm, schedule.left, schedule.right
         largest_chunk = max(stop - start for start, stop in bounds)
         pieces_per_chunk = max(1, math.ceil(largest_chunk * buffer.itemsize / self.subchunk_bytes))
@@ -132,6 +139,10 @@ class Ring:
             receives = next_receives if early else (post_receives(index + 1) if has_next else None)
         for requests in pending_sends.values():
             transport.wait_all(requests)
+
+    def _describe(self):
+        return (f"a ring of {self.size} ranks (receives from rank {self._neighbours[0]}, sends "
+                f"to rank {self._neighbours[1]})")
 
     def _scratch_halves(self, dtype, count):
         needed = 2 * count * dtype.itemsize

@@ -57,6 +57,9 @@ class Engine:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._comm_negotiate = comm.Dup()
+        # a cycle's vote waits on every other rank (named by the stall watchdog)
+        self._peers = transport.world_ranks(comm, [peer for peer in range(self.size)
+                                                   if peer != self.rank])
         self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
@@ -252,6 +255,11 @@ class Engine:
         return False
 
     def _run_cycle(self, initiate, deadline=None):
+        with transport.activity(lambda cycle=self._cycle + 1: f"negotiation cycle {cycle}",
+                                self._peers):
+            return self._cycle_body(initiate, deadline)
+
+    def _cycle_body(self, initiate, deadline):
         self._cycle += 1
         self._last_cycle_at = time.monotonic()
         wake = None

@@ -13,6 +13,7 @@ import time
 import numpy as np
 from .._mpi import MPI
 
+from .. import transport
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
@@ -69,9 +70,11 @@ class Executor:
                 self._bucket(buckets, ordered, response, request)
         for item in ordered:
             if isinstance(item, list):
-                self.allreduce.run(item)
+                with transport.activity(lambda item=item: _describe(item)):
+                    self.allreduce.run(item)
             else:
-                self._run_other(*item)
+                with transport.activity(lambda item=item: _describe([item])):
+                    self._run_other(*item)
 
     # ---- allreduce ----------------------------------------------------------------------
 
@@ -247,3 +250,11 @@ def _displacements(counts):
     for index in range(1, len(counts)):
         displacements[index] = displacements[index - 1] + counts[index - 1]
     return displacements
+
+
+def _describe(items):
+    """The collective as the stall watchdog names it: its kind and tensor names."""
+    names = [response.name for response, _ in items]
+    shown = ", ".join(f"'{name}'" for name in names[:3]) + (", ..." if len(names) > 3 else "")
+    kind = items[0][0].meta.kind
+    return f"{kind} of {shown}" if len(names) == 1 else f"{kind} of {len(names)} tensors ({shown})"

@@ -80,3 +80,23 @@ def test_timeline_shows_allreduces_submitted_during_the_backward_pass(launch, tm
     order = sorted(submitted, key=submitted.get)
     weights = [name for name in order if name.endswith(".weight")]
     assert weights == [f"{index}.weight" for index in range(10, -1, -2)]
+
+
+def test_a_peer_frozen_inside_a_collective_is_named_then_ends_the_job(launch):
+    # no rank is missing from the negotiation: the wait is inside the ring, or in a cycle's
+    # vote; the stall watchdog warns (at 2 s, again at 4 s), naming it and the ranks and hosts
+    # waited on, then ends the job (at 6 s), the frozen rank included
+    job = launch(3, "frozen_peer.py", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2",
+                                           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "6"},
+                 timeout=60)
+    assert job.returncode != 0
+    assert "Ending the job: no progress for longer than " \
+           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=6." in job.stderr, job.stderr[-3000:]
+    warnings = [line for line in job.stderr.splitlines()
+                if "hororing stall: rank" in line and "Ending the job" not in line]
+    assert warnings, job.stderr[-3000:]
+    assert any(re.search(r"rank [01] \(\S+\) has waited [0-9]+ s in (negotiation cycle \d+"
+                         r"|.*allreduce of 'big.tensor')", line) for line in warnings), warnings
+    assert any(re.search(r"rank\(s\) (\d \(\S+\), )?2 \(", line) or
+               "every rank of the collective" in line for line in warnings), warnings
+    assert all("A link or a host may have failed." in line for line in warnings)
