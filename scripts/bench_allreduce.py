@@ -12,7 +12,8 @@ Algorithms, all on the same buffers in the same run:
   hier    hororing's hierarchical allreduce alone (reduce in each node, across nodes by
           slices, gather), on its own communicator
 
---hierarchical times flat, hier and native from 1 MiB up and reports, for flat and hier,
+--hierarchical times ring (the library's choice under the job's settings), flat, hier and native
+from 1 MiB up and reports, for flat and hier,
 the bytes one allreduce sends between nodes, per rank (nodes as MPI_COMM_TYPE_SHARED sees
 them: run it under MPIR_CVAR_NUM_CLIQUES=2 to split one machine into two).
 
@@ -56,8 +57,9 @@ def main():
     rank, size = COMM.Get_rank(), COMM.Get_size()
     machine, copy_bw = calibrate()
     if args.hierarchical:
-        args.algorithms = ["flat", "hier", "native"]
-        args.min_bytes = max(args.min_bytes, 1024 * 1024)
+        args.algorithms = ["ring", "flat", "hier", "native"]
+        if args.min_bytes == 8:  # not given: from 1 MiB
+            args.min_bytes = 1024 * 1024
     algorithms = {name: ALGORITHMS[name] for name in args.algorithms}
     if "gloo" in algorithms and not setup_torch_distributed(COMM, "gloo"):
         del algorithms["gloo"]

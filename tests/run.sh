@@ -2,8 +2,8 @@
 # Install hororing and its test dependencies into .venv, then run every test:
 # unit tests and whole-job launches in one process, the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2, 3 and 4 ranks,
-# the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks in two simulated nodes,
-# and at 3 ranks under Open MPI. Every mpiexec has a
+# the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks on two emulated hosts
+# (or two simulated nodes where namespaces cannot be made), and at 3 ranks under Open MPI. Every mpiexec has a
 # hard timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,13 +28,28 @@ echo "== tests/mpi/test_device.py on 3 ranks, CUDA-aware path, CUDA simulator ==
 HORORING_CUDA_AWARE=1 timeout 600 mpiexec -n 3 python -m pytest --with-mpi -q -p no:cacheprovider \
     --timeout=300 --timeout-method=thread tests/mpi/test_device.py
 
-# Two "nodes" on one machine: MPICH splits the ranks into two shared-memory groups that
-# send to each other through its network module, as ranks on different hosts do.
-echo "== tests/mpi on 4 ranks in two simulated nodes (MPIR_CVAR_NUM_CLIQUES=2) =="
+# Two hosts: network namespaces with their own hostnames and 10 Gbit/s links
+# (scripts/emulated_hosts.sh), so ranks on different hosts talk over TCP as on a cluster. Where
+# namespaces cannot be made (not root), two simulated nodes instead: MPICH splits the ranks into
+# two shared-memory groups that send to each other through its network module.
 # The hierarchical allreduce takes buckets from 1 MiB up, the flat ring those below.
-MPIR_CVAR_NUM_CLIQUES=2 HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 \
-    timeout 900 mpiexec -n 4 python -m pytest --with-mpi -q \
-    -p no:cacheprovider --timeout=300 --timeout-method=thread tests/mpi
+hosts_dir=$(mktemp -d -t hororing-ci-hosts.XXXX)
+if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
+    trap 'bash scripts/emulated_hosts.sh down --dir "$hosts_dir"' EXIT
+    across=(hororun -np 4 --hostfile "$hosts_dir/hostfile" --mpi-args "$(cat "$hosts_dir/mpi-args")")
+    echo "== tests/mpi on 2 emulated hosts x 2 ranks =="
+    HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 "${across[@]}" python -m pytest \
+        --with-mpi -q -p no:cacheprovider --timeout=300 --timeout-method=thread tests/mpi
+    echo "== examples/train.py on 2 emulated hosts x 2 ranks =="
+    timeout 600 "${across[@]}" python examples/train.py
+    bash scripts/emulated_hosts.sh down --dir "$hosts_dir"
+    trap - EXIT
+else
+    echo "== tests/mpi on 4 ranks in two simulated nodes (MPIR_CVAR_NUM_CLIQUES=2) =="
+    MPIR_CVAR_NUM_CLIQUES=2 HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 \
+        timeout 900 mpiexec -n 4 python -m pytest --with-mpi -q \
+        -p no:cacheprovider --timeout=300 --timeout-method=thread tests/mpi
+fi
 
 # The other MPI users have: Open MPI from PyPI, in its own environment.
 echo "== tests/mpi on 3 ranks under Open MPI =="

@@ -97,9 +97,9 @@ class AllreducePipeline:
             return "ps"
         if nbytes < self.small_bytes:
             return "small"
+        threshold = self.config.hierarchical_threshold_bytes
         if "hierarchical" in algorithms and (
-                self.config.hierarchical_allreduce
-                or nbytes >= self.config.hierarchical_threshold_bytes):
+                self.config.hierarchical_allreduce or threshold is None or nbytes >= threshold):
             return "hierarchical"
         return "ring"
 

@@ -229,11 +229,12 @@ class Executor:
 
 def _hierarchical(comm, config):
     """The hierarchical allreduce for ``comm`` where it applies, else None (collective)."""
-    if config.hierarchical_allreduce is False or (
-            config.hierarchical_allreduce is None and config.hierarchical_threshold_bytes is None):
+    if config.hierarchical_allreduce is False:
         return None
     layout = node_layout(comm)
-    if layout[1] > 1 or config.hierarchical_allreduce:
+    nodes = layout[1]
+    # automatic: several nodes, and fewer nodes than ranks (one rank per node gains nothing)
+    if config.hierarchical_allreduce or 1 < nodes < comm.Get_size():
         return Hierarchical(comm, config.ring_subchunk_bytes, layout)
     layout[0].Free()
     return None

@@ -29,13 +29,13 @@ def test_hierarchical_allreduce_across_simulated_nodes(launch, ranks, cliques, l
     assert "UCX WARN" not in job.stderr + job.stdout
 
 
-def test_hierarchical_allreduce_forced_on_and_off(launch):
-    on = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2",
-                                           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, timeout=120)
-    assert on.returncode == 0, on.stderr[-3000:]
-    assert on.stdout.count("nodes 2 local size 2") == 4
-    for env in ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, {}):  # off, and the default
-        off = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2", **env},
-                     timeout=120)
-        assert off.returncode == 0, off.stderr[-3000:]
-        assert off.stdout.count("hierarchical off") == 4
+def test_hierarchical_allreduce_on_by_default_across_nodes_and_off_when_asked(launch):
+    for env in ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, {}):  # forced on, and the default
+        on = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2", **env},
+                    timeout=120)
+        assert on.returncode == 0, on.stderr[-3000:]
+        assert on.stdout.count("nodes 2 local size 2") == 4
+    off = launch(4, "hierarchical.py", env={"MPIR_CVAR_NUM_CLIQUES": "2",
+                                            "HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, timeout=120)
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert off.stdout.count("hierarchical off") == 4

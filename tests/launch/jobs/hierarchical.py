@@ -9,8 +9,8 @@ from hororing.context import current
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 hierarchical = current().engine.allreduce.hierarchical_stats()
-chosen = (os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1"
-          or "HORORING_HIERARCHICAL_THRESHOLD_BYTES" in os.environ)
+# on by default across nodes (several nodes, some with several ranks); off when set to 0
+chosen = os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") != "0"
 if not chosen:
     assert hierarchical is None
     print(f"rank {rank} hierarchical off", flush=True)
