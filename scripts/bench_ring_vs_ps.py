@@ -24,6 +24,7 @@ the fit, its residuals and the predicted crossovers.
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -99,9 +100,10 @@ def driver(args):
 
 def run_child(args, n):
     from benchinfo import json_rows_of
-    command = [args.mpiexec, "-n", str(n + args.servers), sys.executable, __file__, "--child",
-               "--workers", str(n), "--servers", str(args.servers), "--sizes", args.sizes,
-               "--seconds", str(args.seconds), "--blocks", str(args.blocks)]
+    command = shlex.split(args.mpiexec) + [
+        "-n", str(n + args.servers), sys.executable, __file__, "--child",
+        "--workers", str(n), "--servers", str(args.servers), "--sizes", args.sizes,
+        "--seconds", str(args.seconds), "--blocks", str(args.blocks)]
     return json_rows_of(command, args.timeout, f"benchmark job with n={n}")
 
 
@@ -292,7 +294,9 @@ def parse_args():
                         help="timed blocks per point; the time is the fastest block's mean")
     parser.add_argument("--json")
     parser.add_argument("--plot", help="PNG path prefix")
-    parser.add_argument("--mpiexec", default="mpiexec")
+    parser.add_argument("--mpiexec", default="mpiexec",
+                        help="the launcher, with its arguments as one string (e.g. hosts: "
+                             "\"mpiexec -f HOSTFILE $(cat MPI_ARGS)\", scripts/emulated_hosts.sh)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, help=argparse.SUPPRESS)
