@@ -11,6 +11,8 @@ import os
 MiB = 1024 * 1024
 MODES = ("ring", "ps")
 PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see ps/placement.py
+RING_SUBCHUNK_IN_NODE = MiB
+RING_SUBCHUNK_ACROSS_NODES = 256 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +50,14 @@ class Config:
     # the ring's passes.
     hierarchical_allreduce: object = None
     hierarchical_threshold_bytes: object = None
-    # Ring sub-chunk: the unit that is in flight while the previous one is reduced.
-    # Measured: scripts/bench_tuning.py --setting subchunk, docs/tuning.md.
-    ring_subchunk_bytes: int = 1024 * 1024
+    # Ring sub-chunk: the unit that is in flight while the previous one is reduced. None:
+    # automatic, RING_SUBCHUNK_IN_NODE for a ring within one node, RING_SUBCHUNK_ACROSS_NODES
+    # for one that crosses nodes (subchunk_bytes()). Measured in one node:
+    # scripts/bench_tuning.py --setting subchunk, docs/tuning.md (256 KiB 15-54% slower);
+    # across emulated hosts at 1 Gbit/s, 4 hosts: a 4 MiB ring took 1.35-1.50x its model
+    # with 1 MiB sub-chunks (each 1 MiB chunk went as one message, unpipelined) and 1.00x with
+    # 256 KiB, 1 and 16 MiB unchanged (docs/hosts.md).
+    ring_subchunk_bytes: object = None
     # How every wait on MPI requests polls (transport.wait): this many tests back to back,
     # then tests with a sched_yield between them up to wait_yield_tests, then sleeps that
     # double up to wait_max_sleep_us. Spinning is fastest when each rank has a core; yielding
@@ -94,6 +101,12 @@ class Config:
             return self.small_allreduce_bytes
         return self.small_allreduce_total_bytes // max(ranks, 1)
 
+    def subchunk_bytes(self, across_nodes):
+        """The ring's sub-chunk for a ring within one node or one that crosses nodes."""
+        if self.ring_subchunk_bytes is not None:
+            return self.ring_subchunk_bytes
+        return RING_SUBCHUNK_ACROSS_NODES if across_nodes else RING_SUBCHUNK_IN_NODE
+
     @classmethod
     def from_environ(cls, environ=None, **overrides):
         """Build a Config from ``environ`` (default ``os.environ``) and explicit overrides."""
@@ -116,7 +129,7 @@ class Config:
             raise ValueError(f"cycle time must be >= 0 ms, got {self.cycle_time_ms}")
         if self.cache_capacity < 0:
             raise ValueError(f"cache capacity must be >= 0, got {self.cache_capacity}")
-        if self.ring_subchunk_bytes <= 0:
+        if self.ring_subchunk_bytes is not None and self.ring_subchunk_bytes <= 0:
             raise ValueError(f"ring sub-chunk must be > 0 bytes, got {self.ring_subchunk_bytes}")
         if self.hierarchical_threshold_bytes is not None and self.hierarchical_threshold_bytes < 0:
             raise ValueError(f"hierarchical threshold must be >= 0 bytes, got "

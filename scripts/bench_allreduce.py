@@ -197,11 +197,13 @@ class Layout:
         return cls.made
 
     def __init__(self):
-        subchunk = Config.from_environ().ring_subchunk_bytes
-        self.flat = Ring(COMM.Dup(), subchunk)
-        self.hier = Hierarchical(COMM.Dup(), subchunk)
+        config = Config.from_environ()
+        local, nodes, _ = node_layout(COMM)
+        # the sub-chunks the library would take for these rings
+        self.flat = Ring(COMM.Dup(), config.subchunk_bytes(across_nodes=nodes > 1))
+        self.hier = Hierarchical(COMM.Dup(), config.subchunk_bytes(across_nodes=False),
+                                 cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True))
         self.nodes = self.hier.nodes
-        local, _, _ = node_layout(COMM)
         leader = local.bcast(COMM.Get_rank(), root=0)  # a node's id: its first rank
         self.node_of = COMM.allgather(leader)
         self.node_sizes = sorted((self.node_of.count(node) for node in set(self.node_of)),

@@ -195,7 +195,9 @@ def child(args):
     from hororing.ps.placement import Placement
     from hororing.ps.server import serve
     from hororing.ps.workers import Colocated, ServerClient
+    from hororing.algorithms.hierarchical import node_layout
     from hororing.algorithms.ring import Ring
+    from hororing.config import Config
     from hororing.costmodel import bus_bandwidth
 
     world = MPI.COMM_WORLD
@@ -205,7 +207,9 @@ def child(args):
     sizes = [int(size) for size in args.sizes.split(",")]
     algorithms = []
     if is_worker:
-        ring = Ring(workers.Dup(), 1 << 20)
+        local, nodes, _ = node_layout(workers)
+        local.Free()
+        ring = Ring(workers.Dup(), Config.from_environ().subchunk_bytes(across_nodes=nodes > 1))
         colocated = Colocated(workers.Dup(), Placement(n, "partitioned", partition_bytes=1))
         algorithms = [("ring", ring.allreduce), ("colocated", colocated.allreduce),
                       ("native", lambda buffer, op: workers.Allreduce(MPI.IN_PLACE, buffer))]

@@ -44,7 +44,7 @@ DEFAULTS = Config()
 def sweep_subchunk(args):
     comm = COMM.Dup()
     candidates = {"256K": 256 * KiB, "1M": MiB, "2M": 2 * MiB, "4M": 4 * MiB}
-    rings = {label + ("*" if nbytes == DEFAULTS.ring_subchunk_bytes else ""): Ring(comm, nbytes)
+    rings = {label + ("*" if nbytes == DEFAULTS.subchunk_bytes(across_nodes=False) else ""): Ring(comm, nbytes)
              for label, nbytes in candidates.items()}
     algorithms = {label: (lambda buffer, ring=ring: ring.allreduce(buffer, "sum"))
                   for label, ring in rings.items()}

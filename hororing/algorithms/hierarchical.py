@@ -42,7 +42,9 @@ class Hierarchical:
     Collective to construct: every rank of ``comm`` builds one at the same time.
     """
 
-    def __init__(self, comm, subchunk_bytes, layout=None):
+    def __init__(self, comm, subchunk_bytes, layout=None, cross_subchunk_bytes=None):
+        """``subchunk_bytes``: the ring within each node's; ``cross_subchunk_bytes``: the ring
+        across nodes' (default: the same)."""
         self.comm = comm
         self.size = comm.Get_size()
         self.contributors = self.size
@@ -52,7 +54,8 @@ class Hierarchical:
         color = self.local_rank if self.local_rank < self.parts else MPI.UNDEFINED
         self.cross = comm.Split(color, key=comm.Get_rank())
         self.local_ring = Ring(self.local, subchunk_bytes)
-        self.cross_ring = Ring(self.cross, subchunk_bytes) if self.cross != MPI.COMM_NULL else None
+        self.cross_ring = Ring(self.cross, cross_subchunk_bytes or subchunk_bytes) \
+            if self.cross != MPI.COMM_NULL else None
 
     def allreduce(self, buffer, op, finalize=None, segments=None):
         """Reduce the flat ``buffer`` over all ranks in place (arguments as ``Ring.allreduce``)."""

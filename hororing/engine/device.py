@@ -30,7 +30,7 @@ class DeviceBuffers:
         self.aware = gpu.cuda_aware(config.cuda_aware)
         host = host_algorithms
         if self.aware:
-            ring = Ring(comm, config.ring_subchunk_bytes, device=self)
+            ring = Ring(comm, host["ring"].subchunk_bytes, device=self)
             ring.contributors = host["ring"].contributors
             small = GatherReduce(comm, device=self)
         else:

@@ -34,13 +34,18 @@ class Executor:
         self.rank = comm.Get_rank()
         self.config = config
         self.timeline = timeline
-        algorithms = {"ring": Ring(comm, config.ring_subchunk_bytes), "small": GatherReduce(comm)}
+        layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
+        ring = Ring(comm, config.subchunk_bytes(across_nodes=layout[1] > 1))
+        algorithms = {"ring": ring, "small": GatherReduce(comm)}
+        hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer
         else:
-            hierarchical = _hierarchical(comm, config)
+            hierarchical = _hierarchical(comm, config, layout)
             if hierarchical is not None:
                 algorithms["hierarchical"] = hierarchical
+        if hierarchical is None:
+            layout[0].Free()
         self.allreduce = AllreducePipeline(comm, config, algorithms, self._span)
 
     def execute(self, responses, take, missed=None):
@@ -227,16 +232,16 @@ class Executor:
                 self.timeline.span(response.name, activity, started, ended)
 
 
-def _hierarchical(comm, config):
-    """The hierarchical allreduce for ``comm`` where it applies, else None (collective)."""
+def _hierarchical(comm, config, layout):
+    """The hierarchical allreduce for ``comm`` where it applies, else None; it takes over
+    ``layout`` (node_layout(comm)) when it is made."""
     if config.hierarchical_allreduce is False:
         return None
-    layout = node_layout(comm)
     nodes = layout[1]
     # automatic: several nodes, and fewer nodes than ranks (one rank per node gains nothing)
     if config.hierarchical_allreduce or 1 < nodes < comm.Get_size():
-        return Hierarchical(comm, config.ring_subchunk_bytes, layout)
-    layout[0].Free()
+        return Hierarchical(comm, config.subchunk_bytes(across_nodes=False), layout,
+                            cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True))
     return None
 
 

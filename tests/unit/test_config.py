@@ -127,3 +127,11 @@ def test_tensorflow_inter_op_threads_are_reserved_unless_the_user_chose():
         reserve_tf_inter_op_threads({"HORORING_TF_INTER_OP_THREADS": "0"})
     with pytest.raises(ValueError, match="HORORING_TF_INTER_OP_THREADS"):
         reserve_tf_inter_op_threads({"HORORING_TF_INTER_OP_THREADS": "many"})
+
+
+def test_ring_sub_chunk_depends_on_whether_the_ring_crosses_nodes():
+    automatic = Config.from_environ({})
+    assert automatic.subchunk_bytes(across_nodes=False) == 1024 * 1024
+    assert automatic.subchunk_bytes(across_nodes=True) == 256 * 1024
+    chosen = Config.from_environ({"HORORING_RING_SUBCHUNK_BYTES": "65536"})
+    assert chosen.subchunk_bytes(across_nodes=False) == chosen.subchunk_bytes(True) == 65536
