@@ -54,7 +54,12 @@ shape() {  # shape DEVICE [NAMESPACE]
     local run=()
     [ -n "${2:-}" ] && run=(ip netns exec "$2")
     if [ -n "$delay" ]; then
-        "${run[@]}" tc qdisc replace dev "$1" root netem delay "$delay" rate "$rate"
+        if ! "${run[@]}" tc qdisc replace dev "$1" root netem delay "$delay" rate "$rate" 2>/dev/null; then
+            echo "emulated_hosts.sh: --delay needs tc's netem qdisc, which this kernel lacks" \
+                 "(sch_netem); the hosts are removed" >&2
+            down
+            exit 4
+        fi
     else
         "${run[@]}" tc qdisc replace dev "$1" root tbf rate "$rate" burst 256kb latency 50ms
     fi
