@@ -69,7 +69,7 @@ _SIGNATURES = [
 def run_and_explain(command, env):
     """Run mpiexec, its stderr passed through; if it fails, add one line saying why, when its
     messages say so."""
-    from .runner.elastic import copy_lines
+    from .runner.output import copy_lines
 
     seen = []
 
@@ -99,16 +99,13 @@ def _run_elastic(args, mpiexec):
     if mpiexec is None:
         sys.stderr.write("hororun: no mpiexec found next to this Python or on PATH\n")
         return 2
-    if args.discovery_script:
-        discover = discovery.ScriptDiscovery(args.discovery_script, args.slots)
-    else:
-        try:
-            hosts = hosts_of(args)
-        except ValueError as error:
-            sys.stderr.write(f"hororun: {error}\n")
-            return 2
-        discover = discovery.FixedDiscovery(hosts or [("localhost", max(args.np or 0, min_np,
-                                                                        args.max_np or 0))])
+    try:
+        hosts = None if args.discovery_script else hosts_of(args)
+    except ValueError as error:
+        sys.stderr.write(f"hororun: {error}\n")
+        return 2
+    discover = discovery.choose(args.discovery_script, args.slots, hosts, args.np, min_np,
+                                args.max_np)
     env = dict(os.environ)
     if args.start_timeout is not None:
         env["HORORING_START_TIMEOUT"] = str(args.start_timeout)

@@ -41,6 +41,14 @@ class FixedDiscovery:
         return list(self.hosts)
 
 
+def choose(script, slots, hosts, *sizes):
+    """The discovery of an elastic job: ``script`` if given, else the fixed ``hosts``, else
+    this machine with as many slots as the largest of ``sizes`` (None ignored)."""
+    if script:
+        return ScriptDiscovery(script, slots or 1)
+    return FixedDiscovery(hosts or [("localhost", max(size or 0 for size in sizes))])
+
+
 def parse(text, default_slots, source):
     hosts = []
     for number, line in enumerate(text.splitlines(), 1):

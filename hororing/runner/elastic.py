@@ -33,6 +33,7 @@ import time
 
 from ..elastic import commits, job
 from . import discovery
+from .output import copy_lines
 
 _IGNORE_NOTICES = 'trap "" USR1; exec "$@"'
 NO_PROGRESS_LIMIT = 3
@@ -212,19 +213,6 @@ def start_copying_stderr(command, env, acknowledged):
                             daemon=True)
     pump.start()
     return process, pump.join
-
-
-def copy_lines(stream, sink, acknowledged=None, keep=None):
-    """Copy ``stream``'s lines to ``sink``; set ``acknowledged`` on the ranks' answer to a
-    notice; lines for which ``keep(line)`` is true are kept from ``sink``."""
-    for line in iter(stream.readline, b""):
-        if acknowledged is not None and job.ACKNOWLEDGEMENT in line:
-            acknowledged.set()
-        if keep is not None and keep(line):
-            continue
-        sink.write(line.decode(errors="replace"))
-        sink.flush()
-    stream.close()
 
 
 def _is_local(host):

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 
-from .elastic import copy_lines
+from .output import copy_lines
 
 # the lines by which the ranks (hororing.runner.task) hand back results and errors
 RESULT_MARK = "\x1ehororing.run.result "
@@ -100,11 +100,7 @@ def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collecto
     from . import discovery
     from .elastic import ElasticDriver
 
-    if script:
-        discover = discovery.ScriptDiscovery(script, slots or 1)
-    else:
-        discover = discovery.FixedDiscovery(host_list or [("localhost", max(np, min_np or 0,
-                                                                         max_np or 0))])
+    discover = discovery.choose(script, slots, host_list, np, min_np, max_np)
 
     def command_for(size, hosts, scratch):
         return launcher.mpiexec_command(mpiexec, flavor, size, hosts, scratch) + extra
