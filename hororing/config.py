@@ -88,6 +88,12 @@ class Config:
     # scripts/bench_gpu.py's device allreduce (docs/gpu.md): 64 MiB took 43.9 ms with one
     # copy per piece, 25.9 ms with 8 MiB copies.
     staged_copy_bytes: int = 8 * MiB
+    # Out-of-place host allreduces of at least 1 MiB return arrays from a pool of at most
+    # this many bytes, reused once the caller has let go of them (0: a fresh array each
+    # time). A fresh large array is fresh pages: writing the result faults and zeroes each
+    # one, which at 32-64 MiB cost as much as the ring itself (2 ranks, scripts/
+    # bench_allreduce.py --algorithms outplace ring, docs/benchmarks.md).
+    output_pool_bytes: int = 256 * MiB
     # init() makes GPU local_rank % device_count current (False: leave the current GPU alone).
     select_device: bool = True
     # add_process_set()/remove_process_set() after init (Horovod's opt-in switch).
@@ -166,6 +172,9 @@ class Config:
         if self.staged_copy_bytes <= 0:
             raise ValueError(f"staged copy size must be > 0 bytes (HORORING_STAGED_COPY_BYTES), "
                              f"got {self.staged_copy_bytes}")
+        if self.output_pool_bytes < 0:
+            raise ValueError(f"output pool must be >= 0 bytes (HORORING_OUTPUT_POOL_BYTES; 0: "
+                             f"no pool), got {self.output_pool_bytes}")
         if self.ps_replicas < 0:
             raise ValueError(f"replicas_to_aggregate must be >= 1 (or 0 for all workers), got "
                              f"{self.ps_replicas}")
@@ -221,6 +230,7 @@ _ENV_FIELDS = {
     "poll_idle_us": (("HORORING_POLL_IDLE_US",), float),
     "cuda_aware": (("HORORING_CUDA_AWARE",), _flag),
     "staged_copy_bytes": (("HORORING_STAGED_COPY_BYTES",), int),
+    "output_pool_bytes": (("HORORING_OUTPUT_POOL_BYTES",), int),
     "select_device": (("HORORING_SELECT_DEVICE",), _flag),
     "dynamic_process_sets": (_names("DYNAMIC_PROCESS_SETS"), _flag),
     "start_timeout_s": (_names("START_TIMEOUT"), float),

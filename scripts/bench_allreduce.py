@@ -5,6 +5,7 @@ Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_allreduce.py --json resul
 
 Algorithms, all on the same buffers in the same run:
   ring    hororing.allreduce_ (the whole library path: negotiation, fusion, the ring)
+  outplace hororing.allreduce, out of place: a new output array per call, the input untouched
   native  MPI_Allreduce through mpi4py
   plain   a 20-line Python ring: blocking Sendrecv + np.add, no sub-chunks (the baseline)
   gloo    torch.distributed's gloo all_reduce (when torch is installed)
@@ -161,6 +162,10 @@ def run_ring(buffer):
     hvd.allreduce_(buffer, op=hvd.Sum, name="bench")
 
 
+def run_outplace(buffer):
+    return hvd.allreduce(buffer, op=hvd.Sum, name="bench.outplace")
+
+
 def run_native(buffer):
     COMM.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
 
@@ -234,19 +239,25 @@ def cross_node_bytes(count):
     return {"flat": COMM.allreduce(flat) / size, "hier": COMM.allreduce(hier) / size}
 
 
-ALGORITHMS = {"ring": run_ring, "native": run_native, "plain": run_plain, "gloo": run_gloo,
+ALGORITHMS = {"ring": run_ring, "outplace": run_outplace, "native": run_native, "plain": run_plain, "gloo": run_gloo,
               "flat": run_flat, "hier": run_hier}
 
 
 # ---- measuring ----------------------------------------------------------------------------
 
 def check(run, count):
-    """Count elements that differ from the exact sum (integer-valued floats sum exactly)."""
+    """Count elements that differ from the exact sum (integer-valued floats sum exactly); an
+    out-of-place algorithm that changed its input counts every element wrong."""
     rank, size = COMM.Get_rank(), COMM.Get_size()
     values = (np.arange(count) % 7 + rank).astype(np.float32)
     expected = (np.arange(count) % 7 * size + size * (size - 1) // 2).astype(np.float32)
-    run(values)
-    wrong = int(np.count_nonzero(values != expected))
+    original = values.copy()
+    result = run(values)
+    if result is None:  # in place
+        result = values
+    elif not np.array_equal(values, original):  # out of place leaves its input alone
+        result = np.full_like(values, np.nan)
+    wrong = int(np.count_nonzero(result != expected))
     return COMM.allreduce(wrong, op=MPI.SUM)
 
 

@@ -1,6 +1,6 @@
 """Hierarchical allreduce: reduce inside each node, across nodes by slices, gather back.
 
-Three stages on one flat host buffer, in place:
+Three stages on one flat host buffer, in place or from a separate input:
 
 1. inside each node, a ring reduce-scatter: local rank j ends holding its node's sum of
    part j of the buffer;
@@ -57,12 +57,15 @@ class Hierarchical:
         self.cross_ring = Ring(self.cross, cross_subchunk_bytes or subchunk_bytes) \
             if self.cross != MPI.COMM_NULL else None
 
-    def allreduce(self, buffer, op, finalize=None, segments=None):
-        """Reduce the flat ``buffer`` over all ranks in place (arguments as ``Ring.allreduce``)."""
+    out_of_place = True
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
+        """Reduce the flat ``buffer`` over all ranks (arguments as ``Ring.allreduce``): out of
+        place, the node's reduce-scatter reads ``source`` and the gather writes the rest."""
         parts = chunk_bounds(buffer.size, self.parts)
         empty = (buffer.size, buffer.size)
         bounds = parts + [empty] * (self.local_size - self.parts)
-        self.local_ring.reducescatter(buffer, op, bounds)
+        self.local_ring.reducescatter(buffer, op, bounds, source=source)
         if self.cross_ring is not None:
             start, stop = bounds[self.local_rank]
             self.cross_ring.allreduce(buffer[start:stop], op, finalize)

@@ -1,4 +1,4 @@
-"""The pipelined ring: scatter-reduce then allgather over one flat host buffer, in place.
+"""The pipelined ring: scatter-reduce then allgather over one flat host buffer.
 
 Each chunk of the plan (``plan.ring_schedule``) is cut into sub-chunks ("pieces"). A piece
 is forwarded to the right neighbour as soon as it is reduced, so while one piece is being
@@ -6,6 +6,12 @@ combined the next ones are already in flight, and the scatter-reduce flows into 
 allgather without a step boundary. Scatter-reduce receives for step t+1 are posted at the
 start of step t into the other half of a double-buffered scratch area; nothing is allocated
 per step.
+
+Out of place (``source`` given) nothing is copied first: the first chunk a rank sends is read
+from the input, each scatter-reduce step receives straight into the output buffer and adds
+the input's piece to it there (no scratch: the output has no data yet), and the one chunk a
+rank never reduces reaches the output in the allgather. Writing the sum over the bytes just
+received, rather than into a third array, keeps the add at two reads and one write.
 """
 
 import math
@@ -40,8 +46,10 @@ class Ring:
         self._neighbours = transport.world_ranks(comm, [schedule.left, schedule.right]) \
             if self.size > 1 else []
 
-    def allreduce(self, buffer, op, finalize=None, segments=None, stage=None):
-        """Reduce the flat ``buffer`` over all ranks in place.
+    out_of_place = True  # allreduce and reducescatter take ``source``
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, stage=None, source=None):
+        """Reduce the flat ``buffer`` over all ranks: in place, or from ``source`` into it.
 
         Args:
             buffer: 1-D contiguous array, the same length and dtype on every rank.
@@ -53,29 +61,34 @@ class Ring:
             stage: optional pipeline around a host copy of a device buffer (see
                 ``staged.StagedRing``): ``need(chunk)`` is called before a chunk's own data
                 is first read, ``final(start, stop)`` once a piece holds its final value.
+            source: this rank's input, a flat array of ``buffer``'s kind, size and dtype,
+                only read (None: the input is ``buffer`` itself).
         """
         bounds = chunk_bounds(buffer.size, self.size)
-        self._run(buffer, op, bounds, self._schedules[True], finalize, stage)
+        self._run(buffer, op, bounds, self._schedules[True], finalize, stage, source)
 
     def schedule(self, allgather=True):
         """This rank's ring schedule (``plan.ring_schedule``)."""
         return self._schedules[allgather]
 
-    def reducescatter(self, buffer, op, bounds, finalize=None):
+    def reducescatter(self, buffer, op, bounds, finalize=None, source=None):
         """Scatter-reduce the flat ``buffer``; on return ``buffer[bounds[rank]]`` is reduced.
 
         Args:
             bounds: one (start, stop) element range per rank, covering ``buffer``.
+            source: as ``allreduce``'s; the rest of ``buffer`` is then left undefined.
         """
-        self._run(buffer, op, bounds, self._schedules[False], finalize)
+        self._run(buffer, op, bounds, self._schedules[False], finalize, source=source)
 
-    def _run(self, buffer, op, bounds, schedule, finalize, stage=None):
+    def _run(self, buffer, op, bounds, schedule, finalize, stage=None, source=None):
         stage = stage or _NO_STAGE
         # device kernels finish before MPI (or the stage) reads a piece: CUDA-aware MPI only
         synchronize = self.device.synchronize if self.device is not None else None
         steps = schedule.steps
         if not steps:
             stage.need(0)
+            if source is not None:
+                _copy(buffer, source)
             if finalize is not None:
                 finalize(buffer)
             if synchronize is not None:
@@ -83,24 +96,27 @@ class Ring:
             stage.final(0, buffer.size)
             return
         with transport.activity(self._describe, self._neighbours):
-            self._steps(buffer, op, bounds, schedule, finalize, stage, synchronize, steps)
+            self._steps(buffer, op, bounds, schedule, finalize, stage, synchronize, steps,
+                        buffer if source is None else source)
 
-    def _steps(self, buffer, op, bounds, schedule, finalize, stage, synchronize, steps):
+    def _steps(self, buffer, op, bounds, schedule, finalize, stage, synchronize, steps, source):
         comm, left, right = self.comm, schedule.left, schedule.right
         largest_chunk = max(stop - start for start, stop in bounds)
         pieces_per_chunk = max(1, math.ceil(largest_chunk * buffer.itemsize / self.subchunk_bytes))
         pieces = [_split(start, stop, pieces_per_chunk) for start, stop in bounds]
-        scratch = self._scratch_halves(buffer.dtype, largest_chunk)
+        in_place = source is buffer
+        scratch = self._scratch_halves(buffer.dtype, largest_chunk) if in_place else None
         pending_sends = {}  # chunk -> send requests still reading from it
 
         def post_receives(index):
             step = steps[index]
             chunk_start = bounds[step.recv_chunk][0]
-            if step.reduce:
+            if step.reduce and in_place:
                 half = scratch[index % 2]
                 return [comm.Irecv(half[start - chunk_start:stop - chunk_start], left, tag)
                         for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
-            # allgather writes straight into the buffer: first let earlier sends of it finish
+            # out of place, a chunk is received into the buffer before this rank has sent it;
+            # the allgather writes straight into the buffer: first let earlier sends finish
             transport.wait_all(pending_sends.pop(step.recv_chunk, []))
             return [comm.Irecv(buffer[start:stop], left, tag)
                     for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
@@ -109,25 +125,28 @@ class Ring:
         self.bytes_sent += buffer.itemsize * sum(
             bounds[step.send_chunk][1] - bounds[step.send_chunk][0] for step in steps)
         stage.need(first)
-        pending_sends[first] = [comm.Isend(buffer[start:stop], right, tag)
+        pending_sends[first] = [comm.Isend(source[start:stop], right, tag)
                                 for tag, (start, stop) in enumerate(pieces[first])]
         receives = post_receives(0)
         for index, step in enumerate(steps):
             has_next = index + 1 < len(steps)
-            # a scratch receive can be posted a step early; a receive into the buffer waits
-            # for this rank's sends of that chunk, so it is posted once this step is done
+            # a scatter-reduce receive can be posted a step early (into scratch, or out of
+            # place into a chunk of the buffer this rank has not sent); an allgather receive
+            # waits for this rank's sends of that chunk, so it is posted once this step is done
             early = has_next and steps[index + 1].reduce
             next_receives = post_receives(index + 1) if early else None
             owned_now = step.reduce and (not has_next or not steps[index + 1].reduce)
             chunk_start = bounds[step.recv_chunk][0]
-            half = scratch[index % 2]
+            half = scratch[index % 2] if in_place else None
             forwarded = pending_sends.setdefault(step.recv_chunk, [])
             if step.reduce:
                 stage.need(step.recv_chunk)
             for tag, (start, stop) in enumerate(pieces[step.recv_chunk]):
                 transport.wait(receives[tag])
                 if step.reduce:
-                    reduce_into(buffer[start:stop], half[start - chunk_start:stop - chunk_start], op)
+                    reduce_into(buffer[start:stop],
+                                half[start - chunk_start:stop - chunk_start] if in_place
+                                else source[start:stop], op)
                     if owned_now and finalize is not None:
                         finalize(buffer[start:stop])
                     if synchronize is not None:
@@ -164,6 +183,14 @@ class _NoStage:
 
 
 _NO_STAGE = _NoStage()
+
+
+def _copy(target, source):
+    if target.size:
+        if hasattr(target, "copy_to_device"):  # numba.cuda
+            target.copy_to_device(source)
+        else:
+            target[...] = source
 
 
 def _split(start, stop, parts):

@@ -26,20 +26,30 @@ class GatherReduce:
         self.contributors = self.size
         self._rows = None
 
-    def allreduce(self, buffer, op, finalize=None, segments=None):
-        """Reduce the flat ``buffer`` over all ranks in place (see Ring.allreduce)."""
+    out_of_place = True
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
+        """Reduce the flat ``buffer`` over all ranks, in place or from ``source`` (see
+        Ring.allreduce)."""
+        if source is None:
+            source = buffer
         if self.size > 1 and buffer.size:  # every rank has the same size: all skip alike
             rows = self._rows_for(buffer)
             if self.device is None:
-                self.comm.Allgather(buffer, rows)
+                self.comm.Allgather(source, rows)
                 # one ufunc.reduce over the rows: the same row order on every rank
                 REDUCE_BY_NAME[op].reduce(rows, axis=0, out=buffer)
             else:
                 self.device.synchronize()  # the prescale kernel has written the buffer
-                self.comm.Allgather(buffer, rows)
+                self.comm.Allgather(source, rows)
                 buffer.copy_to_device(rows[0])
                 for row in range(1, self.size):
                     reduce_into(buffer, rows[row], op)
+        elif source is not buffer and buffer.size:
+            if self.device is None:
+                buffer[...] = source
+            else:
+                buffer.copy_to_device(source)
         if finalize is not None:
             finalize(buffer)
 

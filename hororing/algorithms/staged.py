@@ -27,14 +27,18 @@ class StagedRing:
         self._host = np.empty(0, dtype=np.uint8)
         self._streams = None
 
-    def allreduce(self, buffer, op, finalize=None, segments=None):
+    out_of_place = True
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
+        """Reduce the device ``buffer`` in place, or device ``source`` into it (the host
+        copy is taken from ``source``)."""
         from numba import cuda
 
         if self._streams is None:
             self._streams = (cuda.stream(), cuda.stream())
         host = self._pinned(buffer.dtype, buffer.size)
         bounds = chunk_bounds(buffer.size, self.ring.size)
-        stage = _Stage(buffer, host, bounds, first_reads(self.ring.schedule(), len(bounds)),
+        stage = _Stage(buffer, buffer if source is None else source, host, bounds, first_reads(self.ring.schedule(), len(bounds)),
                        self.copy_bytes, *self._streams)
         self.ring.allreduce(host, op, finalize, stage=stage)
         stage.finish()
@@ -59,7 +63,7 @@ def first_reads(schedule, chunks):
 
 
 class _Stage:
-    def __init__(self, device, host, bounds, order, copy_bytes, down, up):
+    def __init__(self, device, source, host, bounds, order, copy_bytes, down, up):
         from numba import cuda
 
         self.device, self.host, self.up = device, host, up
@@ -69,7 +73,7 @@ class _Stage:
         for chunk in order:
             start, stop = bounds[chunk]
             if stop > start:
-                device[start:stop].copy_to_host(host[start:stop], stream=down)
+                source[start:stop].copy_to_host(host[start:stop], stream=down)
             event = cuda.event()
             event.record(down)
             self.arrived[chunk] = event

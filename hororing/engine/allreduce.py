@@ -2,7 +2,8 @@
 
 For a bucket of negotiated allreduces (same dtype, op, scale factors, place and wire dtype):
 wait for the inputs, fuse them into one flat buffer (a lone tensor is reduced in its output
-directly), prescale, choose the algorithm by size, reduce, unpack, complete the handles.
+directly, and out of place the algorithm reads the input itself: no copy of it is made
+first; in-place tensors that lie back to back in memory are reduced there), prescale, choose the algorithm by size, reduce, unpack, complete the handles.
 Where the buffers live is a *place* (``buffers.HostBuffers``, ``device.DeviceBuffers``): the
 pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and never
 branches on host or device itself.
@@ -35,7 +36,7 @@ class AllreducePipeline:
         self.comm = comm
         self.config = config
         self.small_bytes = config.small_threshold(comm.Get_size())  # the latency path below
-        self.host = HostBuffers(algorithms, config.fusion_threshold)
+        self.host = HostBuffers(algorithms, config.fusion_threshold, config.output_pool_bytes)
         self.observers = []  # observer(kind, buffer) before each reduction
         self._span = span
         self._device = None
@@ -115,15 +116,21 @@ class AllreducePipeline:
         outputs = [place.output(response, request, dtype, source)
                    for (response, request), source in zip(items, inputs)]
         started = time.monotonic()
+        source = None  # out of place: the input, read by the algorithm
         if len(items) == 1 and reduce_dtype == dtype:
             buffer = outputs[0].reshape(outputs[0].size)
             if inputs[0] is not outputs[0]:
-                place.copy(buffer, inputs[0])
+                source = inputs[0].reshape(inputs[0].size)
             ranges = None
         else:
-            buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs))
-            ranges = pack(inputs, buffer)
-            self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
+            # gradients that live in one flat tensor, back to back in bucket order, are
+            # reduced where they lie; anything else is packed into the fusion buffer
+            buffer = place.span(inputs, outputs) if reduce_dtype == dtype else None
+            ranges = None
+            if buffer is None:
+                buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs))
+                ranges = pack(inputs, buffer)
+                self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
         kind = self.kind_for(buffer.nbytes)
         algorithm = place.algorithms[kind]
         segments = None  # the ring splits by position; only the servers place by tensor
@@ -131,11 +138,18 @@ class AllreducePipeline:
             segments = [(response.name, start, stop) for (response, _), (start, stop)
                         in zip(items, ranges or [(0, buffer.size)])]
         prescale, finalize = scaling(meta, algorithm.contributors)
+        if source is not None and (prescale != 1.0 or not getattr(algorithm, "out_of_place", False)):
+            place.copy(buffer, source)  # the input is never scaled where it lies
+            source = None
         scale_into(buffer, prescale)
         for observe in self.observers:
             observe(kind, buffer)
         collective_started = time.monotonic()
-        algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments)
+        if source is None:
+            algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments)
+        else:
+            algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments,
+                                source=source)
         self._span(items, "ALLREDUCE", collective_started)
         if ranges is not None:
             unpack_started = time.monotonic()

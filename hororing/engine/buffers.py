@@ -9,10 +9,17 @@ place supplies the handful of operations that differ between host and device buf
   array, ``source`` itself when it is the input);
 - ``copy(target, source)``: copy one flat array into another of the same place;
 - ``fusion_view(dtype, count)``: a flat view of the place's fusion buffer;
+- ``span(inputs, outputs)``: one flat array over in-place inputs that lie back to back in
+  memory, in bucket order (gradients that live in one flat tensor), or None: fuse them;
 - ``algorithms``: the allreduce algorithms by kind (``ring``, ``small``, ``hierarchical``,
-  ``ps``), each with ``allreduce(buffer, op, finalize, segments)`` and ``contributors``;
+  ``ps``), each with ``allreduce(buffer, op, finalize, segments)`` and ``contributors``
+  (and, where ``out_of_place`` is true, ``source=``: read the input there, not in ``buffer``);
 - ``result(request, output)``: what the caller's handle gets; ``finish()`` ends a bucket.
 """
+
+import math
+import sys
+import threading
 
 import numpy as np
 
@@ -37,13 +44,64 @@ class FusionBuffer:
         return self._held[:needed].view(dtype)
 
 
+class OutputPool:
+    """Result arrays of out-of-place allreduces, reused once no caller holds them.
+
+    A fresh large numpy array is fresh pages from the kernel, and the first write to each one
+    faults and zeroes it: for a 64 MiB result that cost as much as the ring's own passes. An
+    array handed out is a view of a block the pool keeps; every view anyone makes of it (a
+    slice, a reshape, ``torch.from_numpy``) holds that block as its base, so the block's
+    reference count says whether a result made from it is still alive. Blocks are reused
+    only when none is. At most ``capacity`` bytes are pooled; results below ``MIN_BYTES``
+    come from numpy directly (malloc reuses those without new pages).
+    """
+
+    MIN_BYTES = 1 << 20
+    _UNUSED = 2  # references to an unused block: the pool's list and getrefcount's argument
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self._blocks = []  # uint8 blocks, the most recently handed out last
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype):
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.MIN_BYTES or nbytes > self.capacity:
+            return np.empty(shape, dtype=dtype)
+        with self._lock:
+            block = self._take(nbytes)
+        return block.view(dtype).reshape(shape)
+
+    def _take(self, nbytes):
+        blocks = self._blocks
+        for index in range(len(blocks)):
+            if blocks[index].nbytes == nbytes and sys.getrefcount(blocks[index]) == self._UNUSED:
+                blocks.append(blocks.pop(index))
+                return blocks[-1]
+        # make room: let go of unused blocks, oldest first, then of the oldest handed out
+        # (their callers keep them alive; they just leave the pool)
+        index = 0
+        while self._held + nbytes > self.capacity and index < len(blocks):
+            if sys.getrefcount(blocks[index]) == self._UNUSED:
+                self._held -= blocks.pop(index).nbytes
+            else:
+                index += 1
+        while self._held + nbytes > self.capacity:
+            self._held -= blocks.pop(0).nbytes
+        blocks.append(np.empty(nbytes, dtype=np.uint8))
+        self._held += nbytes
+        return blocks[-1]
+
+
 class HostBuffers:
     """Buckets of numpy arrays, reduced by the host algorithms."""
 
-    def __init__(self, algorithms, fusion_threshold):
+    def __init__(self, algorithms, fusion_threshold, output_pool_bytes=0):
         self.algorithms = algorithms
         self._fusion = FusionBuffer(lambda nbytes: np.empty(nbytes, dtype=np.uint8),
                                     fusion_threshold)
+        self._outputs = OutputPool(output_pool_bytes)
 
     def prepare(self, items):
         """Host inputs are ready when submitted."""
@@ -56,13 +114,28 @@ class HostBuffers:
     def output(self, response, request, dtype, source):
         if request is not None and request.output is not None:
             return request.output
-        return np.empty(response.meta.shape, dtype=dtype)
+        return self._outputs.empty(response.meta.shape, dtype)
 
     def copy(self, target, source):
         target[...] = source.reshape(-1)
 
     def fusion_view(self, dtype, count):
         return self._fusion.view(dtype, count)
+
+    def span(self, inputs, outputs):
+        """A flat array over ``inputs`` when each is reduced in place and each begins where
+        the one before it ends (same dtype, C-contiguous); else None. Reducing it is reducing
+        the fused buffer, byte for byte, without packing or unpacking."""
+        first = inputs[0]
+        dtype = first.dtype
+        start = end = first.__array_interface__["data"][0]
+        for array, output in zip(inputs, outputs):
+            if (output is not array or array.dtype != dtype or not array.flags.c_contiguous
+                    or array.__array_interface__["data"][0] != end):
+                return None
+            end += array.nbytes
+        # the requests hold the inputs, and so the memory, until the bucket completes
+        return np.asarray(_Memory(start, (end - start) // dtype.itemsize, dtype.str))
 
     def result(self, request, output):
         return output
@@ -78,6 +151,14 @@ class HostBuffers:
         """Nothing is asynchronous on the host."""
 
 
+class _Memory:
+    """Raw host memory as numpy sees an array (``np.asarray`` of it is a view, no copy)."""
+
+    def __init__(self, address, count, typestr):
+        self.__array_interface__ = {"data": (address, False), "shape": (count,),
+                                    "typestr": typestr, "version": 3}
+
+
 class HostRoundTrip:
     """A host algorithm run on a device buffer through a host copy of it (for an MPI that is
     not CUDA-aware, and for the parameter servers, which reduce on the host)."""
@@ -86,8 +167,10 @@ class HostRoundTrip:
         self.algorithm = algorithm
         self.contributors = algorithm.contributors
 
-    def allreduce(self, buffer, op, finalize=None, segments=None):
-        host = buffer.copy_to_host()
+    out_of_place = True  # the host copy is taken from the input
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
+        host = (buffer if source is None else source).copy_to_host()
         self.algorithm.allreduce(host, op, finalize, segments=segments)
         if buffer.size:  # empty device arrays refuse copies (their strides differ)
             buffer.copy_to_device(host)

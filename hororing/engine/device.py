@@ -76,6 +76,10 @@ class DeviceBuffers:
     def fusion_view(self, dtype, count):
         return self._fusion.view(dtype, count)
 
+    def span(self, inputs, outputs):
+        """Device buckets are always packed (see buffers.HostBuffers.span)."""
+        return None
+
     def result(self, request, output):
         """In place: the caller's own array; otherwise ``output`` in the input's type."""
         if request is None:

@@ -233,3 +233,85 @@ def test_float16_average_rounds_the_exact_sum_to_float16_then_divides():
     expected = (total.astype(np.float32) / np.float32(hvd.size())).astype(np.float16)
     result = hvd.allreduce(inputs[hvd.rank()], op=hvd.Average)
     np.testing.assert_array_equal(result, expected)
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average, hvd.Max])
+@pytest.mark.parametrize("length", [1, 1001, 40_003, 300_007])
+def test_out_of_place_reads_the_input_and_never_writes_it_on_every_algorithm(op, length):
+    """A lone out-of-place allreduce is reduced from the caller's array into the result (no
+    copy of the input first): every algorithm leaves the input as it was."""
+    from hororing.context import current
+    pipeline = current().engine.allreduce
+    inputs = all_inputs(hvd.size(), (length,), "float64", seed=length + op)
+    expected = reference_allreduce(inputs, op)
+    mine = inputs[hvd.rank()].copy()
+    for kind in _kinds():
+        pipeline.force(kind)
+        try:
+            with pipeline.watch() as seen:
+                result = hvd.allreduce(mine, op=op, name=f"oop.{kind}.{op}.{length}")
+        finally:
+            pipeline.force(None)
+        assert [seen_kind for seen_kind, _, _ in seen] == [kind]
+        assert not np.shares_memory(result, mine)
+        np.testing.assert_array_equal(mine, inputs[hvd.rank()])
+        assert_close(result, expected)
+        assert_identical_on_every_rank(result)
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+@pytest.mark.skipif("os.environ.get('HORORING_OUTPUT_POOL_BYTES') == '0'", reason="no pool")
+def test_a_pooled_result_is_reused_only_once_nothing_refers_to_it():
+    count = 300_001  # float64, 2.4 MB: the result comes from the output pool
+    inputs = all_inputs(hvd.size(), (count,), "float64", seed=77)
+    mine = inputs[hvd.rank()]
+    first = hvd.allreduce(mine, op=hvd.Sum, name="pooled")
+    address, snapshot = _address(first), first.copy()
+    kept = first[10:20]  # a view keeps the whole result alive
+    del first
+    second = hvd.allreduce(mine * 2, op=hvd.Sum, name="pooled")
+    assert _address(second) != address
+    np.testing.assert_array_equal(kept, snapshot[10:20])
+    del kept
+    third = hvd.allreduce(mine * 3, op=hvd.Sum, name="pooled")
+    assert _address(third) == address, "a result nobody held was not reused"
+    expected = reference_allreduce(inputs, hvd.Sum)
+    assert_close(second, 2 * expected)
+    assert_close(third, 3 * expected)
+
+
+@pytest.mark.parametrize("back_to_back", [True, False], ids=["views", "separate"])
+def test_in_place_views_back_to_back_are_reduced_where_they_lie(back_to_back):
+    """Tensors that are consecutive views of one flat array, submitted together in place,
+    are reduced in that array (no fusion buffer); on odd ranks, with ``separate``, they are
+    separate arrays and are packed: the bytes each rank reduces line up either way."""
+    from hororing.context import current
+    pipeline = current().engine.allreduce
+    lengths = [5, 1000, 3, 20_001]
+    inputs = [all_inputs(hvd.size(), (length,), "float64", seed=90 + index)
+              for index, length in enumerate(lengths)]
+    flat = np.concatenate([rows[hvd.rank()] for rows in inputs])
+    offsets = np.cumsum([0] + lengths)
+    views = [flat[start:stop] for start, stop in zip(offsets[:-1], offsets[1:])]
+    if not back_to_back and hvd.rank() % 2:
+        views = [view.copy() for view in views]
+    buffers = []
+    pipeline.observers.append(lambda kind, buffer: buffers.append(buffer))
+    try:
+        handles = [hvd.allreduce_async_(view, op=hvd.Sum, name=f"views.{back_to_back}.{index}")
+                   for index, view in enumerate(views)]
+        results = [hvd.synchronize(handle) for handle in handles]
+    finally:
+        pipeline.observers.pop()
+    for result, view, rows in zip(results, views, inputs):
+        assert result is view
+        assert_close(result, reference_allreduce(rows, hvd.Sum))
+    # the submissions may have fused in one bucket or several; a fused bucket of views
+    # reduces in the flat array itself, one of copies does not
+    fused = [buffer for buffer in buffers if buffer.size > max(lengths)]
+    assert fused or hvd.size() == 1, "four submissions within one cycle time were not fused"
+    for buffer in fused:
+        assert np.shares_memory(buffer, flat) == (back_to_back or hvd.rank() % 2 == 0)

@@ -129,12 +129,15 @@ def test_device_allreduce_forced_to_each_algorithm(kind):
     from hororing.context import current
     pipeline = current().engine.allreduce
     inputs = all_inputs(hvd.size(), (1003,), "float32", seed=21)
+    mine = device(inputs[hvd.rank()])
     pipeline.force(kind)
     try:
         with pipeline.watch() as seen:
-            result = hvd.allreduce(device(inputs[hvd.rank()]), op=hvd.Sum, name=f"dev.f.{kind}")
+            result = hvd.allreduce(mine, op=hvd.Sum, name=f"dev.f.{kind}")
     finally:
         pipeline.force(None)
+    # out of place, the input is read where it lies and left as it was
+    np.testing.assert_array_equal(mine.copy_to_host(), inputs[hvd.rank()])
     # float32 sums of values up to 20 in magnitude: a few ulps of 80 absolute
     np.testing.assert_allclose(result.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
                                rtol=1e-5, atol=1e-4)
@@ -156,5 +159,12 @@ def test_staged_ring_gives_the_same_sums_whatever_its_return_copy_size(copy_byte
         staged.allreduce(buffer, "sum")
         np.testing.assert_allclose(buffer.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
                                    rtol=1e-12)
+        # out of place: the host copy is taken from the input, the result lands in buffer
+        source = device(inputs[comm.Get_rank()])
+        buffer = device(np.full(10007, 5.0))
+        staged.allreduce(buffer, "sum", source=source)
+        np.testing.assert_allclose(buffer.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
+                                   rtol=1e-12)
+        np.testing.assert_array_equal(source.copy_to_host(), inputs[comm.Get_rank()])
     finally:
         comm.Free()

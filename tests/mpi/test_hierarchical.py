@@ -57,11 +57,18 @@ def rank_data(rank, count, dtype, seed):
 @pytest.mark.parametrize("dtype, op, reference", [
     (np.float64, "sum", np.sum), (np.float32, "max", np.max), (np.int64, "min", np.min),
     (np.int32, "sum", np.sum)])
-def test_matches_numpy_on_every_layout(hierarchical, count, dtype, op, reference):
+@pytest.mark.parametrize("in_place", [True, False], ids=["in place", "out of place"])
+def test_matches_numpy_on_every_layout(hierarchical, count, dtype, op, reference, in_place):
     size, rank = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     inputs = [rank_data(peer, count, dtype, seed=count) for peer in range(size)]
-    buffer = inputs[rank].copy()
-    hierarchical.allreduce(buffer, op)
+    if in_place:
+        buffer = inputs[rank].copy()
+        hierarchical.allreduce(buffer, op)
+    else:  # every element of the result is written, none of the input
+        source = inputs[rank].copy()
+        buffer = np.full(count, 77, dtype)
+        hierarchical.allreduce(buffer, op, source=source)
+        np.testing.assert_array_equal(source, inputs[rank])
     expected = reference(np.stack(inputs), axis=0) if count else np.zeros(0, dtype)
     if np.dtype(dtype).kind == "f":
         tolerance = 1e-5 if dtype == np.float32 else 1e-12  # summation order differs
