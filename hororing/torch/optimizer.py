@@ -5,6 +5,14 @@ as its gradient is accumulated, so communication overlaps the rest of the backwa
 ``step()`` waits for them and then steps the wrapped optimizer. The wrapper is a
 ``torch.optim.Optimizer`` that shares the wrapped optimizer's ``param_groups`` and
 ``state``, so LR schedulers and checkpoints see one optimizer; no class is built at run time.
+
+Gradients live in their buckets (as DDP's ``gradient_as_bucket_view``): the dense CPU
+gradients of each dtype are views into flat tensors of at most the fusion threshold, laid out
+in reverse parameter order (the order backward produces them). Gradients that become ready
+together are then back to back in memory, and the engine reduces them where they lie, with
+no copy into a fusion buffer and none back. Autograd accumulates into a view in place; a
+gradient that arrives as a new tensor (after ``zero_grad(set_to_none=True)``, the default)
+is copied into its view once and ``.grad`` is pointed at the view again.
 """
 
 import contextlib
@@ -14,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from .. import ops
+from ..context import current
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .compression import Compression
@@ -90,7 +99,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._synchronized = False
         self._hooks = []
+        self._views = {}  # parameter -> its gradient's view into a flat bucket
         if self._reduces():
+            self._views = _bucket_views(self.param_groups, current().config.fusion_threshold)
             self._register_hooks()
 
     # the wrapped optimizer's own, not copies: load_state_dict replaces its param_groups list
@@ -149,6 +160,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.add_param_group(param_group)
         self._names.update(_generated_names(self._optimizer, skip=self._names))
         if self._reduces():
+            self._views.update(_bucket_views([self.param_groups[-1]],
+                                             current().config.fusion_threshold))
             for parameter in param_group["params"]:
                 self._hook(parameter)
 
@@ -166,7 +179,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if parameter.requires_grad and parameter not in self._handles:
                 # no gradient here (unused branch, or too few passes): still take part
                 if parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
+                    view = self._views.get(parameter)
+                    parameter.grad = torch.zeros_like(parameter) if view is None \
+                        else view.zero_()
                 self._start(parameter)
         for parameter, (handle, ctx, payload, was_sparse) in self._handles.items():
             if isinstance(handle, _SparseHandles):
@@ -202,6 +217,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hooks.append(parameter.register_post_accumulate_grad_hook(self._on_gradient))
 
     def _on_gradient(self, parameter):
+        view = self._views.get(parameter)
+        grad = parameter.grad
+        if view is not None and grad.layout == torch.strided and grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)  # a new gradient tensor: into the bucket, and point .grad there
+            parameter.grad = view
         if parameter in self._handles:
             raise RuntimeError(
                 f"gradient for '{self._names[parameter]}' was computed twice before step(); "
@@ -251,6 +271,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # the indices are the ranks' own coalesced indices: valid by construction
         return torch.sparse_coo_tensor(indices.t(), values, handles.shape, dtype=parameter.dtype,
                                        check_invariants=False).coalesce()
+
+
+def _bucket_views(param_groups, bucket_bytes):
+    """parameter -> a view of the parameter's shape into a flat gradient bucket.
+
+    Dense CPU parameters that need gradients, of each dtype, in reverse order of the groups
+    (backward's order for a sequential model), packed into flat zero tensors of at most
+    ``bucket_bytes`` (a larger parameter gets one of its own). The layout depends only on the
+    parameters, so it is the same on every rank and every step.
+    """
+    parameters = [parameter for group in param_groups for parameter in group["params"]
+                  if parameter.requires_grad and parameter.device.type == "cpu"
+                  and parameter.layout == torch.strided]
+    by_dtype = {}
+    for parameter in reversed(list(dict.fromkeys(parameters))):
+        by_dtype.setdefault(parameter.dtype, []).append(parameter)
+    views = {}
+    for dtype, members in by_dtype.items():
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        bucket = []
+        for parameter in members + [None]:
+            if parameter is None or (bucket and (sum(p.numel() for p in bucket)
+                                                 + parameter.numel()) * itemsize > bucket_bytes):
+                flat = torch.zeros(sum(p.numel() for p in bucket), dtype=dtype)
+                offset = 0
+                for member in bucket:
+                    views[member] = flat[offset:offset + member.numel()].view(member.shape)
+                    offset += member.numel()
+                bucket = []
+            if parameter is not None:
+                bucket.append(parameter)
+    return views
 
 
 class _SparseHandles(NamedTuple):

@@ -1,5 +1,6 @@
 """hororing.torch: verbs on tensors, autograd, DistributedOptimizer, helpers, SyncBatchNorm."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -279,3 +280,71 @@ def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
     torch.testing.assert_close(grad.to_dense(), expected / hvd.size())
     with optimizer.skip_synchronize():
         optimizer.step()
+
+
+def expected_average_gradients(passes=1):
+    """Every rank's gradients of local_loss (``passes`` backward passes each), averaged."""
+    model = make_model()
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for rank in range(hvd.size()):
+        model.zero_grad()
+        for _ in range(passes):
+            local_loss(model, rank).backward()
+        total = [t + p.grad for t, p in zip(total, model.parameters())]
+    return [t / hvd.size() for t in total]
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_live_in_their_bucket_and_are_reduced_there(set_to_none):
+    """Each gradient is a view into one flat bucket, stays one across steps and zero_grad,
+    and holds the average; the engine's fused buffer is the bucket itself."""
+    from hororing.context import current
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters())
+    parameters = list(model.parameters())
+    buffers = []
+    pipeline = current().engine.allreduce
+    pipeline.observers.append(lambda kind, buffer: buffers.append(buffer))
+    try:
+        storages = set()
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=set_to_none)
+            if set_to_none:
+                assert all(p.grad is None for p in parameters)
+            local_loss(model, hvd.rank()).backward()
+            optimizer.step()
+            storages.add(tuple(p.grad.untyped_storage().data_ptr() for p in parameters))
+            for got, want in zip([p.grad for p in parameters], expected_average_gradients()):
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    finally:
+        pipeline.observers.pop()
+    if hvd.size() == 1:
+        return  # nothing is reduced: no buckets
+    assert len(storages) == 1 and len(set(next(iter(storages)))) == 1, \
+        "the gradients are not views of one bucket, the same every step"
+    flat = parameters[0].grad._base.numpy()  # the bucket the views are of
+    fused = [buffer for buffer in buffers if buffer.size > max(p.numel() for p in parameters)]
+    assert fused and all(np.shares_memory(buffer, flat) for buffer in fused)
+
+
+def test_bucket_views_keep_backward_passes_clipping_and_synchronize():
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=2)
+    optimizer.zero_grad()
+    for _ in range(2):
+        local_loss(model, hvd.rank()).backward()
+    optimizer.synchronize()
+    expected = expected_average_gradients(passes=2)
+    for got, want in zip([p.grad for p in model.parameters()], expected):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e-3)
+    torch.testing.assert_close(norm, torch.linalg.vector_norm(
+        torch.cat([g.reshape(-1) for g in expected])), atol=1e-6, rtol=1e-5)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    clipped = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1)
+                                                  for p in model.parameters()]))
+    assert float(clipped) <= 1e-3 * (1 + 1e-4)
