@@ -66,6 +66,7 @@ class OutputPool:
         self._lock = threading.Lock()
 
     def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.MIN_BYTES or nbytes > self.capacity:
             return np.empty(shape, dtype=dtype)

@@ -315,3 +315,15 @@ def test_in_place_views_back_to_back_are_reduced_where_they_lie(back_to_back):
     assert fused or hvd.size() == 1, "four submissions within one cycle time were not fused"
     for buffer in fused:
         assert np.shares_memory(buffer, flat) == (back_to_back or hvd.rank() % 2 == 0)
+
+
+def test_a_loop_of_small_out_of_place_calls_folded_into_negotiation():
+    """Repeated lone small allreduces fold into the negotiation exchange; out of place, their
+    results are new arrays there too, and the input is left alone."""
+    inputs = all_inputs(hvd.size(), (37,), "float32", seed=5)
+    mine = inputs[hvd.rank()].copy()
+    for _ in range(6):
+        result = hvd.allreduce(mine, op=hvd.Sum, name="folded.out_of_place")
+        assert_close(result, reference_allreduce(inputs, hvd.Sum))
+        assert not np.shares_memory(result, mine)
+    np.testing.assert_array_equal(mine, inputs[hvd.rank()])
