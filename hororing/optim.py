@@ -10,6 +10,15 @@ The protocol an optimizer must follow (``SGD`` below follows it):
 The wrapper averages ``grads`` over all ranks before the wrapped ``step()``. Gradients are
 reduced in place, fused by the engine; call ``grad_ready(name)`` as soon as a gradient is
 computed (back to front) to start its allreduce while the rest of the backward pass runs.
+
+Gradients live in their buckets: after the first step, each numpy entry of ``grads`` is
+replaced by a view into a flat array per dtype, laid out in the order the engine runs the
+gradients' allreduces in a cycle (``Engine.reduction_order``: once negotiated, names keep one
+order), so gradients that become ready together are back to back and the engine
+reduces them where they lie (no copy into a fusion buffer, none back). Write gradients
+through the dict (``grads[name][...] = g``), as the protocol says: an array taken from it
+before the first step is no longer the one reduced. An entry replaced by a new array is still
+reduced, through the fusion buffer.
 """
 
 import numpy as np
@@ -76,6 +85,7 @@ class DistributedOptimizer:
         self._passes = 0
         self._accumulated = None
         self._handles = {}
+        self._bucketed = False
 
     @property
     def params(self):
@@ -102,6 +112,12 @@ class DistributedOptimizer:
                     self.optimizer.grads[name][...] = result
         self._handles.clear()
         self._accumulated = None
+        if not self._bucketed and current().size > 1:
+            self._bucketed = True
+            engine = current().engine
+            order = engine.reduction_order([f"grad.{name}" for name in self.optimizer.grads])
+            _into_buckets(self.optimizer.grads, [name[len("grad."):] for name in order],
+                          engine.config.fusion_threshold)
 
     def step(self):
         """Count a backward pass; on the last of a step, average gradients and step.
@@ -133,6 +149,32 @@ class DistributedOptimizer:
         handle = collectives.compressed_allreduce_async_(payload, self.compression,
                                                          name=f"grad.{name}", op=self.op)
         self._handles[name] = (handle, payload, ctx)
+
+
+def _into_buckets(grads, order, bucket_bytes):
+    """Replace the numpy C-contiguous entries of ``grads`` by views into flat arrays, one run
+    per dtype in ``order``, each of at most ``bucket_bytes`` (a larger gradient alone); the
+    values are kept."""
+    by_dtype = {}
+    for name in order:
+        grad = grads[name]
+        if type(grad) is np.ndarray and grad.flags.c_contiguous:
+            by_dtype.setdefault(grad.dtype, []).append(name)
+    for dtype, names in by_dtype.items():
+        bucket = []
+        for name in names + [None]:
+            if name is None or (bucket and sum(grads[n].nbytes for n in bucket)
+                                + grads[name].nbytes > bucket_bytes):
+                flat = np.empty(sum(grads[n].size for n in bucket), dtype=dtype)
+                offset = 0
+                for member in bucket:
+                    view = flat[offset:offset + grads[member].size].reshape(grads[member].shape)
+                    view[...] = grads[member]
+                    grads[member] = view
+                    offset += view.size
+                bucket = []
+            if name is not None:
+                bucket.append(name)
 
 
 def _compressor(compression):

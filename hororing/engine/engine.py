@@ -169,6 +169,15 @@ class Engine:
                 idle_wait = min(idle_wait * 2, ceiling)
         return handle.result()
 
+    def reduction_order(self, names):
+        """``names`` in the order a cycle that holds several of them runs them: cached names
+        by their cache id (the vote's order, the same in every cycle), then the others in
+        the order given. What the caller lays memory out by, so that a fused bucket is
+        back to back (``buffers.HostBuffers.span``)."""
+        ids = {name: self.negotiator.cache.id_of(name) for name in names}
+        cached = sorted((name for name in names if ids[name] is not None), key=ids.__getitem__)
+        return cached + [name for name in names if ids[name] is None]
+
     def stats(self):
         """Counters of this rank's negotiation: ``cycles`` run, ``gather_cycles`` that
         gathered every rank's header (some rank had a new name, new metadata or a flag, or

@@ -88,6 +88,10 @@ class ResponseCache:
     def resolve(self, cache_id):
         return self._entries[cache_id]
 
+    def id_of(self, name):
+        """The id ``name`` is cached under (any metadata), or None."""
+        return self._ids.get(name)
+
     def response(self, cache_id):
         """The agreed Response of a cached id (every rank sent the same metadata)."""
         return self._responses[cache_id]

@@ -8,8 +8,10 @@ as its gradient is accumulated, so communication overlaps the rest of the backwa
 
 Gradients live in their buckets (as DDP's ``gradient_as_bucket_view``): the dense CPU
 gradients of each dtype are views into flat tensors of at most the fusion threshold, laid out
-in reverse parameter order (the order backward produces them). Gradients that become ready
-together are then back to back in memory, and the engine reduces them where they lie, with
+in reverse parameter order (the order backward produces them), and laid out again once, after
+the first step, in the order the engine runs them in a cycle (``Engine.reduction_order``), as
+DDP rebuilds its buckets. Gradients
+that become ready together are then back to back in memory, and the engine reduces them where they lie, with
 no copy into a fusion buffer and none back. Autograd accumulates into a view in place; a
 gradient that arrives as a new tensor (after ``zero_grad(set_to_none=True)``, the default)
 is copied into its view once and ``.grad`` is pointed at the view again.
@@ -100,8 +102,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
+        self._laid_out = False  # after a first step, the views follow the engine's order
         if self._reduces():
-            self._views = _bucket_views(self.param_groups, current().config.fusion_threshold)
+            self._views = _bucket_views(_dense_cpu(self.param_groups)[::-1],
+                                        current().config.fusion_threshold)
             self._register_hooks()
 
     # the wrapped optimizer's own, not copies: load_state_dict replaces its param_groups list
@@ -160,7 +164,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.add_param_group(param_group)
         self._names.update(_generated_names(self._optimizer, skip=self._names))
         if self._reduces():
-            self._views.update(_bucket_views([self.param_groups[-1]],
+            self._views.update(_bucket_views(_dense_cpu([self.param_groups[-1]])[::-1],
                                              current().config.fusion_threshold))
             for parameter in param_group["params"]:
                 self._hook(parameter)
@@ -195,6 +199,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._pass_counts.clear()
         self._synchronized = True
+        if not self._laid_out and self._views:
+            self._laid_out = True
+            self._lay_out_again()
+
+    def _lay_out_again(self):
+        """New buckets in the order the engine runs the gradients' allreduces, each gradient
+        kept: moved into its new view."""
+        by_name = {self._names[parameter]: parameter for parameter in self._views}
+        order = self._group.engine.reduction_order(list(by_name))
+        views = _bucket_views([by_name[name] for name in order],
+                              current().config.fusion_threshold)
+        for parameter, view in views.items():
+            grad = parameter.grad
+            if grad is not None and grad.layout == torch.strided:
+                view.copy_(grad)
+                parameter.grad = view
+        self._views = views
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -273,19 +294,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                        check_invariants=False).coalesce()
 
 
-def _bucket_views(param_groups, bucket_bytes):
+def _dense_cpu(param_groups):
+    """The groups' dense CPU parameters that need gradients, each once, in order."""
+    return list(dict.fromkeys(
+        parameter for group in param_groups for parameter in group["params"]
+        if parameter.requires_grad and parameter.device.type == "cpu"
+        and parameter.layout == torch.strided))
+
+
+def _bucket_views(parameters, bucket_bytes):
     """parameter -> a view of the parameter's shape into a flat gradient bucket.
 
-    Dense CPU parameters that need gradients, of each dtype, in reverse order of the groups
-    (backward's order for a sequential model), packed into flat zero tensors of at most
-    ``bucket_bytes`` (a larger parameter gets one of its own). The layout depends only on the
-    parameters, so it is the same on every rank and every step.
+    The ``parameters`` of each dtype, in their order, packed into flat zero tensors of at
+    most ``bucket_bytes`` (a larger parameter gets one of its own).
     """
-    parameters = [parameter for group in param_groups for parameter in group["params"]
-                  if parameter.requires_grad and parameter.device.type == "cpu"
-                  and parameter.layout == torch.strided]
     by_dtype = {}
-    for parameter in reversed(list(dict.fromkeys(parameters))):
+    for parameter in parameters:
         by_dtype.setdefault(parameter.dtype, []).append(parameter)
     views = {}
     for dtype, members in by_dtype.items():
