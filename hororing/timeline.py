@@ -1,8 +1,12 @@
 """Chrome trace ("Trace Event Format") timeline of negotiation and collectives per tensor.
 
-Rank 0 writes it, as Horovod does. Each tensor is one row (a trace "process" named after
-the tensor); activities are complete ("X") events in microseconds. The file is a JSON array
-that Perfetto and chrome://tracing open; it is closed properly at shutdown.
+Rank 0 writes it, as Horovod does. Each tensor is one row (a trace "process" named as
+Horovod names it, ``<kind>.<name>``: ``allreduce.grad.fc1``); activities are complete ("X")
+events in microseconds, named as Horovod's (NEGOTIATE_ALLREDUCE, ALLREDUCE, the fusion
+copies; CYCLE_START marks with HOROVOD_TIMELINE_MARK_CYCLES). Events reach the file as the job
+runs: the engine flushes it after every cycle that recorded one, so the file can be opened
+at any moment. Until shutdown it is a JSON array without its closing bracket, which the
+Trace Event Format allows and Perfetto and chrome://tracing read; shutdown closes it.
 """
 
 import json
@@ -22,13 +26,15 @@ class Timeline:
         self._lock = threading.Lock()
         self._origin = time.monotonic()
         self._closed = False
+        self._dirty = False  # events written since the last flush
 
-    def span(self, name, activity, started, ended):
-        """Record ``activity`` on tensor ``name`` from ``started`` to ``ended`` (monotonic s)."""
+    def span(self, name, activity, started, ended, kind=None):
+        """Record ``activity`` on tensor ``name`` (of collective ``kind``, e.g. "allreduce")
+        from ``started`` to ``ended`` (monotonic s)."""
         with self._lock:
             if self._closed:
                 return
-            row = self._row(name)
+            row = self._row(row_name(name, kind))
             self._write({"name": activity, "ph": "X", "pid": row, "tid": 0,
                          "ts": self._micros(started), "dur": max(0.0, (ended - started) * 1e6)})
 
@@ -40,6 +46,13 @@ class Timeline:
             if not self._closed:
                 self._write({"name": f"CYCLE_START {number}", "ph": "i", "s": "g", "pid": 0,
                              "tid": 0, "ts": self._micros(time.monotonic())})
+
+    def flush(self):
+        """Hand what was recorded to the file now (the engine calls it after each cycle)."""
+        with self._lock:
+            if self._dirty and not self._closed:
+                self._file.flush()
+                self._dirty = False
 
     def close(self):
         with self._lock:
@@ -66,6 +79,15 @@ class Timeline:
     def _write(self, event):
         self._file.write(json.dumps(event))
         self._file.write(",\n")
+        self._dirty = True
+
+
+def row_name(name, kind):
+    """A tensor's row as Horovod names it: ``<kind>.<name>`` (a generated name such as
+    ``allreduce.noname.3`` already has its kind in front)."""
+    if kind is None or name.startswith(kind + ".noname."):
+        return name
+    return f"{kind}.{name}"
 
 
 _REDUCTION_ACTIVITIES = ("MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER")

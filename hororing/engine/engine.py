@@ -317,6 +317,8 @@ class Engine:
         if responses:
             self._predict_inline(responses)
             self.executor.execute(responses, self._take, self._missed)
+        if self.timeline is not None:
+            self.timeline.flush()  # live: what this cycle recorded is in the file now
         return True
 
     def _predict_inline(self, responses):
@@ -359,6 +361,8 @@ class Engine:
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
         self.executor.finish_inline(response, self._take(response.name), rows[:, head:])
+        if self.timeline is not None:
+            self.timeline.flush()
         return True
 
     def _gathered_cycle(self, by_name, cache_ids, deadline):

@@ -60,7 +60,7 @@ class Executor:
             request = take(response.name)
             if request is not None and self.timeline is not None:
                 self.timeline.span(response.name, "NEGOTIATE_" + response.meta.kind.upper(),
-                                   request.submitted, now)
+                                   request.submitted, now, response.meta.kind)
             if response.error is not None:
                 if request is not None:
                     request.handle.set_error(PreconditionError(response.error))
@@ -229,7 +229,8 @@ class Executor:
         if self.timeline is not None:
             ended = time.monotonic()
             for response, _ in items:
-                self.timeline.span(response.name, activity, started, ended)
+                self.timeline.span(response.name, activity, started, ended,
+                                   response.meta.kind)
 
 
 def _hierarchical(comm, config, layout):

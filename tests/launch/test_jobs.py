@@ -40,10 +40,21 @@ def test_timeline_is_a_chrome_trace_with_every_phase(launch, tmp_path):
     events = json.loads(path.read_text())
     rows = {event["pid"]: event["args"]["name"] for event in events
             if event.get("name") == "process_name"}
-    assert {"layer0.weight", "layer7.weight", "gathered"} <= set(rows.values())
+    # rows as Horovod names them: <kind>.<name>
+    assert {"allreduce.layer0.weight", "allreduce.layer7.weight", "allgather.gathered"} <= \
+        set(rows.values())
     activities = {event["name"] for event in events if event.get("ph") == "X"}
     assert {"NEGOTIATE_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
             "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_ALLGATHER", "ALLGATHER"} <= activities
+
+
+def test_the_timeline_is_readable_while_the_job_runs(launch, tmp_path):
+    path = tmp_path / "timeline.json"
+    job = launch(2, "timeline_live.py", env={"HOROVOD_TIMELINE": str(path),
+                                            "HOROVOD_TIMELINE_MARK_CYCLES": "1"}, timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "live timeline ok rank 0" in job.stdout
+    json.loads(path.read_text())  # complete, and closed, at the end
 
 
 @pytest.mark.parametrize("ranks", [5, 16])
@@ -79,7 +90,7 @@ def test_timeline_shows_allreduces_submitted_during_the_backward_pass(launch, tm
     # thread, so the order is fixed): not all at once when step() is called
     order = sorted(submitted, key=submitted.get)
     weights = [name for name in order if name.endswith(".weight")]
-    assert weights == [f"{index}.weight" for index in range(10, -1, -2)]
+    assert weights == [f"allreduce.{index}.weight" for index in range(10, -1, -2)]
 
 
 def test_a_peer_frozen_inside_a_collective_is_named_then_ends_the_job(launch):

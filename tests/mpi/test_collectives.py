@@ -102,3 +102,21 @@ def test_topology():
     assert 0 <= hvd.local_rank() < hvd.local_size() <= hvd.size()
     assert 0 <= hvd.cross_rank() < hvd.cross_size()
     assert hvd.allreduce(np.array([1]), op=hvd.Sum)[0] == hvd.size()
+
+
+def test_a_timeline_started_at_run_time_is_live_then_closed_by_stop(tmp_path_factory):
+    import json
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("timeline") / "t.json")
+                                if hvd.rank() == 0 else None, root_rank=0)
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(np.ones(5), name="live.grad")
+    hvd.barrier()  # rank 0's cycle that ran the allreduce has flushed it by now
+    if hvd.rank() == 0:
+        text = open(path, encoding="utf-8").read()
+        events = json.loads(text.rstrip().rstrip(",") + "]")  # unterminated while live
+        rows = {event["args"]["name"] for event in events if event.get("name") == "process_name"}
+        assert "allreduce.live.grad" in rows
+        assert any(event.get("name", "").startswith("CYCLE_START") for event in events)
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        json.loads(open(path, encoding="utf-8").read())  # closed: a complete JSON array
