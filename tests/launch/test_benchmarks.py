@@ -20,17 +20,29 @@ def test_bench_allreduce_runs_every_algorithm_correctly(tmp_path):
     output = tmp_path / "allreduce.json"
     job = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(SCRIPTS / "bench_allreduce.py"),
                           "--max-bytes", "1048576", "--seconds", "0.02", "--rounds", "2",
-                          "--algorithms", "ring", "native", "plain", "--fusion",
+                          "--algorithms", "ring", "outplace", "native", "plain", "--fusion",
                           "--json", str(output)],
                          capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
     assert job.returncode == 0, job.stderr[-3000:]
     report = json.loads(output.read_text())
     rows = report["rows"]
-    assert {row["algorithm"] for row in rows} == {"ring", "native", "plain"}
+    assert {row["algorithm"] for row in rows} == {"ring", "outplace", "native", "plain"}
     assert {row["bytes"] for row in rows} >= {8, 1024 * 1024}
     assert all(row["wrong"] == 0 for row in rows), [row for row in rows if row["wrong"]]
     assert all(len(row["round_times_us"]) == 2 and row["time_us"] > 0 for row in rows)
     assert report["fusion"]["async_us"] > 0 and report["fusion"]["blocking_us"] > 0
+
+
+def test_bench_small_between_work_times_every_kind_of_work(tmp_path):
+    output = tmp_path / "between.json"
+    job = subprocess.run([mpiexec(), "-n", "2", sys.executable,
+                          str(SCRIPTS / "bench_small_between_work.py"), "--calls", "20",
+                          "--rounds", "2", "--json", str(output)],
+                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
+    assert job.returncode == 0, job.stderr[-3000:]  # a wrong sum exits non-zero
+    rows = json.loads(output.read_text())["rows"]
+    assert [row["work"] for row in rows] == ["back-to-back", "compute", "mpi", "sleep"]
+    assert all(row["hororing_us"] > 0 and row["mpi_us"] > 0 for row in rows)
 
 
 def test_bench_ring_vs_ps_fits_the_model_and_checks_every_algorithm(tmp_path):
