@@ -38,8 +38,9 @@ class StagedRing:
             self._streams = (cuda.stream(), cuda.stream())
         host = self._pinned(buffer.dtype, buffer.size)
         bounds = chunk_bounds(buffer.size, self.ring.size)
-        stage = _Stage(buffer, buffer if source is None else source, host, bounds, first_reads(self.ring.schedule(), len(bounds)),
-                       self.copy_bytes, *self._streams)
+        stage = _Stage(buffer, buffer if source is None else source, host, bounds,
+                       first_reads(self.ring.schedule(), len(bounds)), self.copy_bytes,
+                       *self._streams)
         self.ring.allreduce(host, op, finalize, stage=stage)
         stage.finish()
 

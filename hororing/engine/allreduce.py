@@ -3,7 +3,8 @@
 For a bucket of negotiated allreduces (same dtype, op, scale factors, place and wire dtype):
 wait for the inputs, fuse them into one flat buffer (a lone tensor is reduced in its output
 directly, and out of place the algorithm reads the input itself: no copy of it is made
-first; in-place tensors that lie back to back in memory are reduced there), prescale, choose the algorithm by size, reduce, unpack, complete the handles.
+first; in-place tensors that lie back to back in memory are reduced there), prescale,
+choose the algorithm by size, reduce, unpack, complete the handles.
 Where the buffers live is a *place* (``buffers.HostBuffers``, ``device.DeviceBuffers``): the
 pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and never
 branches on host or device itself.
@@ -138,7 +139,8 @@ class AllreducePipeline:
             segments = [(response.name, start, stop) for (response, _), (start, stop)
                         in zip(items, ranges or [(0, buffer.size)])]
         prescale, finalize = scaling(meta, algorithm.contributors)
-        if source is not None and (prescale != 1.0 or not getattr(algorithm, "out_of_place", False)):
+        if source is not None and (prescale != 1.0
+                                   or not getattr(algorithm, "out_of_place", False)):
             place.copy(buffer, source)  # the input is never scaled where it lies
             source = None
         scale_into(buffer, prescale)
