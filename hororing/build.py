@@ -49,3 +49,17 @@ def ddl_built():
 def rocm_built():
     """False: no ROCm support."""
     return False
+
+
+def gpu_available(ext_base_name, verbose=False):
+    """Horovod's query: True if the ``ext_base_name`` binding ("torch", "tensorflow") reduces
+    GPU tensors on the device (its ``cuda_built()``)."""
+    import importlib
+
+    try:
+        binding = importlib.import_module(f"hororing.{ext_base_name}")
+    except ImportError as error:
+        if verbose:
+            print(f"hororing.{ext_base_name} is not available: {error}")
+        return False
+    return bool(binding.cuda_built())

@@ -16,8 +16,9 @@ from .context import current
 from .engine.negotiation import JOIN_NAME, Meta
 from .engine.request import GroupHandle, Handle, Request
 from .process_sets import group_of
-from .validate import (DTYPE_NAMES, check_array, check_factor, check_name, check_root,
-                       check_splits, check_writable, resolve_op)
+from .validate import (ALLREDUCE_OPS, DTYPE_NAMES, check_adasum_dtype, check_array,
+                       check_factor, check_name, check_root, check_splits, check_writable,
+                       resolve_op)
 
 
 def synchronize(handle):
@@ -120,7 +121,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set, inplace,
                blocking=False, wire=""):
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     return _submit("allreduce", tensor, name, group_of(process_set), inplace=inplace,
                    blocking=blocking, op=op,
                    prescale=check_factor(prescale_factor, "prescale_factor"),
@@ -325,6 +326,7 @@ def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False
             tensor = output = _contiguous(tensor)
     else:
         tensor = _contiguous(tensor)
+    check_adasum_dtype(fields.get("op"), tensor.dtype)
     meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,
                 shape=tuple(tensor.shape), **fields)
     handle = Handle(name, group.engine)
@@ -343,6 +345,7 @@ def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, field
         raise ValueError(f"tensor must have at least {min_ndim} dimension(s), got shape "
                          f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1, -1)")
     name = check_name(name) or group.auto_name(kind)
+    check_adasum_dtype(fields.get("op"), gpu.device_dtype(tensor))
     meta = Meta(kind=kind, dtype=gpu.device_dtype(tensor).name, shape=tuple(tensor.shape),
                 device="cuda", **fields)
     request = Request(name, meta, tensor, tensor if inplace else None, Handle(name, group.engine))

@@ -10,7 +10,9 @@ Product = 5
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 # What each op reduces with on the wire; Average is a Sum followed by a division by size.
-KERNEL_OP = {Average: "sum", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+# Adasum is an algorithm of its own (algorithms/adasum.py), not an element-wise kernel.
+KERNEL_OP = {Average: "sum", Sum: "sum", Min: "min", Max: "max", Product: "product",
+             Adasum: "adasum"}
 
 
 def op_name(op):

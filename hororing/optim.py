@@ -63,7 +63,7 @@ class DistributedOptimizer:
             ``hororing.compression.Compressor`` of your own); None and "fp16" are accepted as
             ``Compression.none`` and ``Compression.fp16``.
         backward_passes_per_step: local backward passes summed per allreduce and step.
-        op: Average (default) or Sum.
+        op: Average (default), Sum or Adasum.
 
     Every rank must call ``step()`` the same number of times.
     """
@@ -76,8 +76,8 @@ class DistributedOptimizer:
         if backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
         compression = _compressor(compression)
-        if op not in (ops.Average, ops.Sum):
-            raise ValueError(f"op must be Average or Sum, got {ops.op_name(op)}")
+        if op not in (ops.Average, ops.Sum, ops.Adasum):
+            raise ValueError(f"op must be Average, Sum or Adasum, got {ops.op_name(op)}")
         self.optimizer = optimizer
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step

@@ -14,6 +14,7 @@ _SUPPORTED_NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
 # numpy computes dtype.name in Python on every access; the hot path looks it up here
 DTYPE_NAMES = {dtype: dtype.name for dtype in SUPPORTED_DTYPES}
 REDUCE_OPS = (ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product)
+ALLREDUCE_OPS = REDUCE_OPS + (ops.Adasum,)  # Adasum reduces allreduces only, as in Horovod
 
 
 def check_array(tensor, argument="tensor", min_ndim=0):
@@ -69,12 +70,21 @@ def resolve_op(op, average=None, allowed=REDUCE_OPS):
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if op is None:
         op = ops.Sum if average is False else ops.Average
-    if op == ops.Adasum:
-        raise UnsupportedOpError("op=Adasum is not supported by hororing; use Average or Sum")
+    if op == ops.Adasum and op not in allowed:
+        raise UnsupportedOpError("op=Adasum is supported by allreduce (and grouped allreduce "
+                                 "and DistributedOptimizer) only, as in Horovod; use Average "
+                                 "or Sum here")
     if op not in allowed:
         names = ", ".join(ops.op_name(allowed_op) for allowed_op in allowed)
         raise ValueError(f"op must be one of {names}, got {op!r}")
     return op
+
+
+def check_adasum_dtype(op, dtype):
+    """Adasum weighs tensors by their dot products: it needs floating-point values."""
+    if op == ops.Adasum and np.dtype(dtype).kind != "f":
+        raise TypeError(f"op=Adasum reduces floating-point tensors (float16, float32, float64), "
+                        f"got {np.dtype(dtype).name}; use Sum or Average for integers")
 
 
 def check_splits(splits, dim0, size):

@@ -6,6 +6,8 @@ Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_allreduce.py --json resul
 Algorithms, all on the same buffers in the same run:
   ring    hororing.allreduce_ (the whole library path: negotiation, fusion, the ring)
   outplace hororing.allreduce, out of place: a new output array per call, the input untouched
+  adasum  hororing.allreduce_(op=hvd.Adasum): the Adasum tree (its #wrong is checked against
+          parallel inputs, whose Adasum is their average)
   native  MPI_Allreduce through mpi4py
   plain   a 20-line Python ring: blocking Sendrecv + np.add, no sub-chunks (the baseline)
   gloo    torch.distributed's gloo all_reduce (when torch is installed)
@@ -166,6 +168,10 @@ def run_outplace(buffer):
     return hvd.allreduce(buffer, op=hvd.Sum, name="bench.outplace")
 
 
+def run_adasum(buffer):
+    hvd.allreduce_(buffer, op=hvd.Adasum, name="bench.adasum")
+
+
 def run_native(buffer):
     COMM.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
 
@@ -239,7 +245,8 @@ def cross_node_bytes(count):
     return {"flat": COMM.allreduce(flat) / size, "hier": COMM.allreduce(hier) / size}
 
 
-ALGORITHMS = {"ring": run_ring, "outplace": run_outplace, "native": run_native, "plain": run_plain, "gloo": run_gloo,
+ALGORITHMS = {"ring": run_ring, "outplace": run_outplace, "adasum": run_adasum,
+              "native": run_native, "plain": run_plain, "gloo": run_gloo,
               "flat": run_flat, "hier": run_hier}
 
 
@@ -251,6 +258,12 @@ def check(run, count):
     rank, size = COMM.Get_rank(), COMM.Get_size()
     values = (np.arange(count) % 7 + rank).astype(np.float32)
     expected = (np.arange(count) % 7 * size + size * (size - 1) // 2).astype(np.float32)
+    if run is run_adasum:  # parallel vectors: Adasum averages them
+        values = (np.arange(count) % 7 + 1).astype(np.float32) * (rank + 1)
+        expected = (np.arange(count) % 7 + 1).astype(np.float32) * (size + 1) / 2
+        run(values)
+        wrong = int(np.count_nonzero(~np.isclose(values, expected, rtol=1e-5)))
+        return COMM.allreduce(wrong, op=MPI.SUM)
     original = values.copy()
     result = run(values)
     if result is None:  # in place

@@ -9,7 +9,8 @@ Where the buffers live is a *place* (``buffers.HostBuffers``, ``device.DeviceBuf
 pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and never
 branches on host or device itself.
 
-The algorithm kind for a buffer of n bytes: ``ps`` in parameter-server mode, else ``small``
+The algorithm kind for a buffer of n bytes: ``adasum`` for op=Adasum (whatever the size or
+mode), ``ps`` in parameter-server mode, else ``small``
 (gather and reduce, one latency) below the small-message threshold (``small_bytes``, by
 default 1 MiB / ranks), else ``hierarchical`` when the job spans nodes and n reaches the
 hierarchical threshold, else the ``ring``.
@@ -25,7 +26,7 @@ import time
 import numpy as np
 
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
-from ..ops import Average, KERNEL_OP, Sum
+from ..ops import Adasum, Average, KERNEL_OP, Sum
 from .buffers import HostBuffers
 
 class AllreducePipeline:
@@ -118,26 +119,30 @@ class AllreducePipeline:
                    for (response, request), source in zip(items, inputs)]
         started = time.monotonic()
         source = None  # out of place: the input, read by the algorithm
+        packed = False  # the bucket went into the fusion buffer: unpack it after
         if len(items) == 1 and reduce_dtype == dtype:
             buffer = outputs[0].reshape(outputs[0].size)
             if inputs[0] is not outputs[0]:
                 source = inputs[0].reshape(inputs[0].size)
-            ranges = None
+            ranges = [(0, buffer.size)]
         else:
             # gradients that live in one flat tensor, back to back in bucket order, are
             # reduced where they lie; anything else is packed into the fusion buffer
             buffer = place.span(inputs, outputs) if reduce_dtype == dtype else None
-            ranges = None
             if buffer is None:
                 buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs))
                 ranges = pack(inputs, buffer)
+                packed = True
                 self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
-        kind = self.kind_for(buffer.nbytes)
+            else:
+                ends = np.cumsum([array.size for array in inputs]).tolist()
+                ranges = list(zip([0] + ends[:-1], ends))
+        kind = "adasum" if meta.op == Adasum else self.kind_for(buffer.nbytes)
         algorithm = place.algorithms[kind]
-        segments = None  # the ring splits by position; only the servers place by tensor
-        if kind == "ps":
+        segments = None  # the ring splits by position; the servers and Adasum go by tensor
+        if kind in ("ps", "adasum"):
             segments = [(response.name, start, stop) for (response, _), (start, stop)
-                        in zip(items, ranges or [(0, buffer.size)])]
+                        in zip(items, ranges)]
         prescale, finalize = scaling(meta, algorithm.contributors)
         if source is not None and (prescale != 1.0
                                    or not getattr(algorithm, "out_of_place", False)):
@@ -153,7 +158,7 @@ class AllreducePipeline:
             algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments,
                                 source=source)
         self._span(items, "ALLREDUCE", collective_started)
-        if ranges is not None:
+        if packed:
             unpack_started = time.monotonic()
             unpack(buffer, ranges, outputs)
             self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)

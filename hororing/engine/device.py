@@ -40,6 +40,7 @@ class DeviceBuffers:
         self.algorithms = {"ring": ring, "small": small, "hierarchical": ring}
         if "ps" in host:
             self.algorithms["ps"] = HostRoundTrip(host["ps"])  # the servers reduce on the host
+        self.algorithms["adasum"] = HostRoundTrip(host["adasum"])  # dot products on the host
         self._fusion = FusionBuffer(self.empty, config.fusion_threshold)
 
     # the algorithms' device protocol (CUDA-aware MPI)

@@ -14,13 +14,14 @@ import numpy as np
 from .._mpi import MPI
 
 from .. import transport
+from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
 from ..algorithms.small import REDUCE_BY_NAME, GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
-from ..ops import KERNEL_OP
+from ..ops import Adasum, KERNEL_OP
 from .allreduce import AllreducePipeline, complete, finalizer, scaling, wire_bytes, wire_dtype
 
 
@@ -36,7 +37,7 @@ class Executor:
         self.timeline = timeline
         layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
         ring = Ring(comm, config.subchunk_bytes(across_nodes=layout[1] > 1))
-        algorithms = {"ring": ring, "small": GatherReduce(comm)}
+        algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm)}
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer
@@ -116,7 +117,7 @@ class Executor:
 
     def _foldable_bytes(self, meta):
         """The wire bytes of a host allreduce that the latency path would take, else None."""
-        if meta.kind != "allreduce" or meta.device != "cpu":
+        if meta.kind != "allreduce" or meta.device != "cpu" or meta.op == Adasum:
             return None
         nbytes = wire_bytes(meta)
         small = nbytes < self.allreduce.small_bytes
@@ -219,9 +220,10 @@ class Executor:
 
     def close(self):
         """Free the algorithms' communicators and the data communicator."""
-        hierarchical = self.allreduce.host.algorithms.get("hierarchical")
-        if hierarchical is not None:
-            hierarchical.free()
+        algorithms = self.allreduce.host.algorithms
+        for kind in ("hierarchical", "adasum"):
+            if kind in algorithms:
+                algorithms[kind].free()
         self.comm.Free()
 
     def _span(self, items, activity, started):

@@ -13,8 +13,8 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pro
                 add_process_set, cross_rank, cross_size, global_process_set, init,
                 is_homogeneous, is_initialized, local_rank, local_size, ps_stats, rank,
                 remove_process_set, shutdown, size, start_timeline, stop_timeline)
-from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rocm_built)
+from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, gpu_available, mpi_built,
+                     mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ..errors import HostsUpdatedInterrupt
 from . import elastic
 from .compression import Compression
@@ -42,7 +42,7 @@ __all__ = [
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
     "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
     "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
-    "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
+    "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "gpu_available",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
     "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",

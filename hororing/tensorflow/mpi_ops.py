@@ -15,7 +15,7 @@ from .. import ops
 from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of, registered_sets
-from ..validate import check_factor, resolve_op
+from ..validate import ALLREDUCE_OPS, check_factor, resolve_op
 from .bridge import as_tensor, collective, restore, to_tf
 from .compression import Compression
 from .graph import op_name
@@ -40,7 +40,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     if isinstance(tensor, tf.IndexedSlices):
         op = _sparse_op(op, average, prescale_factor, postscale_factor)
         return _sparse_allreduce(tensor, op, name, process_set)
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     prescale_factor = check_factor(prescale_factor, "prescale_factor")
     postscale_factor = check_factor(postscale_factor, "postscale_factor")
     compressed, ctx = compression.compress(to_tf(tensor))
@@ -98,7 +98,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
               if isinstance(tensor, tf.IndexedSlices)]
     if sparse:
         sparse_op = _sparse_op(op, average, prescale_factor, postscale_factor)
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     prescale_factor = check_factor(prescale_factor, "prescale_factor")
     postscale_factor = check_factor(postscale_factor, "postscale_factor")
     results = list(tensors)

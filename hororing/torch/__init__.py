@@ -12,8 +12,8 @@ from ..errors import HostsUpdatedInterrupt
 from . import elastic
 from .async_optimizer import AsyncPSOptimizer
 from .bridge import poll, synchronize
-from .build import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
-                    mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
+from .build import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available,
+                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
@@ -35,7 +35,7 @@ __all__ = [
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size",
-    "cuda_built", "data", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
+    "cuda_built", "data", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "gpu_available",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size",

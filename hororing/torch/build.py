@@ -4,11 +4,11 @@ import importlib.util
 
 import torch
 
-from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rocm_built)
+from ..build import (ccl_built, ddl_built, gloo_built, gloo_enabled, gpu_available, mpi_built,
+                     mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 
-__all__ = ["ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
-           "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built"]
+__all__ = ["ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "gpu_available",
+           "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built"]
 
 
 def cuda_built():

@@ -12,7 +12,7 @@ from .. import ops
 from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of
-from ..validate import resolve_op
+from ..validate import ALLREDUCE_OPS, resolve_op
 from .bridge import TorchHandle, as_numpy, group_finish, in_place, synchronize, to_torch
 from .compression import Compression
 
@@ -42,7 +42,7 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
     if not wire or tensor.dtype != getattr(torch, wire):
         return allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor,
                                 process_set)
-    op = resolve_op(op)
+    op = resolve_op(op, allowed=ALLREDUCE_OPS)
     return in_place(tensor, lambda array: core.compressed_allreduce_async_(
         array, compression, name, op, prescale_factor, postscale_factor, process_set))
 
@@ -55,7 +55,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         >>> hvd.allreduce(torch.ones(3), op=hvd.Sum)
     """
     compression = compression or Compression.none
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     payload, ctx = compression.compress(tensor)
     result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor, compression,
                               process_set)
@@ -82,7 +82,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduce a list of tensors together (differentiable); return the list of results."""
     compression = compression or Compression.none
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     payloads, ctxs = zip(*(compression.compress(tensor) for tensor in tensors)) if tensors else ((), ())
     results = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, compression,
                                       process_set, *payloads)

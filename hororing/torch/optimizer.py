@@ -43,7 +43,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             the parameter's position, which matches across ranks for the same model.
         compression: Compression.none, Compression.fp16 or Compression.bf16.
         backward_passes_per_step: backward passes accumulated locally per allreduce.
-        op: Average (default), Sum or Adasum-free Horovod ops.
+        op: Average (default), Sum or Adasum (each gradient combined by the Adasum tree).
         gradient_predivide_factor: divide by this before the sum and by size/this after.
         groups: accepted for Horovod compatibility; hororing fuses ready gradients anyway.
         sparse_as_dense: reduce sparse gradients as dense tensors (the optimizer still gets

@@ -80,3 +80,29 @@ def assert_identical_on_every_rank(array):
     gathered = hvd.allgather(raw.reshape(1, -1))
     for row in gathered[1:]:
         assert row.tobytes() == gathered[0].tobytes(), "ranks hold different bytes"
+
+
+def adasum_pair(a, b):
+    """Adasum of two vectors, as Maleki et al. write it, in float64."""
+    dot = float(np.dot(a, b))
+    scale_a = 1.0 - dot / (2.0 * float(np.dot(a, a))) if np.any(a) else 1.0
+    scale_b = 1.0 - dot / (2.0 * float(np.dot(b, b))) if np.any(b) else 1.0
+    return scale_a * a + scale_b * b
+
+
+def adasum_tree(vectors):
+    """The ranks' vectors combined as the library's tree combines them: rank P + i into
+    rank i first (P: the largest power of two up to the count), then halves recursively."""
+    vectors = [np.asarray(vector, dtype=np.float64).ravel() for vector in vectors]
+    core = 1
+    while core * 2 <= len(vectors):
+        core *= 2
+    folded = [adasum_pair(vectors[i], vectors[i + core]) if i + core < len(vectors)
+              else vectors[i] for i in range(core)]
+
+    def halves(group):
+        if len(group) == 1:
+            return group[0]
+        middle = len(group) // 2
+        return adasum_pair(halves(group[:middle]), halves(group[middle:]))
+    return halves(folded)

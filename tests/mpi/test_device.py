@@ -168,3 +168,10 @@ def test_staged_ring_gives_the_same_sums_whatever_its_return_copy_size(copy_byte
         np.testing.assert_array_equal(source.copy_to_host(), inputs[comm.Get_rank()])
     finally:
         comm.Free()
+
+
+def test_device_adasum_goes_through_the_host_and_matches_the_tree():
+    from reference import adasum_tree
+    inputs = all_inputs(hvd.size(), (1001,), "float32", seed=31)
+    result = hvd.allreduce(device(inputs[hvd.rank()]), op=hvd.Adasum, name="dev.adasum")
+    np.testing.assert_allclose(result.copy_to_host(), adasum_tree(inputs), rtol=1e-5, atol=1e-4)

@@ -357,3 +357,23 @@ def test_bucket_views_keep_backward_passes_clipping_and_synchronize():
     clipped = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1)
                                                   for p in model.parameters()]))
     assert float(clipped) <= 1e-3 * (1 + 1e-4)
+
+
+def test_distributed_optimizer_with_adasum_combines_each_gradient_by_the_tree():
+    from reference import adasum_tree
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=hvd.Adasum)
+    per_rank = []
+    for rank in range(hvd.size()):
+        reference_model = make_model()
+        local_loss(reference_model, rank).backward()
+        per_rank.append([p.grad.double().numpy().ravel() for p in reference_model.parameters()])
+    for _ in range(2):  # the second step runs on the gradients' bucket views
+        optimizer.zero_grad()
+        local_loss(model, hvd.rank()).backward()
+        optimizer.step()
+        for index, parameter in enumerate(model.parameters()):
+            expected = adasum_tree([grads[index] for grads in per_rank])
+            np.testing.assert_allclose(parameter.grad.double().numpy().ravel(), expected,
+                                       rtol=1e-5, atol=1e-6)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import hororing as hvd
-from hororing.validate import (check_array, check_name, check_root, check_splits, check_writable,
-                               resolve_op)
+from hororing.validate import (ALLREDUCE_OPS, check_array, check_name, check_root, check_splits,
+                               check_writable, resolve_op)
 
 
 @pytest.mark.parametrize("value,message", [
@@ -46,8 +46,9 @@ def test_names_roots_ops():
         check_root(1.0, 2)
     with pytest.raises(ValueError, match="The op parameter supersedes average"):
         resolve_op(hvd.Sum, average=True)
-    with pytest.raises(ValueError, match="op=Adasum is not supported"):
-        resolve_op(hvd.Adasum)
+    with pytest.raises(ValueError, match="op=Adasum is supported by allreduce"):
+        resolve_op(hvd.Adasum)  # e.g. reducescatter's ops
+    assert resolve_op(hvd.Adasum, allowed=ALLREDUCE_OPS) == hvd.Adasum
     with pytest.raises(ValueError, match="op must be one of Average, Sum, Min, Max, Product, got 42"):
         resolve_op(42)
     assert resolve_op(None) == hvd.Average and resolve_op(None, average=False) == hvd.Sum
