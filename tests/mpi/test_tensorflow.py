@@ -362,3 +362,14 @@ def test_elastic_run_rolls_back_when_a_collective_fails_inside_a_tf_function():
     with pytest.raises(hvd.HorovodInternalError, match="elastic.tf_mismatch"):
         train(state)
     assert state.step == 1 and np.array_equal(variable.numpy(), np.ones(3))
+
+
+def test_adasum_eagerly_and_in_tf_function_matches_the_tree():
+    from reference import adasum_tree
+    inputs = every_rank((7, 3), seed=41, dtype=np.float64)
+    expected = adasum_tree(inputs).reshape(7, 3)
+    eager = hvd.allreduce(tf.constant(inputs[hvd.rank()]), op=hvd.Adasum, name="tf.adasum")
+    np.testing.assert_allclose(eager.numpy(), expected, rtol=1e-12, atol=1e-12)
+    traced = tf.function(lambda x: hvd.allreduce(x, op=hvd.Adasum, name="tf.adasum.fn"))
+    np.testing.assert_allclose(traced(tf.constant(inputs[hvd.rank()])).numpy(), expected,
+                               rtol=1e-12, atol=1e-12)
