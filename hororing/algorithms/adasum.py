@@ -124,7 +124,11 @@ def combine(target, a, b, bounds, held=None, group=None):
     for index, (start, stop) in enumerate(pieces):
         if stop > start:
             piece_a, piece_b = a[start - offset:stop - offset], b[start - offset:stop - offset]
-            dots[index] = (piece_a @ piece_b, piece_a @ piece_a, piece_b @ piece_b)
+            # einsum, not BLAS: OpenBLAS threads of ranks sharing cores spin against each
+            # other (measured: 17 ms for what takes 30 us here, from 32 K elements)
+            dots[index] = (np.einsum("i,i->", piece_a, piece_b),
+                           np.einsum("i,i->", piece_a, piece_a),
+                           np.einsum("i,i->", piece_b, piece_b))
     if group is not None and group.Get_size() > 1:
         transport.wait(group.Iallreduce(MPI.IN_PLACE, dots, op=MPI.SUM))
     for (start, stop), (ab, aa, bb) in zip(pieces, dots):
