@@ -170,10 +170,10 @@ class Engine:
         return handle.result()
 
     def reduction_order(self, names):
-        """``names`` in the order a cycle that holds several of them runs them: cached names
-        by their cache id (the vote's order, the same in every cycle), then the others in
-        the order given. What the caller lays memory out by, so that a fused bucket is
-        back to back (``buffers.HostBuffers.span``)."""
+        """``names`` in the order a fused bucket holds them: cached names by their cache id
+        (the executor sorts each bucket so, whatever order the cycle's responses came in),
+        then the others in the order given. What the caller lays memory out by, so that a
+        fused bucket is back to back (``buffers.HostBuffers.span``)."""
         ids = {name: self.negotiator.cache.id_of(name) for name in names}
         cached = sorted((name for name in names if ids[name] is not None), key=ids.__getitem__)
         return cached + [name for name in names if ids[name] is None]
@@ -316,7 +316,8 @@ class Engine:
             self.timeline.cycle(self._cycle)
         if responses:
             self._predict_inline(responses)
-            self.executor.execute(responses, self._take, self._missed)
+            self.executor.execute(responses, self._take, self._missed,
+                                  self.negotiator.cache.id_of)
         if self.timeline is not None:
             self.timeline.flush()  # live: what this cycle recorded is in the file now
         return True

@@ -49,10 +49,13 @@ class Executor:
             layout[0].Free()
         self.allreduce = AllreducePipeline(comm, config, algorithms, self._span)
 
-    def execute(self, responses, take, missed=None):
+    def execute(self, responses, take, missed=None, cache_id=None):
         """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None.
 
         ``missed(name)`` is told of each failed response this rank had no request for.
+        ``cache_id(name)`` (None: uncached) orders the members of each fused allreduce
+        bucket, the same on every rank whatever order the cycle listed them in, so that
+        tensors laid out by it lie back to back (``Engine.reduction_order``).
         """
         buckets = {}
         ordered = []
@@ -74,6 +77,10 @@ class Executor:
                 ordered.append([(response, request)])
             else:
                 self._bucket(buckets, ordered, response, request)
+        if cache_id is not None:
+            for item in ordered:
+                if isinstance(item, list) and len(item) > 1:
+                    item.sort(key=lambda pair: _by_cache_id(cache_id(pair[0].name)))
         for item in ordered:
             if isinstance(item, list):
                 with transport.activity(lambda item=item: _describe(item)):
@@ -233,6 +240,11 @@ class Executor:
             for response, _ in items:
                 self.timeline.span(response.name, activity, started, ended,
                                    response.meta.kind)
+
+
+def _by_cache_id(cache_id):
+    """Sort key: cached names by id, then uncached ones (a stable sort keeps their order)."""
+    return (0, cache_id) if cache_id is not None else (1, 0)
 
 
 def _hierarchical(comm, config, layout):
