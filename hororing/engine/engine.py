@@ -30,7 +30,7 @@ from .._mpi import MPI
 
 from .. import transport
 from ..errors import HorovodInternalError
-from .executor import Executor
+from .executor import Executor, bucket_key
 from .wakeups import Wakeups
 from .negotiation import (CYCLE, FLAGS, JOIN_NAME, NOTES_BYTES, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather,
@@ -170,13 +170,12 @@ class Engine:
         return handle.result()
 
     def reduction_order(self, names):
-        """``names`` in the order a fused bucket holds them: cached names by their cache id
-        (the executor sorts each bucket so, whatever order the cycle's responses came in),
-        then the others in the order given. What the caller lays memory out by, so that a
-        fused bucket is back to back (``buffers.HostBuffers.span``)."""
-        ids = {name: self.negotiator.cache.id_of(name) for name in names}
-        cached = sorted((name for name in names if ids[name] is not None), key=ids.__getitem__)
-        return cached + [name for name in names if ids[name] is None]
+        """``names`` in the order a fused bucket holds them: cached names by their cache id,
+        then names the cache has no room for by name (the executor sorts each bucket so,
+        whatever order the cycle's responses came in). What the caller lays memory out by,
+        so that a fused bucket is back to back (``buffers.HostBuffers.span``)."""
+        id_of = self.negotiator.cache.id_of
+        return sorted(names, key=lambda name: bucket_key(name, id_of(name)))
 
     def stats(self):
         """Counters of this rank's negotiation: ``cycles`` run, ``gather_cycles`` that

@@ -54,8 +54,8 @@ class Executor:
 
         ``missed(name)`` is told of each failed response this rank had no request for.
         ``cache_id(name)`` (None: uncached) orders the members of each fused allreduce
-        bucket, the same on every rank whatever order the cycle listed them in, so that
-        tensors laid out by it lie back to back (``Engine.reduction_order``).
+        bucket (``bucket_key``), the same on every rank whatever order the cycle listed them
+        in, so that tensors laid out by it lie back to back (``Engine.reduction_order``).
         """
         buckets = {}
         ordered = []
@@ -80,7 +80,8 @@ class Executor:
         if cache_id is not None:
             for item in ordered:
                 if isinstance(item, list) and len(item) > 1:
-                    item.sort(key=lambda pair: _by_cache_id(cache_id(pair[0].name)))
+                    item.sort(key=lambda pair: bucket_key(pair[0].name,
+                                                          cache_id(pair[0].name)))
         for item in ordered:
             if isinstance(item, list):
                 with transport.activity(lambda item=item: _describe(item)):
@@ -242,9 +243,10 @@ class Executor:
                                    response.meta.kind)
 
 
-def _by_cache_id(cache_id):
-    """Sort key: cached names by id, then uncached ones (a stable sort keeps their order)."""
-    return (0, cache_id) if cache_id is not None else (1, 0)
+def bucket_key(name, cache_id):
+    """Where a tensor goes in a fused bucket: cached names by id, then the names the cache
+    had no room for, by name (both the same on every rank)."""
+    return (0, cache_id, "") if cache_id is not None else (1, 0, name)
 
 
 def _hierarchical(comm, config, layout):
