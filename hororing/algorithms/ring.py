@@ -88,7 +88,7 @@ class Ring:
         if not steps:
             stage.need(0)
             if source is not None:
-                _copy(buffer, source)
+                copy_flat(buffer, source)
             if finalize is not None:
                 finalize(buffer)
             if synchronize is not None:
@@ -185,7 +185,8 @@ class _NoStage:
 _NO_STAGE = _NoStage()
 
 
-def _copy(target, source):
+def copy_flat(target, source):
+    """Copy flat ``source`` into ``target`` (host arrays, or numba.cuda device arrays)."""
     if target.size:
         if hasattr(target, "copy_to_device"):  # numba.cuda
             target.copy_to_device(source)

@@ -9,6 +9,7 @@ and combined there by the reduce kernel, row after row.
 import numpy as np
 
 from ..kernels import REDUCE_UFUNCS, reduce_into
+from .ring import copy_flat
 
 
 REDUCE_BY_NAME = {name: getattr(np, ufunc) for name, ufunc in REDUCE_UFUNCS.items()}
@@ -45,11 +46,8 @@ class GatherReduce:
                 buffer.copy_to_device(rows[0])
                 for row in range(1, self.size):
                     reduce_into(buffer, rows[row], op)
-        elif source is not buffer and buffer.size:
-            if self.device is None:
-                buffer[...] = source
-            else:
-                buffer.copy_to_device(source)
+        elif source is not buffer:
+            copy_flat(buffer, source)
         if finalize is not None:
             finalize(buffer)
 

@@ -16,14 +16,19 @@ from conftest import mpiexec
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 
 
+def run_under_mpi(ranks, script, *args, timeout=300):
+    """Run ``scripts/<script>`` on ``ranks`` ranks; fail with its stderr if it exits non-zero."""
+    job = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(SCRIPTS / script),
+                          *args], capture_output=True, text=True, timeout=timeout, cwd=SCRIPTS)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return job
+
+
 def test_bench_allreduce_runs_every_algorithm_correctly(tmp_path):
     output = tmp_path / "allreduce.json"
-    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(SCRIPTS / "bench_allreduce.py"),
-                          "--max-bytes", "1048576", "--seconds", "0.02", "--rounds", "2",
-                          "--algorithms", "ring", "outplace", "native", "plain", "--fusion",
-                          "--json", str(output)],
-                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
-    assert job.returncode == 0, job.stderr[-3000:]
+    run_under_mpi(3, "bench_allreduce.py", "--max-bytes", "1048576", "--seconds", "0.02",
+                  "--rounds", "2", "--algorithms", "ring", "outplace", "native", "plain",
+                  "--fusion", "--json", str(output))
     report = json.loads(output.read_text())
     rows = report["rows"]
     assert {row["algorithm"] for row in rows} == {"ring", "outplace", "native", "plain"}
@@ -35,11 +40,9 @@ def test_bench_allreduce_runs_every_algorithm_correctly(tmp_path):
 
 def test_bench_small_between_work_times_every_kind_of_work(tmp_path):
     output = tmp_path / "between.json"
-    job = subprocess.run([mpiexec(), "-n", "2", sys.executable,
-                          str(SCRIPTS / "bench_small_between_work.py"), "--calls", "20",
-                          "--rounds", "2", "--json", str(output)],
-                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
-    assert job.returncode == 0, job.stderr[-3000:]  # a wrong sum exits non-zero
+    # a wrong sum exits non-zero
+    run_under_mpi(2, "bench_small_between_work.py", "--calls", "20", "--rounds", "2",
+                  "--json", str(output))
     rows = json.loads(output.read_text())["rows"]
     assert [row["work"] for row in rows] == ["back-to-back", "compute", "mpi", "sleep"]
     assert all(row["hororing_us"] > 0 and row["mpi_us"] > 0 for row in rows)
@@ -87,11 +90,8 @@ def test_bench_gpu_runs_every_part_in_the_cuda_simulator(tmp_path):
 
 def test_bench_negotiation_shows_a_fixed_size_vote_and_a_correct_allreduce(tmp_path):
     output = tmp_path / "negotiation.jsonl"
-    job = subprocess.run([mpiexec(), "-n", "3", sys.executable,
-                          str(SCRIPTS / "bench_negotiation.py"), "--seconds", "0.01",
-                          "--rounds", "2", "--json", str(output)],
-                         capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
-    assert job.returncode == 0, job.stderr[-3000:]
+    run_under_mpi(3, "bench_negotiation.py", "--seconds", "0.01", "--rounds", "2",
+                  "--json", str(output))
     report = json.loads(output.read_text())
     rows = {row["case"]: row for row in report["rows"]}
     assert set(rows) == {"barrier", "allreduce", "gather", "vote"}
@@ -106,10 +106,8 @@ def test_bench_negotiation_shows_a_fixed_size_vote_and_a_correct_allreduce(tmp_p
 
 def test_bench_tuning_sweeps_every_setting_with_correct_results(tmp_path):
     output = tmp_path / "tuning.json"
-    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(SCRIPTS / "bench_tuning.py"),
-                          "--seconds", "0.01", "--rounds", "2", "--json", str(output)],
-                         capture_output=True, text=True, timeout=600, cwd=SCRIPTS)
-    assert job.returncode == 0, job.stderr[-3000:]
+    job = run_under_mpi(3, "bench_tuning.py", "--seconds", "0.01", "--rounds", "2", "--json",
+                        str(output), timeout=600)
     report = json.loads(output.read_text())
     assert set(report) >= {"subchunk", "small", "waits", "poll"}
     for setting in ("subchunk", "small"):
