@@ -100,6 +100,19 @@ class Config:
     dynamic_process_sets: bool = False
     # Seconds every rank has to reach init() (hororun --start-timeout); 0: wait for ever.
     start_timeout_s: float = 0.0
+    # Online tuning of the fusion threshold, cycle time, small-message total, ring sub-chunk
+    # and hierarchical switch (tuning/autotune.py; Horovod's names and defaults).
+    autotune: bool = False
+    autotune_log: str = ""
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_bayes_opt_max_samples: int = 20
+    autotune_gaussian_process_noise: float = 0.8
+    # a setting given explicitly is fixed under autotuning (Horovod's rule); True: it is
+    # where tuning starts
+    autotune_from_set: bool = False
+    # the fields set explicitly (environment or init() arguments), filled by from_environ
+    explicit: frozenset = frozenset()
 
     def small_threshold(self, ranks):
         """Bytes below which an allreduce over ``ranks`` ranks takes the latency path."""
@@ -123,7 +136,7 @@ class Config:
             if raw is not None:
                 values[field] = _parse(field, names, raw, parse)
         values.update({key: value for key, value in overrides.items() if value is not None})
-        config = cls(**values)
+        config = cls(explicit=frozenset(values), **values)
         config.validate()
         return config
 
@@ -175,6 +188,15 @@ class Config:
         if self.output_pool_bytes < 0:
             raise ValueError(f"output pool must be >= 0 bytes (HORORING_OUTPUT_POOL_BYTES; 0: "
                              f"no pool), got {self.output_pool_bytes}")
+        if self.autotune_steps_per_sample < 1 or self.autotune_warmup_samples < 0 \
+                or self.autotune_bayes_opt_max_samples < 1 \
+                or self.autotune_gaussian_process_noise < 0:
+            raise ValueError(f"autotune settings out of range: HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE "
+                             f"must be >= 1 (got {self.autotune_steps_per_sample}), _WARMUP_"
+                             f"SAMPLES >= 0 (got {self.autotune_warmup_samples}), _BAYES_OPT_"
+                             f"MAX_SAMPLES >= 1 (got {self.autotune_bayes_opt_max_samples}), "
+                             f"_GAUSSIAN_PROCESS_NOISE >= 0 (got "
+                             f"{self.autotune_gaussian_process_noise})")
         if self.ps_replicas < 0:
             raise ValueError(f"replicas_to_aggregate must be >= 1 (or 0 for all workers), got "
                              f"{self.ps_replicas}")
@@ -234,6 +256,13 @@ _ENV_FIELDS = {
     "select_device": (("HORORING_SELECT_DEVICE",), _flag),
     "dynamic_process_sets": (_names("DYNAMIC_PROCESS_SETS"), _flag),
     "start_timeout_s": (_names("START_TIMEOUT"), float),
+    "autotune": (_names("AUTOTUNE"), _flag),
+    "autotune_log": (_names("AUTOTUNE_LOG"), str),
+    "autotune_warmup_samples": (_names("AUTOTUNE_WARMUP_SAMPLES"), int),
+    "autotune_steps_per_sample": (_names("AUTOTUNE_STEPS_PER_SAMPLE"), int),
+    "autotune_bayes_opt_max_samples": (_names("AUTOTUNE_BAYES_OPT_MAX_SAMPLES"), int),
+    "autotune_gaussian_process_noise": (_names("AUTOTUNE_GAUSSIAN_PROCESS_NOISE"), float),
+    "autotune_from_set": (("HORORING_AUTOTUNE_FROM_SET",), _flag),
 }
 
 

@@ -55,6 +55,10 @@ class Context:
                                                     config.stall_check_seconds,
                                                     config.stall_shutdown_seconds)
         self.engine = Engine(comm, config, timeline, reducer)
+        if config.autotune:
+            from .tuning import autotune
+
+            autotune.attach(self.engine, comm, config)
         self.group = Group(0, range(self.size), comm, self.engine)
         self.groups = {0: self.group}      # process sets this rank belongs to, by id
         self._set_ranks = {0: list(range(self.size))}  # every registered set, by id

@@ -85,7 +85,7 @@ class DistributedOptimizer:
         self._passes = 0
         self._accumulated = None
         self._handles = {}
-        self._bucketed = False
+        self._bucketed_for = None  # the fusion threshold the buckets were laid out for
 
     @property
     def params(self):
@@ -112,12 +112,13 @@ class DistributedOptimizer:
                     self.optimizer.grads[name][...] = result
         self._handles.clear()
         self._accumulated = None
-        if not self._bucketed and current().size > 1:
-            self._bucketed = True
-            engine = current().engine
+        engine = current().engine
+        if current().size > 1 and self._bucketed_for != engine.fusion_threshold:
+            # after the first step, and again whenever the autotuner moves the threshold
+            self._bucketed_for = engine.fusion_threshold
             order = engine.reduction_order([f"grad.{name}" for name in self.optimizer.grads])
             _into_buckets(self.optimizer.grads, [name[len("grad."):] for name in order],
-                          engine.config.fusion_threshold)
+                          self._bucketed_for)
 
     def step(self):
         """Count a backward pass; on the last of a step, average gradients and step.

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from ..algorithms.ring import Ring
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import Adasum, Average, KERNEL_OP, Sum
 from .buffers import HostBuffers
@@ -43,6 +44,7 @@ class AllreducePipeline:
         self._span = span
         self._device = None
         self._forced = None
+        self._hierarchical = True  # False: the flat ring where hierarchical would run
 
     def device(self):
         """The device place; made on the first device collective (it imports numba)."""
@@ -91,6 +93,31 @@ class AllreducePipeline:
         return {"nodes": hierarchical.nodes, "local_size": hierarchical.local_size,
                 "parts": hierarchical.parts, "cross_bytes_sent": hierarchical.cross_bytes_sent()}
 
+    def apply_settings(self, settings):
+        """The autotuner's small-message total, ring sub-chunk and hierarchical switch
+        (tuning.Settings), for every bucket from now on."""
+        self.small_bytes = settings.small_total_bytes // self.comm.Get_size()
+        self._hierarchical = settings.hierarchical
+        for ring in self.rings():
+            ring.subchunk_bytes = settings.subchunk_bytes
+
+    def rings(self):
+        """Every ring this pipeline runs (the flat ring, the hierarchical allreduce's,
+        the device's)."""
+        algorithms = dict(self.host.algorithms)
+        if self._device is not None:
+            algorithms.update({f"device {kind}": algorithm for kind, algorithm
+                               in self._device.algorithms.items()})
+        for algorithm in algorithms.values():
+            for ring in (algorithm, getattr(algorithm, "local_ring", None),
+                         getattr(algorithm, "cross_ring", None)):
+                if isinstance(ring, Ring):
+                    yield ring
+
+    def initial_settings(self):
+        """(subchunk bytes of the flat ring, whether hierarchical runs where it can)."""
+        return self.host.algorithms["ring"].subchunk_bytes, self._hierarchical
+
     def kind_for(self, nbytes):
         """The algorithm kind for a buffer of ``nbytes`` (the same on every rank)."""
         if self._forced is not None:
@@ -101,7 +128,7 @@ class AllreducePipeline:
         if nbytes < self.small_bytes:
             return "small"
         threshold = self.config.hierarchical_threshold_bytes
-        if "hierarchical" in algorithms and (
+        if "hierarchical" in algorithms and self._hierarchical and (
                 self.config.hierarchical_allreduce or threshold is None or nbytes >= threshold):
             return "hierarchical"
         return "ring"

@@ -30,6 +30,7 @@ from .._mpi import MPI
 
 from .. import transport
 from ..errors import HorovodInternalError
+from .allreduce import wire_bytes
 from .executor import Executor, bucket_key
 from .wakeups import Wakeups
 from .negotiation import (CYCLE, FLAGS, JOIN_NAME, NOTES_BYTES, Negotiator, agreed_bits,
@@ -47,6 +48,11 @@ _STALL_CHECK_EVERY_S = 1.0
 _INLINE_FIELDS = 2  # a folded row: all ones (or 0: not this time), the cache id (or -1)
 
 
+def _response_bytes(response):
+    meta = response.meta
+    return wire_bytes(meta) if meta.dtype else 0
+
+
 class Engine:
     """The per-rank collective engine. Created by ``hororing.init``; not public API."""
 
@@ -54,6 +60,8 @@ class Engine:
         self.config = config
         self._poll_active_s = config.poll_active_us / 1e6
         self._poll_idle_s = config.poll_idle_us / 1e6
+        self._cycle_time_s = config.cycle_time_ms / 1000.0
+        self.tuner = None  # an Autotuner (tuning/), told of every cycle that ran something
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._comm_negotiate = comm.Dup()
@@ -177,6 +185,19 @@ class Engine:
         id_of = self.negotiator.cache.id_of
         return sorted(names, key=lambda name: bucket_key(name, id_of(name)))
 
+    @property
+    def fusion_threshold(self):
+        """The fusion threshold in effect (the autotuner's where it runs): what gradient
+        buckets are laid out by."""
+        return self.executor.fusion_threshold
+
+    def apply_settings(self, settings):
+        """Take the autotuner's ``settings`` (tuning.Settings) from the next cycle on.
+        Called by the tuner inside a cycle, the same cycle on every rank."""
+        self._cycle_time_s = settings.cycle_time_ms / 1000.0
+        self.executor.fusion_threshold = settings.fusion_threshold
+        self.executor.allreduce.apply_settings(settings)
+
     def stats(self):
         """Counters of this rank's negotiation: ``cycles`` run, ``gather_cycles`` that
         gathered every rank's header (some rank had a new name, new metadata or a flag, or
@@ -227,7 +248,7 @@ class Engine:
                 if self._work.wait(interval):
                     self._work.clear()
                     # let tensors submitted together arrive, so they negotiate and fuse as one
-                    delay = self._last_cycle_at + self.config.cycle_time_ms / 1000.0 - time.monotonic()
+                    delay = self._last_cycle_at + self._cycle_time_s - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
                 elif self._drivers and time.monotonic() < self._next_stall_check:
@@ -317,6 +338,8 @@ class Engine:
             self._predict_inline(responses)
             self.executor.execute(responses, self._take, self._missed,
                                   self.negotiator.cache.id_of)
+            if self.tuner is not None and self.tuner.active:
+                self.tuner.observe(responses, sum(map(_response_bytes, responses)))
         if self.timeline is not None:
             self.timeline.flush()  # live: what this cycle recorded is in the file now
         return True
@@ -361,6 +384,8 @@ class Engine:
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
         self.executor.finish_inline(response, self._take(response.name), rows[:, head:])
+        if self.tuner is not None and self.tuner.active:
+            self.tuner.observe((response,), rows.shape[1] - head)
         if self.timeline is not None:
             self.timeline.flush()
         return True
@@ -466,6 +491,8 @@ class Engine:
         # after a failure, peers may be gone: leave what is in flight to MPI
         self._wakeups.close(None if self._failed_job else time.monotonic() + 10.0)
         self.executor.close()
+        if self.tuner is not None:
+            self.tuner.close()
         self._comm_negotiate.Free()
         if self.timeline is not None:
             self.timeline.close()

@@ -34,6 +34,7 @@ class Executor:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self.config = config
+        self.fusion_threshold = config.fusion_threshold  # the autotuner may change it
         self.timeline = timeline
         layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
         ring = Ring(comm, config.subchunk_bytes(across_nodes=layout[1] > 1))
@@ -97,7 +98,7 @@ class Executor:
         key = (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
         nbytes = wire_bytes(meta)
         bucket = buckets.get(key)
-        if bucket is None or bucket[0] + nbytes > self.config.fusion_threshold:
+        if bucket is None or bucket[0] + nbytes > self.fusion_threshold:
             bucket = buckets[key] = [0, []]
             ordered.append(bucket[1])
         bucket[0] += nbytes

@@ -24,7 +24,6 @@ from typing import NamedTuple
 import torch
 
 from .. import ops
-from ..context import current
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .compression import Compression
@@ -102,10 +101,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
-        self._laid_out = False  # after a first step, the views follow the engine's order
+        # the fusion threshold the views were last laid out for in the engine's order (None:
+        # not yet, until the first step; the autotuner may change the threshold later)
+        self._laid_out_for = None
         if self._reduces():
             self._views = _bucket_views(_dense_cpu(self.param_groups)[::-1],
-                                        current().config.fusion_threshold)
+                                        self._group.engine.fusion_threshold)
             self._register_hooks()
 
     # the wrapped optimizer's own, not copies: load_state_dict replaces its param_groups list
@@ -165,7 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._names.update(_generated_names(self._optimizer, skip=self._names))
         if self._reduces():
             self._views.update(_bucket_views(_dense_cpu([self.param_groups[-1]])[::-1],
-                                             current().config.fusion_threshold))
+                                             self._group.engine.fusion_threshold))
             for parameter in param_group["params"]:
                 self._hook(parameter)
 
@@ -199,17 +200,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._pass_counts.clear()
         self._synchronized = True
-        if not self._laid_out and self._views:
-            self._laid_out = True
+        if self._views and self._laid_out_for != self._group.engine.fusion_threshold:
             self._lay_out_again()
 
     def _lay_out_again(self):
         """New buckets in the order the engine runs the gradients' allreduces, each gradient
         kept: moved into its new view."""
         by_name = {self._names[parameter]: parameter for parameter in self._views}
-        order = self._group.engine.reduction_order(list(by_name))
-        views = _bucket_views([by_name[name] for name in order],
-                              current().config.fusion_threshold)
+        engine = self._group.engine
+        self._laid_out_for = engine.fusion_threshold
+        order = engine.reduction_order(list(by_name))
+        views = _bucket_views([by_name[name] for name in order], self._laid_out_for)
         for parameter, view in views.items():
             grad = parameter.grad
             if grad is not None and grad.layout == torch.strided:
