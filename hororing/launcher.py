@@ -106,9 +106,7 @@ def _run_elastic(args, mpiexec):
         return 2
     discover = discovery.choose(args.discovery_script, args.slots, hosts, args.np, min_np,
                                 args.max_np)
-    env = dict(os.environ)
-    if args.start_timeout is not None:
-        env["HORORING_START_TIMEOUT"] = str(args.start_timeout)
+    env = job_environment(args)
     flavor = mpi_flavor(mpiexec)
 
     def command_for(size, hosts, scratch):
@@ -139,6 +137,20 @@ def _parser():
     parser.add_argument("--mpi-args", default="",
                         help="more mpiexec arguments, as one string (e.g. the launcher of "
                              "scripts/emulated_hosts.sh: --mpi-args \"$(cat DIR/mpi-args)\")")
+    tuning = parser.add_argument_group(
+        "autotuning", "tune the engine's performance settings while the job runs "
+                      "(docs/tuning.md, \"Autotuning\")")
+    tuning.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1")
+    tuning.add_argument("--autotune-log-file", help="rank 0 writes the CSV log of each setting "
+                                                    "scored there")
+    tuning.add_argument("--autotune-warmup-samples", type=int,
+                        help="samples run first and not scored (default: 3)")
+    tuning.add_argument("--autotune-steps-per-sample", type=int,
+                        help="steps per sample (default: 10)")
+    tuning.add_argument("--autotune-bayes-opt-max-samples", type=int,
+                        help="settings scored before the winner is chosen (default: 20)")
+    tuning.add_argument("--autotune-gaussian-process-noise", type=float,
+                        help="the Gaussian process's noise (default: 0.8)")
     elastic = parser.add_argument_group(
         "elastic", "relaunch the job from its newest commit when a rank dies or the hosts "
                    "change (hvd.elastic.run; docs/elastic.md)")
@@ -189,11 +201,31 @@ def build_command(args, mpiexec, flavor, scratch):
     Raises:
         ValueError: a malformed host list or host file.
     """
-    env = dict(os.environ)
-    if args.start_timeout is not None:
-        env["HORORING_START_TIMEOUT"] = str(args.start_timeout)
+    env = job_environment(args)
     return mpiexec_command(mpiexec, flavor, args.np, hosts_of(args), scratch) + \
         shlex.split(args.mpi_args) + list(args.command), env
+
+
+# hororun's options that become the job's environment variables (horovodrun's names)
+_ENVIRONMENT_OPTIONS = {"start_timeout": "HORORING_START_TIMEOUT",
+                        "autotune_log_file": "HOROVOD_AUTOTUNE_LOG",
+                        "autotune_warmup_samples": "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+                        "autotune_steps_per_sample": "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+                        "autotune_bayes_opt_max_samples": "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                        "autotune_gaussian_process_noise":
+                            "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}
+
+
+def job_environment(args):
+    """This process's environment, with the variables hororun's options set."""
+    env = dict(os.environ)
+    for option, variable in _ENVIRONMENT_OPTIONS.items():
+        value = getattr(args, option, None)
+        if value is not None:
+            env[variable] = str(value)
+    if getattr(args, "autotune", False):
+        env["HOROVOD_AUTOTUNE"] = "1"
+    return env
 
 
 def hosts_of(args):

@@ -42,6 +42,7 @@ STARTS = {"poor": {"HOROVOD_FUSION_THRESHOLD": str(MiB), "HOROVOD_CYCLE_TIME": "
           "worst": {"HOROVOD_FUSION_THRESHOLD": str(256 * 1024), "HOROVOD_CYCLE_TIME": "25",
                     "HORORING_RING_SUBCHUNK_BYTES": str(64 * 1024),
                     "HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": str(8 * MiB),
+                    "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",  # where the job spans hosts
                     "HORORING_AUTOTUNE_FROM_SET": "1"}}
 GRID_FUSION_MIB = (1, 4, 16, 64)
 GRID_CYCLE_MS = (0.2, 1.0, 5.0)
@@ -64,8 +65,9 @@ def driver(args):
                 env = dict(os.environ, HOROVOD_AUTOTUNE="1",
                            HOROVOD_AUTOTUNE_LOG=os.path.join(scratch, "autotune.csv"),
                            **STARTS[start])
-                command = [args.mpiexec, "-n", str(size), sys.executable, __file__, "--child",
-                           "--steps", str(args.steps), "--rounds", str(args.rounds),
+                command = [args.mpiexec, *args.mpi_args.split(), "-n", str(size),
+                           sys.executable, __file__, "--child", "--steps", str(args.steps),
+                           "--rounds", str(args.rounds),
                            "--max-tuning-steps", str(args.max_tuning_steps),
                            "--batch-size", str(args.batch_size),
                            "--widths", *map(str, args.widths),
@@ -80,7 +82,8 @@ def driver(args):
                 results.append(result)
     lines = [machine_line(results[0]["machine"]),
              f"# an MLP {'-'.join(map(str, args.widths))} "
-             f"({results[0]['parameters'] / 1e6:.1f} M parameters), batch {args.batch_size} per rank; "
+             f"({results[0]['parameters'] / 1e6:.1f} M parameters), batch {args.batch_size} "
+             f"per rank; "
              f"{args.steps} steps x {args.rounds} rounds per setting", ""]
     for result in results:
         lines += report(result)
@@ -101,7 +104,8 @@ def report(result):
              f"{len(result['log_rows'])} rows in the CSV log; it chose fusion "
              f"{tuned['fusion_threshold'] / MiB:.2f} MiB, cycle {tuned['cycle_time_ms']} ms, "
              f"small total {tuned['small_total_bytes'] / 1024:.0f} KiB, sub-chunk "
-             f"{tuned['subchunk_bytes'] / 1024:.0f} KiB.", "",
+             f"{tuned['subchunk_bytes'] / 1024:.0f} KiB, hierarchical "
+             f"{'on' if tuned['hierarchical'] else 'off'}.", "",
              "| setting | step (ms) |", "|---|---:|"]
     for name, ms in sorted(step_ms.items(), key=lambda item: item[1]):
         lines.append(f"| {name} | {ms:.2f} |")
@@ -176,7 +180,8 @@ def child(args):
     if rank == 0:
         with open(args.child_output, "w") as handle:
             json.dump({"machine": machine_info(), "tuning_steps": steps,
-                       "parameters": sum(p.numel() for p in model.parameters()), "tuning_s": tuning_s,
+                       "parameters": sum(p.numel() for p in model.parameters()),
+                       "tuning_s": tuning_s,
                        "tuned": dataclasses.asdict(tuner.settings),
                        "history": len(tuner.history),
                        "step_ms": {name: statistics.median(values)
@@ -201,7 +206,8 @@ def _default_settings(engine):
     from hororing.tuning import Settings
 
     config = Config()
-    _, hierarchical = engine.executor.allreduce.initial_settings()
+    # by default the hierarchical allreduce runs wherever it is made (a job across hosts)
+    hierarchical = "hierarchical" in engine.executor.allreduce.host.algorithms
     return Settings(config.fusion_threshold, config.cycle_time_ms,
                     config.small_allreduce_total_bytes,
                     config.subchunk_bytes(across_nodes=current().cross_size > 1),
@@ -219,6 +225,8 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-tuning-steps", type=int, default=5000)
     parser.add_argument("--mpiexec", default="mpiexec")
+    parser.add_argument("--mpi-args", default="", help="more mpiexec arguments (emulated "
+                        "hosts: -f HOSTFILE and the contents of their mpi-args file)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per MPI job")
     parser.add_argument("--json", help="write all results here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

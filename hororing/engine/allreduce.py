@@ -44,7 +44,9 @@ class AllreducePipeline:
         self._span = span
         self._device = None
         self._forced = None
-        self._hierarchical = True  # False: the flat ring where hierarchical would run
+        # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_ALLREDUCE=0
+        # under autotuning from the set values, or the autotuner's choice)
+        self._hierarchical = config.hierarchical_allreduce is not False
 
     def device(self):
         """The device place; made on the first device collective (it imports numba)."""
@@ -115,8 +117,9 @@ class AllreducePipeline:
                     yield ring
 
     def initial_settings(self):
-        """(subchunk bytes of the flat ring, whether hierarchical runs where it can)."""
-        return self.host.algorithms["ring"].subchunk_bytes, self._hierarchical
+        """(subchunk bytes of the flat ring, whether the hierarchical allreduce runs)."""
+        return (self.host.algorithms["ring"].subchunk_bytes,
+                self._hierarchical and "hierarchical" in self.host.algorithms)
 
     def kind_for(self, nbytes):
         """The algorithm kind for a buffer of ``nbytes`` (the same on every rank)."""

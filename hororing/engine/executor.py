@@ -253,7 +253,8 @@ def bucket_key(name, cache_id):
 def _hierarchical(comm, config, layout):
     """The hierarchical allreduce for ``comm`` where it applies, else None; it takes over
     ``layout`` (node_layout(comm)) when it is made."""
-    if config.hierarchical_allreduce is False:
+    tuned_from_off = config.autotune and config.autotune_from_set  # made, but starts off
+    if config.hierarchical_allreduce is False and not tuned_from_off:
         return None
     nodes = layout[1]
     # automatic: several nodes, and fewer nodes than ranks (one rank per node gains nothing)

@@ -66,3 +66,19 @@ def test_no_mpiexec_is_reported_with_the_fix(monkeypatch, capsys):
     monkeypatch.setattr(launcher, "find_mpiexec", lambda: None)
     assert launcher.main(["-np", "2", "python", "t.py"]) == 2
     assert "no mpiexec found next to this Python or on PATH" in capsys.readouterr().err
+
+
+def test_autotune_options_become_horovods_variables(tmp_path, monkeypatch):
+    monkeypatch.delenv("HOROVOD_AUTOTUNE", raising=False)
+    parsed = launcher._parser().parse_args(
+        ["-np", "2", "--autotune", "--autotune-log-file", "/tmp/tune.csv",
+         "--autotune-steps-per-sample", "4", "--autotune-gaussian-process-noise", "0.5",
+         "python", "t.py"])
+    _, env = launcher.build_command(parsed, "mpiexec", launcher.MPICH, str(tmp_path))
+    assert (env["HOROVOD_AUTOTUNE"], env["HOROVOD_AUTOTUNE_LOG"],
+            env["HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"],
+            env["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"]) == ("1", "/tmp/tune.csv", "4", "0.5")
+    assert "HOROVOD_AUTOTUNE_WARMUP_SAMPLES" not in env  # left to the default
+    parsed = launcher._parser().parse_args(["-np", "2", "python", "t.py"])
+    _, env = launcher.build_command(parsed, "mpiexec", launcher.MPICH, str(tmp_path))
+    assert "HOROVOD_AUTOTUNE" not in env
