@@ -18,10 +18,13 @@ its next cycle, so every rank runs every cycle with the same values):
 1. ``warmup_samples`` settings' worth of samples at the starting values, not scored;
 2. the starting values, then a few points spread over the space, then points proposed by
    Bayesian optimisation (``bayes.py``), ``bayes_opt_max_samples`` in all;
-3. the ``CONFIRM`` best by the model's posterior mean, each measured again: the best mean of
-   its two measurements wins (one lucky sample does not);
+3. the ``CONFIRM`` best by the model's posterior mean, and the starting values, each
+   measured again: the best mean of its two measurements wins (one lucky sample does not),
+   but only if it beats the start's by more than the noise (the mean relative difference
+   between the repeats, at least ``MIN_MARGIN``); else the start stays. Where the
+   settings matter little, tuning therefore leaves a job as it was;
 4. where the hierarchical switch is tunable, the winner and the winner with the switch
-   flipped, measured once more each;
+   flipped, measured once more each (the flip must win by the same margin);
 then the winner is applied for the rest of the job, and tuning stops.
 
 The log (HOROVOD_AUTOTUNE_LOG, rank 0) is Horovod's CSV: one row per scored setting, then the
@@ -44,6 +47,8 @@ log = logging.getLogger("hororing")
 
 SUBSAMPLES = 5  # a setting's score is the median of this many (Horovod's)
 CONFIRM = 3
+# the least a change must gain over the start to be kept (the measured noise, where larger)
+MIN_MARGIN = 0.01
 KiB = 1024
 MiB = 1024 * KiB
 LOG_COLUMNS = ("hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce",
@@ -241,7 +246,7 @@ class Autotuner:
         start = self.history[0]
         for _ in range(warmup_samples):
             yield start, False
-        best, best_score = start, None
+        best, best_score, margin = start, None, MIN_MARGIN
         if self._dims:
             optimizer = BayesianOptimizer(len(self._dims), noise, seed)
             tried = []
@@ -254,18 +259,30 @@ class Autotuner:
                 score = yield settings, True
                 optimizer.add(self._unit(settings), score)
                 tried.append(settings)
+            # the best few and the start, each measured again: a change must beat the start
+            # by more than the noise those repeats show, or the start stays
             finalists = optimizer.ranked()[:CONFIRM]
-            means = []
+            if 0 not in finalists:  # tried[0] is the start
+                finalists.append(0)
+            means, spreads = [], []
             for index in finalists:
                 score = yield tried[index], True
-                means.append((optimizer.scores[index] + score) / 2.0)
+                first = optimizer.scores[index]
+                means.append((first + score) / 2.0)
+                spreads.append(abs(first - score) / max(means[-1], 1e-12))
+            margin = max(MIN_MARGIN, statistics.mean(spreads))
             winner = int(np.argmax(means))
+            if means[winner] < means[finalists.index(0)] * (1.0 + margin):
+                winner = finalists.index(0)
             best, best_score = tried[finalists[winner]], means[winner]
         if tune_hierarchical:
             kept = yield best, True
             flipped = dataclasses.replace(best, hierarchical=not best.hierarchical)
             other = yield flipped, True
-            best, best_score = (flipped, other) if other > kept else (best, kept)
+            if other > kept * (1.0 + margin):
+                best, best_score = flipped, other
+            else:
+                best_score = kept
         if best_score is None:  # nothing to tune: the starting values, measured once
             best_score = yield start, True
         return best, best_score

@@ -28,7 +28,8 @@ def test_bench_autotune_tunes_from_the_poor_start_and_times_the_grid(tmp_path):
     (result,) = json.loads(output.read_text())["results"]
     assert result["size"] == 3 and result["start"] == "poor"
     rows = result["log_rows"]
-    assert len(rows) == 4 + 3 + 1  # the settings tried, the finalists again, the best
+    # the settings tried, the finalists (and the start unless among them) again, the best
+    assert len(rows) - (4 + 1) in (3, 4)
     # the set values were where tuning started, not fixed
     assert (float(rows[0]["tensor_fusion_threshold"]), float(rows[0]["cycle_time_ms"])) == (1, 5)
     assert len({row["tensor_fusion_threshold"] for row in rows}) > 1

@@ -51,12 +51,15 @@ def test_settings_change_together_and_results_stay_right():
     # every rank ran every setting, in the same order, and ended on the same one
     histories = comm.allgather([dataclasses.astuple(settings) for settings in tuner.history])
     assert all(history == histories[0] for history in histories)
-    assert len(tuner.history) == 1 + 1 + 6 + 3 + ("hierarchical" in pipeline.host.algorithms) * 2
+    # the start, warm-up, 6 scored, 3 finalists (and the start again unless among them),
+    # the hierarchical switch both ways where the job spans nodes
+    finals = len(tuner.history) - (1 + 1 + 6 + ("hierarchical" in pipeline.host.algorithms) * 2)
+    assert finals in (3, 4)
     assert len({settings.fusion_threshold for settings in tuner.history}) > 2  # it did move
     if comm.rank == 0:
         with open(log_path) as handle:
             rows = list(csv.DictReader(handle))
-        tuned_rows = 6 + 3 + ("hierarchical" in pipeline.host.algorithms) * 2
+        tuned_rows = 6 + finals + ("hierarchical" in pipeline.host.algorithms) * 2
         assert len(rows) == tuned_rows + 1
         assert all(float(row["score"]) > 0 for row in rows)
         best = tuner.settings

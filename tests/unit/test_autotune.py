@@ -92,7 +92,7 @@ def step_us(settings):
 
 
 def run_job(monkeypatch, tmp_path, tunable, steps_per_sample=2, warmups=1, max_samples=12,
-            hierarchical=False):
+            hierarchical=False, cost=step_us):
     clock = FakeClock()
     monkeypatch.setattr(autotune.time, "monotonic", clock)
     start = Settings(MiB, 5.0, MiB, MiB, False)
@@ -104,7 +104,7 @@ def run_job(monkeypatch, tmp_path, tunable, steps_per_sample=2, warmups=1, max_s
     responses = [Response("grad.a"), Response("grad.b")]
     steps = 0
     while tuner.active:
-        clock.now += step_us(tuner.settings) / 1e6
+        clock.now += cost(tuner.settings) / 1e6
         if hierarchical and tuner.settings.hierarchical:
             clock.now -= 100e-6  # the hierarchical switch saves a tenth
         tuner.observe(responses, 4096)
@@ -118,9 +118,10 @@ def run_job(monkeypatch, tmp_path, tunable, steps_per_sample=2, warmups=1, max_s
 
 def test_the_tuner_moves_to_the_best_settings_and_logs_each_one(monkeypatch, tmp_path):
     tuner, applied, rows, steps = run_job(monkeypatch, tmp_path, list(DIMENSIONS))
-    # warm-up (not logged), max_samples settings, the 3 finalists again, then the best
-    assert len(rows) == 12 + 3 + 1
-    assert steps == (1 + 12 + 3) * SUBSAMPLES * 2 + 1
+    # warm-up (not logged), max_samples settings, the 3 finalists and the (poor) start
+    # again, then the best
+    assert len(rows) == 12 + 4 + 1
+    assert steps == (1 + 12 + 4) * SUBSAMPLES * 2 + 1
     assert list(rows[0]) == list(autotune.LOG_COLUMNS)
     first = rows[0]  # the starting settings, in Horovod's units
     assert float(first["tensor_fusion_threshold"]) == 1.0 and float(first["cycle_time_ms"]) == 5
@@ -133,7 +134,7 @@ def test_the_tuner_moves_to_the_best_settings_and_logs_each_one(monkeypatch, tmp
     final = rows[-1]
     assert float(final["tensor_fusion_threshold"]) == pytest.approx(best.fusion_threshold / MiB)
     # the tuner ran every setting it applied, in order
-    assert tuner.history[-1] == best and len(tuner.history) == 1 + 1 + 12 + 3
+    assert tuner.history[-1] == best and len(tuner.history) == 1 + 1 + 12 + 4
 
 
 def test_fixed_settings_stay_and_the_hierarchical_switch_is_tried_last(monkeypatch, tmp_path):
@@ -145,6 +146,13 @@ def test_fixed_settings_stay_and_the_hierarchical_switch_is_tried_last(monkeypat
     # the winner without, then with the switch flipped; it saves time here, so it is kept
     assert [row["hierarchical_allreduce"] for row in rows[-3:]] == ["0", "1", "1"]
     assert tuner.settings.hierarchical
+
+
+def test_where_no_setting_is_better_the_start_stays(monkeypatch, tmp_path):
+    tuner, applied, rows, _ = run_job(monkeypatch, tmp_path, list(DIMENSIONS),
+                                      cost=lambda settings: 1000.0)
+    assert len({row["tensor_fusion_threshold"] for row in rows}) > 3  # it did look around
+    assert tuner.settings == tuner.history[0] and applied[-1] == tuner.history[0]
 
 
 def test_nothing_to_tune_measures_the_start_once_and_ends(monkeypatch, tmp_path):
