@@ -13,7 +13,8 @@ whose background threads answer by taking part. A peer that started the same cyc
 own (a loop of blocking calls: every rank submits and drives) is never sent one; a peer
 that did not always is, because the exchange cannot complete without it. An idle job
 therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
-How wake-ups travel, and are drained at shutdown, is ``wakeups``.
+How wake-ups travel, and are drained at shutdown, is ``wakeups``; how a lone small allreduce
+that repeats is folded into the exchange, ``fold``.
 
 Whoever needs progress drives it under ``_drive_lock``: the background thread for
 asynchronous submissions (after a cycle time, so tensors submitted together fuse), or the
@@ -32,6 +33,7 @@ from .. import transport
 from ..errors import HorovodInternalError
 from .allreduce import wire_bytes
 from .executor import Executor, bucket_key
+from .fold import Fold
 from .wakeups import Wakeups
 from .negotiation import (CYCLE, FLAGS, JOIN_NAME, NOTES_BYTES, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather,
@@ -45,7 +47,6 @@ FLAG_SHUTDOWN = 2
 # before its rank asks for a gathered cycle (so the stall warning can name who is missing).
 # Not a speed setting: one pass over the pending requests a second costs nothing measurable.
 _STALL_CHECK_EVERY_S = 1.0
-_INLINE_FIELDS = 2  # a folded row: all ones (or 0: not this time), the cache id (or -1)
 
 
 def _response_bytes(response):
@@ -93,12 +94,8 @@ class Engine:
         self._vote = np.zeros(vote_words(config.cache_capacity), dtype=np.int64)
         self._agreed = np.zeros_like(self._vote)
         self._vote_key = None     # what self._vote encodes
-        # a lone small allreduce that repeats is folded into the negotiation exchange: its
-        # size in bytes, agreed by every rank from the cycles they all ran (None: no fold)
-        self._inline_bytes = None
-        self._last_lone_bytes = None
-        self._inline_rows = None  # uint8 (size, fields + bytes): the gathered exchange
-        self._inline_row = self._inline_fields = None  # this rank's row, and its fields
+        # a lone small allreduce that repeats is folded into the negotiation exchange
+        self._fold = Fold(self.size, self.executor)
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
         self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
                        "inline_hits": 0, "received_bytes": 0}
@@ -311,7 +308,7 @@ class Engine:
             else:
                 self._by_bit[request.name] = request
         needs_gather = bool(by_name or self._outgoing_flags or self._gather_requested)
-        if self._inline_bytes is not None:
+        if self._fold.bytes is not None:
             folded = self._inline_cycle(needs_gather, deadline, wake)
             if folded is None:
                 return False
@@ -335,59 +332,43 @@ class Engine:
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
         if responses:
-            self._predict_inline(responses)
+            self._fold.predict(responses)
             self.executor.execute(responses, self._take, self._missed,
                                   self.negotiator.cache.id_of)
-            if self.tuner is not None and self.tuner.active:
-                self.tuner.observe(responses, sum(map(_response_bytes, responses)))
-        if self.timeline is not None:
-            self.timeline.flush()  # live: what this cycle recorded is in the file now
+        self._cycle_done(responses, lambda: sum(map(_response_bytes, responses)))
         return True
 
-    def _predict_inline(self, responses):
-        """Fold the next cycle's allreduce into its negotiation when the last two cycles
-        that ran anything each ran one lone small allreduce of the same size (a loop of
-        blocking calls). Decided from the responses alone, so every rank decides alike."""
-        lone = None
-        if len(responses) == 1:
-            lone = self.executor.inline_bytes(responses[0])
-        self._inline_bytes = lone if lone is not None and lone == self._last_lone_bytes else None
-        self._last_lone_bytes = lone
+    def _cycle_done(self, responses, nbytes):
+        """After a cycle's responses ran: tell the autotuner (``nbytes()``: the bytes they
+        moved), and flush the timeline (live: what the cycle recorded is in the file now)."""
+        if responses and self.tuner is not None and self.tuner.active:
+            self.tuner.observe(responses, nbytes())
+        if self.timeline is not None:
+            self.timeline.flush()
 
     def _inline_cycle(self, needs_gather, deadline, wake):
-        """Gather rows of (field, cache id, data): when every rank's row holds the same
-        cached allreduce, it is complete in this one exchange. Returns True if it was,
-        False if the cycle must go on to the vote (the rows are then discarded), None if
-        the deadline passed."""
-        head = _INLINE_FIELDS * 8
-        if self._inline_rows is None or self._inline_rows.shape[1] != head + self._inline_bytes:
-            self._inline_rows = np.empty((self.size, head + self._inline_bytes), dtype=np.uint8)
-            self._inline_row = np.zeros(head + self._inline_bytes, dtype=np.uint8)
-            self._inline_fields = self._inline_row[:head].view(np.int64)
-        row, fields = self._inline_row, self._inline_fields
-        fields[:] = (0, -1)  # not this time (a row of zeros is never agreed on)
+        """Gather every rank's fold row (``fold.py``): when all hold the same cached
+        allreduce, it is complete in this one exchange. Returns True if it was, False if
+        the cycle must go on to the vote, None if the deadline passed."""
+        waiting = None
         if len(self._by_bit) == 1 and not needs_gather:
-            (request,) = self._by_bit.values()
-            if self.executor.inline_contribution(request, row[head:]):
-                fields[:] = (-1, request.cache_id)
-        rows = self._inline_rows
+            (waiting,) = self._by_bit.values()
+        row, rows = self._fold.rows(waiting)
         if not transport.wait(self._comm_negotiate.Iallgather(row, rows), deadline, wake):
             return None
         self._stats["inline_cycles"] += 1
         self._stats["received_bytes"] += rows.nbytes
-        # agreed only if every rank's fields are this rank's, and this rank's say "folded"
-        if fields[0] != -1 or rows[:, :head].tobytes() != row[:head].tobytes() * self.size:
+        cache_id = self._fold.agreed()
+        if cache_id is None:
             return False
         self._stats["inline_hits"] += 1
         self._stats["cycles"] += 1
-        response = self.negotiator.cache.response(int(fields[1]))
+        response = self.negotiator.cache.response(cache_id)
+        data = self._fold.data()
         if self.timeline is not None:
             self.timeline.cycle(self._cycle)
-        self.executor.finish_inline(response, self._take(response.name), rows[:, head:])
-        if self.tuner is not None and self.tuner.active:
-            self.tuner.observe((response,), rows.shape[1] - head)
-        if self.timeline is not None:
-            self.timeline.flush()
+        self.executor.finish_inline(response, self._take(response.name), data)
+        self._cycle_done((response,), lambda: data.shape[1])
         return True
 
     def _gathered_cycle(self, by_name, cache_ids, deadline):
