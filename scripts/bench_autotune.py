@@ -31,7 +31,7 @@ import tempfile
 import time
 
 from benchinfo import machine_info, machine_line
-from bench_training import train_steps
+from bench_training import build_mlp, train_steps
 
 MiB = 1024 * 1024
 STARTS = {"poor": {"HOROVOD_FUSION_THRESHOLD": str(MiB), "HOROVOD_CYCLE_TIME": "5",
@@ -143,7 +143,7 @@ def child(args):
     batch = args.batch_size
     batches = [(features[i:i + batch], labels[i:i + batch])
                for i in range(0, len(features) - batch + 1, batch)]
-    model = build(args.widths)
+    model = build_mlp(args.widths)
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
         named_parameters=model.named_parameters())
@@ -187,16 +187,6 @@ def child(args):
                        "step_ms": {name: statistics.median(values)
                                    for name, values in times.items()}}, handle)
     hvd.shutdown()
-
-
-def build(widths):
-    """An MLP of these layer widths (as bench_training.py's models), seeded alike on every rank."""
-    import torch
-    torch.manual_seed(0)
-    layers = []
-    for inputs, outputs in zip(widths[:-1], widths[1:]):
-        layers += [torch.nn.Linear(inputs, outputs), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1])
 
 
 def _default_settings(engine):

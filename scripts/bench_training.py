@@ -169,9 +169,13 @@ def ddp_backend_for(device, size, torch):
 
 
 def build(name, device):
+    return build_mlp(MODELS[name], device)
+
+
+def build_mlp(widths, device="cpu"):
+    """An MLP of these layer widths, seeded alike on every rank."""
     import torch
     torch.manual_seed(0)
-    widths = MODELS[name]
     layers = []
     for inputs, outputs in zip(widths[:-1], widths[1:]):
         layers += [torch.nn.Linear(inputs, outputs), torch.nn.ReLU()]
