@@ -226,7 +226,7 @@ class Autotuner:
         if self._log is None:
             return
         row = (int(settings.hierarchical), 0, 0, 1, settings.cycle_time_ms,
-               round(settings.fusion_threshold / MiB, 6), round(score, 6),
+               settings.fusion_threshold / MiB, round(score, 6),
                settings.small_total_bytes, settings.subchunk_bytes)
         self._log.write(",".join(str(value) for value in row) + "\n")
         self._log.flush()
