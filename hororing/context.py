@@ -165,9 +165,10 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             MPI.COMM_WORLD. hororing works on its own duplicate, so its messages never match
             the user's.
         process_sets: ``ProcessSet`` objects to register now (static process sets); every
-            rank must pass the same sets, none twice (ValueError on every rank otherwise; the
-            job is then initialized without them, and ``init(process_sets=...)`` may be
-            called again to register them).
+            rank must pass the same list (ValueError on every rank otherwise, the job then
+            initialized without them). A set given twice in a rank's own list raises
+            ValueError on that rank after the sets are registered, each once, as in Horovod;
+            ``init(process_sets=...)`` may be called again.
         mode: ``"ring"`` (default) or ``"ps"`` (HORORING_MODE).
         num_servers: PS servers k, or ``"colocated"``/0 (HORORING_PS_SERVERS).
         placement: ``"round_robin"``, ``"greedy_bytes"`` or ``"partitioned"``.
@@ -187,8 +188,9 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         if _State.context is not None:  # again: only process sets not registered yet are new
             if process_sets:
                 _check_static_sets(process_sets)
-                _agree_on_static_sets(process_sets, _State.context.comm)
+                duplicates = _agree_on_static_sets(process_sets, _State.context.comm)
                 _register_static_sets(process_sets, _State.context)
+                _refuse_duplicates(duplicates, _State.context.rank)
             return
         if num_servers == "colocated":
             num_servers = 0
@@ -216,12 +218,13 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         from .process_sets import global_process_set  # here: process_sets imports this module
         global_process_set.ranks = list(range(_State.context.size))
         global_process_set.mpi_comm = user_comm
-        # the job is up even if the sets are refused: init(process_sets=...) may be called again
-        _agree_on_static_sets(process_sets, _State.context.comm)
-        _register_static_sets(process_sets, _State.context)
         if not _State.hooks_installed:
             _install_exit_hooks()
             _State.hooks_installed = True
+        # the job is up even if the sets are refused: init(process_sets=...) may be called again
+        duplicates = _agree_on_static_sets(process_sets, _State.context.comm)
+        _register_static_sets(process_sets, _State.context)
+        _refuse_duplicates(duplicates, _State.context.rank)
 
 
 def shutdown():
@@ -317,22 +320,69 @@ def _check_static_sets(process_sets):
 
 
 def _agree_on_static_sets(process_sets, comm):
-    """Raise ValueError on every rank if any rank's ``init(process_sets=...)`` names a set twice
-    (the same ranks in any order, or every rank: the global set), or if the ranks were given
-    different numbers of sets. One allgather, before anything else is set up, so a rank
-    with a bad list never leaves the others waiting."""
-    verdicts = comm.allgather((len(process_sets or ()), _duplicate_sets(process_sets, comm)))
-    counts = {count for count, _ in verdicts}
-    problems = [f"rank {rank}: {problem}" for rank, (_, problem) in enumerate(verdicts)
-                if problem]
-    if problems:
-        raise ValueError("init(process_sets=...) got duplicate process sets ("
-                         + "; ".join(problems) + "); give each set of ranks once (the global "
-                         "set, of every rank, is always there)")
-    if len(counts) > 1:
-        given = {rank: count for rank, (count, _) in enumerate(verdicts)}
-        raise ValueError(f"init(process_sets=...) was given different numbers of process sets "
-                         f"on different ranks ({given}); every rank must pass the same sets")
+    """Check every rank's ``init(process_sets=...)`` list with one allgather, before any set
+    is registered; return the duplicates found, as ``{rank: problem}``.
+
+    Lists that differ in length, or in which entry is given by ranks (and which ranks) or by
+    a communicator, would make the registration's collectives part ways: ValueError on every
+    rank. A duplicate (the same ranks in any order, or every rank: the global set) is each
+    rank's own, since a set given by a communicator stands for different ranks on different
+    processes; the sets are registered anyway and ``_refuse_duplicates`` raises on the ranks
+    whose own list repeats one, as Horovod does.
+    """
+    verdicts = comm.allgather((_list_shape(process_sets), _duplicate_sets(process_sets, comm)))
+    problems = {rank: problem for rank, (_, problem) in enumerate(verdicts) if problem}
+    shapes = [shape for shape, _ in verdicts]
+    if len(set(shapes)) == 1:
+        return problems
+    if len({len(shape) for shape in shapes}) > 1:
+        given = {rank: len(shape) for rank, shape in enumerate(shapes)}
+        reason = f"different numbers of process sets on different ranks ({given})"
+    else:
+        index = next(i for i in range(len(shapes[0])) if len({s[i] for s in shapes}) > 1)
+        given = {rank: _describe_entry(shape[index]) for rank, shape in enumerate(shapes)}
+        reason = f"different process_sets[{index}] on different ranks ({given})"
+    also = ("; duplicates too: " + _name_duplicates(problems)) if problems else ""
+    raise ValueError(f"init(process_sets=...) was given {reason}{also}; every rank must pass "
+                     f"the same list (a set by ranks with the same ranks, or a communicator, "
+                     f"at the same place)")
+
+
+def _list_shape(process_sets):
+    """What must be the same on every rank: per entry, the global set, a communicator, or
+    the sorted ranks of a set given by ranks."""
+    shape = []
+    for process_set in process_sets or ():
+        if process_set.process_set_id == 0:
+            shape.append(("global",))
+        elif process_set.ranks is not None:
+            shape.append(("ranks",) + tuple(sorted(process_set.ranks)))
+        else:
+            shape.append(("communicator",))
+    return tuple(shape)
+
+
+def _describe_entry(entry):
+    return "a communicator" if entry[0] == "communicator" else (
+        "the global set" if entry[0] == "global" else f"ranks {list(entry[1:])}")
+
+
+def _name_duplicates(problems):
+    return "; ".join(f"rank {rank}: {problem}" for rank, problem in sorted(problems.items()))
+
+
+def _refuse_duplicates(problems, rank):
+    """After registration: ValueError on the ranks whose own list repeats a set, a warning
+    naming them on the others (whose lists were sound, so their ``init`` succeeds)."""
+    if not problems:
+        return
+    text = (f"init(process_sets=...) got duplicate process sets ({_name_duplicates(problems)}); "
+            f"give each set of ranks once (the global set, of every rank, is always there). "
+            f"The job is initialized, with each set registered once")
+    if rank in problems:
+        raise ValueError(text)
+    log.warning("%s; this rank's own list has no duplicate, so its init() succeeded, while "
+                "ranks %s raised ValueError", text, sorted(problems))
 
 
 def _duplicate_sets(process_sets, comm):

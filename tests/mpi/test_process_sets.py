@@ -1,6 +1,7 @@
 """Process sets: collectives over a subset of the ranks, added at init or dynamically."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -208,3 +209,62 @@ def test_duplicate_static_sets_are_refused_on_every_rank_and_the_job_goes_on():
         hvd.init(process_sets=lopsided)
     assert hvd.is_initialized()
     assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [float(size)] * 2
+
+
+def test_a_duplicate_in_one_ranks_own_view_raises_there_and_the_others_go_on(caplog):
+    """A set given by a communicator stands for different ranks on different processes, so a
+    duplicate can be one rank's own: as in Horovod, the sets are registered (each once) and
+    only the ranks whose list repeats one raise; the others succeed and are warned."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    size, rank = world.size, world.rank
+    if size == 1:
+        pytest.skip("at one rank every set is the global set")
+    hvd.shutdown()
+    split = world.Split(color=rank % 2, key=rank)  # evens and odds
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    # evens repeat their own communicator; at two ranks [0] is both the evens and the last set
+    repeats = rank % 2 == 0 or size == 2
+    sets = [hvd.ProcessSet(split), hvd.ProcessSet(evens), hvd.ProcessSet([0])]
+    try:
+        with caplog.at_level("WARNING", logger="hororing"):
+            if repeats:
+                repeat = f"rank 0: process_sets[1] with ranks {evens} repeats process_sets[0]"
+                with pytest.raises(ValueError, match=re.escape(repeat)):
+                    hvd.init(process_sets=sets)
+            else:
+                hvd.init(process_sets=sets)
+                assert "ranks [0" in caplog.text and "raised ValueError" in caplog.text
+        assert hvd.is_initialized()
+        expected = {0: list(range(size)), 1: evens, 2: odds}
+        if size > 2:
+            expected[3] = [0]
+        assert {set_id: current().set_ranks(set_id) for set_id in current().set_ids()} == expected
+        mine = sets[0]
+        assert mine.ranks == (evens if rank % 2 == 0 else odds)
+        total = hvd.allreduce(np.full(3, rank + 1.0), op=hvd.Sum, process_set=mine)
+        assert total.tolist() == [float(sum(r + 1 for r in mine.ranks))] * 3
+    finally:
+        hvd.shutdown()
+        split.Free()
+        hvd.init()
+
+
+def test_lists_that_differ_in_kind_across_ranks_are_refused_on_every_rank():
+    from mpi4py import MPI
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks to differ")
+    world = MPI.COMM_WORLD
+    # rank 0 gives its first set by ranks, the others by a communicator: the registration's
+    # collectives would part ways, so every rank refuses before any set is registered
+    split = world.Split(color=0 if world.rank == 0 else 1, key=world.rank)
+    before = current().set_ids()
+    try:
+        first = hvd.ProcessSet([0]) if world.rank == 0 else hvd.ProcessSet(split)
+        with pytest.raises(ValueError, match=r"different process_sets\[0\] on different ranks "
+                                             r"\(\{0: 'ranks \[0\]', 1: 'a communicator'"):
+            hvd.init(process_sets=[first])
+        assert current().set_ids() == before
+        assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [float(hvd.size())] * 2
+    finally:
+        split.Free()
