@@ -69,6 +69,9 @@ class Engine:
         # a cycle's vote waits on every other rank (named by the stall watchdog)
         self._peers = transport.world_ranks(comm, [peer for peer in range(self.size)
                                                    if peer != self.rank])
+        # one activity for every cycle (cycles never nest, and one thread drives at a time)
+        self._cycle_activity = transport.activity(
+            lambda: f"negotiation cycle {self._cycle}", self._peers)
         self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
@@ -94,8 +97,10 @@ class Engine:
         self._vote = np.zeros(vote_words(config.cache_capacity), dtype=np.int64)
         self._agreed = np.zeros_like(self._vote)
         self._vote_key = None     # what self._vote encodes
+        self._vote_exchange = transport.Exchange(self._comm_negotiate, "allreduce", self._vote,
+                                                 self._agreed, op=MPI.BAND)
         # a lone small allreduce that repeats is folded into the negotiation exchange
-        self._fold = Fold(self.size, self.executor)
+        self._fold = Fold(self._comm_negotiate, self.executor)
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
         self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
                        "inline_hits": 0, "received_bytes": 0}
@@ -281,8 +286,7 @@ class Engine:
         return False
 
     def _run_cycle(self, initiate, deadline=None):
-        with transport.activity(lambda cycle=self._cycle + 1: f"negotiation cycle {cycle}",
-                                self._peers):
+        with self._cycle_activity:
             return self._cycle_body(initiate, deadline)
 
     def _cycle_body(self, initiate, deadline):
@@ -318,8 +322,7 @@ class Engine:
         # every cycle repeats the bits of what is still waiting: the vote has no memory
         cache_ids = tuple(request.cache_id for request in self._by_bit.values())
         self._encode_vote(needs_gather, cache_ids)
-        if not transport.wait(self._comm_negotiate.Iallreduce(self._vote, self._agreed,
-                                                              op=MPI.BAND), deadline, wake):
+        if not transport.wait(self._vote_exchange.start(), deadline, wake):
             return False
         self._stats["cycles"] += 1
         self._stats["received_bytes"] += self._agreed.nbytes
@@ -353,8 +356,8 @@ class Engine:
         waiting = None
         if len(self._by_bit) == 1 and not needs_gather:
             (waiting,) = self._by_bit.values()
-        row, rows = self._fold.rows(waiting)
-        if not transport.wait(self._comm_negotiate.Iallgather(row, rows), deadline, wake):
+        rows = self._fold.rows(waiting)
+        if not transport.wait(self._fold.exchange(), deadline, wake):
             return None
         self._stats["inline_cycles"] += 1
         self._stats["received_bytes"] += rows.nbytes
@@ -474,6 +477,8 @@ class Engine:
         self.executor.close()
         if self.tuner is not None:
             self.tuner.close()
+        self._vote_exchange.free()
+        self._fold.free()
         self._comm_negotiate.Free()
         if self.timeline is not None:
             self.timeline.close()

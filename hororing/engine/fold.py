@@ -12,6 +12,8 @@ decided from the responses alone, so every rank decides alike.
 
 import numpy as np
 
+from .. import transport
+
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
 
@@ -19,13 +21,15 @@ _HEAD = FIELDS * 8
 class Fold:
     """The fold's state on one rank: whether the next cycle folds, and its buffers."""
 
-    def __init__(self, size, executor):
-        self.size = size
+    def __init__(self, comm, executor):
+        self._comm = comm  # the negotiation's
+        self.size = comm.Get_size()
         self._executor = executor
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
         self._last_lone = None
         self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
         self._row = self._fields = None  # this rank's row, and its fields
+        self._exchange = None  # the allgather of the rows (transport.Exchange)
 
     def predict(self, responses):
         """Fold the next cycle when this one and the last that ran anything each ran one
@@ -37,18 +41,31 @@ class Fold:
         self._last_lone = lone
 
     def rows(self, waiting):
-        """(this rank's row, the array every rank's row is gathered into) for the next
-        exchange; ``waiting``: the one cached request this rank has waiting and may fold
-        (None: this rank's row says "not this time")."""
+        """Fill this rank's row for the next exchange; return the array every rank's row is
+        gathered into. ``waiting``: the one cached request this rank has waiting and may
+        fold (None: this rank's row says "not this time"). The same cycle on every rank."""
         if self._rows is None or self._rows.shape[1] != _HEAD + self.bytes:
+            self.free()  # rows of another size: a new exchange, made on every rank alike
             self._rows = np.empty((self.size, _HEAD + self.bytes), dtype=np.uint8)
             self._row = np.zeros(_HEAD + self.bytes, dtype=np.uint8)
             self._fields = self._row[:_HEAD].view(np.int64)
-        self._fields[:] = (0, -1)  # a row of zeros is never agreed on
+            self._exchange = transport.Exchange(self._comm, "allgather", self._row, self._rows)
+        fields = self._fields
         if waiting is not None and self._executor.inline_contribution(waiting,
                                                                         self._row[_HEAD:]):
-            self._fields[:] = (-1, waiting.cache_id)
-        return self._row, self._rows
+            fields[0], fields[1] = -1, waiting.cache_id
+        else:
+            fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
+        return self._rows
+
+    def exchange(self):
+        """Start the allgather of the rows filled by ``rows``; the request to wait on."""
+        return self._exchange.start()
+
+    def free(self):
+        if self._exchange is not None:
+            self._exchange.free()
+            self._exchange = None
 
     def agreed(self):
         """The cache id every rank folded in the gathered rows, or None if they did not all
