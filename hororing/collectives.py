@@ -317,14 +317,15 @@ def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False
     check_array(tensor, min_ndim=min_ndim)
     name = check_name(name) or group.auto_name(kind)
     output = writeback = None
+    flags = tensor.flags  # a new flags object on every access
     if inplace:
-        check_writable(tensor)
-        if tensor.flags.c_contiguous:
+        check_writable(tensor, flags=flags)
+        if flags.c_contiguous:
             output = tensor
         else:
             writeback = tensor
             tensor = output = _contiguous(tensor)
-    else:
+    elif not flags.c_contiguous:
         tensor = _contiguous(tensor)
     check_adasum_dtype(fields.get("op"), tensor.dtype)
     meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,

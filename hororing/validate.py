@@ -33,8 +33,8 @@ def check_array(tensor, argument="tensor", min_ndim=0):
     return tensor
 
 
-def check_writable(tensor, argument="tensor"):
-    if not tensor.flags.writeable:
+def check_writable(tensor, argument="tensor", flags=None):
+    if not (tensor.flags if flags is None else flags).writeable:
         raise ValueError(f"{argument} is read-only, so an in-place collective cannot write its "
                          f"result; use the out-of-place form or pass a writable copy")
 

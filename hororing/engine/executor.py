@@ -9,6 +9,7 @@ buffers, in the place their tensor lives (``buffers.py``, ``device.py``).
 
 import math
 import time
+from typing import NamedTuple, Optional
 
 import numpy as np
 from .._mpi import MPI
@@ -49,6 +50,7 @@ class Executor:
         if hierarchical is None:
             layout[0].Free()
         self.allreduce = AllreducePipeline(comm, config, algorithms, self._span)
+        self._fold_plans = {}  # Meta -> _FoldPlan
 
     def execute(self, responses, take, missed=None, cache_id=None):
         """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None.
@@ -111,18 +113,58 @@ class Executor:
         or None where it must take the executor's own route (the same on every rank)."""
         if response.joined or response.error is not None:
             return None
-        return self._foldable_bytes(response.meta)
+        return self._fold_plan(response.meta).nbytes
 
     def inline_contribution(self, request, out):
         """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
         False if it does not fit them exactly (then it goes the usual way)."""
-        meta = request.meta
-        if self._foldable_bytes(meta) != out.nbytes:
+        plan = self._fold_plan(request.meta)
+        if plan.nbytes != out.nbytes:
             return False
-        buffer = out.view(wire_dtype(meta.dtype, meta.wire))
+        buffer = out.view(plan.dtype)
         buffer[...] = request.tensor.reshape(-1)
-        scale_into(buffer, scaling(meta, self.size)[0])
+        if plan.prescale != 1.0:
+            scale_into(buffer, plan.prescale)
         return True
+
+    def finish_inline(self, response, request, rows):
+        """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
+        rank): reduced in rank order, as the latency path reduces its gathered rows, so the
+        result is bitwise what that path gives."""
+        started = time.monotonic()
+        meta = response.meta
+        plan = self._fold_plan(meta)
+        output = self.allreduce.host.output(response, request, meta.dtype, None)
+        flat = output.reshape(-1)
+        buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
+        plan.reduce(rows.view(plan.dtype), axis=0, out=buffer)
+        if plan.finalize is not None:
+            plan.finalize(buffer)
+        if buffer is not flat:
+            flat[...] = buffer
+        self._span([(response, request)], "ALLREDUCE", started)
+        complete(request, output)
+
+    def _fold_plan(self, meta):
+        """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop
+        repeats one): its wire bytes where the latency path would take it (else None), the
+        wire dtype, the prescale, the reduction and the finalizer. Made again when the
+        small-message threshold changes (the autotuner)."""
+        small_bytes = self.allreduce.small_bytes
+        plan = self._fold_plans.get(meta)
+        if plan is None or plan.small_bytes != small_bytes:
+            if len(self._fold_plans) >= _FOLD_PLANS:
+                self._fold_plans.clear()
+            nbytes = self._foldable_bytes(meta)
+            if nbytes is None:
+                plan = _FoldPlan(None, None, 1.0, None, None, small_bytes)
+            else:
+                prescale, finalize = scaling(meta, self.size)
+                plan = _FoldPlan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
+                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce, finalize,
+                                 small_bytes)
+            self._fold_plans[meta] = plan
+        return plan
 
     def _foldable_bytes(self, meta):
         """The wire bytes of a host allreduce that the latency path would take, else None."""
@@ -131,25 +173,6 @@ class Executor:
         nbytes = wire_bytes(meta)
         small = nbytes < self.allreduce.small_bytes
         return nbytes if small and self.allreduce.kind_for(nbytes) == "small" else None
-
-    def finish_inline(self, response, request, rows):
-        """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
-        rank): reduced in rank order, as the latency path reduces its gathered rows, so the
-        result is bitwise what that path gives."""
-        started = time.monotonic()
-        meta = response.meta
-        reduce_dtype = wire_dtype(meta.dtype, meta.wire)
-        output = self.allreduce.host.output(response, request, meta.dtype, None)
-        flat = output.reshape(-1)
-        buffer = flat if reduce_dtype == flat.dtype else np.empty(flat.size, dtype=reduce_dtype)
-        REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce(rows.view(reduce_dtype), axis=0, out=buffer)
-        finalize = scaling(meta, self.size)[1]
-        if finalize is not None:
-            finalize(buffer)
-        if buffer is not flat:
-            flat[...] = buffer
-        self._span([(response, request)], "ALLREDUCE", started)
-        complete(request, output)
 
     # ---- everything else ----------------------------------------------------------------
 
@@ -242,6 +265,18 @@ class Executor:
             for response, _ in items:
                 self.timeline.span(response.name, activity, started, ended,
                                    response.meta.kind)
+
+
+_FOLD_PLANS = 256  # metadata whose fold plan is kept (a training loop has a few)
+
+
+class _FoldPlan(NamedTuple):
+    nbytes: Optional[int]
+    dtype: np.dtype
+    prescale: float
+    reduce: object  # ufunc.reduce
+    finalize: object
+    small_bytes: int
 
 
 def bucket_key(name, cache_id):
