@@ -49,8 +49,13 @@ def driver(args):
     from hororing.costmodel import calibrate, crossover_bytes, predict
     ns = [int(n) for n in args.ns.split(",")]
     rows = []
-    for n in ns:
-        rows += run_child(args, n)
+    if args.rows_from:  # the measurements of an earlier run, analysed (and plotted) again
+        with open(args.rows_from) as saved:
+            rows = [{key: value for key, value in row.items() if key != "model_s"}
+                    for row in json.load(saved)["rows"] if row["n"] in ns]
+    else:
+        for n in ns:
+            rows += run_child(args, n)
     cores = os.cpu_count()
     info = machine_info()
     samples = [(ALGORITHM_MODEL[row["algorithm"]][0], row["n"], row["bytes"],
@@ -167,7 +172,7 @@ def plot(rows, ns, args, machine):
             if points:
                 axis.plot(*zip(*points), style, marker="o",
                           label=f"{algorithm} {nbytes // MiB} MiB")
-            if model:
+            if model and points:  # no model line for a size that was not measured
                 axis.plot(ns, [predict(machine, model[0], n, nbytes, model[1]) for n in ns], ":",
                           color="gray")
     axis.set(xlabel="workers n", ylabel="time per allreduce (s)", yscale="log",
@@ -297,6 +302,9 @@ def parse_args():
     parser.add_argument("--blocks", type=int, default=5,
                         help="timed blocks per point; the time is the fastest block's mean")
     parser.add_argument("--json")
+    parser.add_argument("--rows-from", metavar="JSON",
+                        help="take the measurements from the --json of an earlier run instead "
+                             "of running jobs (to fit, print or plot them again)")
     parser.add_argument("--plot", help="PNG path prefix")
     parser.add_argument("--mpiexec", default="mpiexec",
                         help="the launcher, with its arguments as one string (e.g. hosts: "
