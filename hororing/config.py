@@ -13,6 +13,12 @@ MODES = ("ring", "ps")
 PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see ps/placement.py
 RING_SUBCHUNK_IN_NODE = MiB
 RING_SUBCHUNK_ACROSS_NODES = 256 * 1024
+# The automatic latency-path total for a job that spans nodes, unless the total is set: there
+# the gathered rows cross the links between hosts. Measured across 2 emulated hosts x 2 ranks
+# (scripts/bench_allreduce.py --hierarchical, docs/hosts.md): a 64 KiB allreduce took 2197 us
+# on the latency path against 551 us hierarchical at 1 Gbit/s, and the same at 10 Gbit/s
+# (323 against 314 us); 4 KiB stays faster on the latency path at both rates.
+SMALL_TOTAL_ACROSS_NODES = 256 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Config:
     # total. The latency path gathers ranks x bytes where the ring moves ~2 x bytes, so its
     # crossover shrinks as the job grows: measured at 2, 3 and 4 ranks where
     # ranks x bytes is 1-2 MiB (scripts/bench_tuning.py --setting small, docs/tuning.md).
+    # A job across nodes takes at most SMALL_TOTAL_ACROSS_NODES unless the total is set.
     small_allreduce_bytes: object = None
     small_allreduce_total_bytes: int = MiB
     # Hierarchical allreduce (reduce inside each node, across nodes by slices, gather):
@@ -114,11 +121,15 @@ class Config:
     # the fields set explicitly (environment or init() arguments), filled by from_environ
     explicit: frozenset = frozenset()
 
-    def small_threshold(self, ranks):
-        """Bytes below which an allreduce over ``ranks`` ranks takes the latency path."""
+    def small_threshold(self, ranks, across_nodes=False):
+        """Bytes below which an allreduce over ``ranks`` ranks takes the latency path
+        (``across_nodes``: the ranks span several nodes)."""
         if self.small_allreduce_bytes is not None:
             return self.small_allreduce_bytes
-        return self.small_allreduce_total_bytes // max(ranks, 1)
+        total = self.small_allreduce_total_bytes
+        if across_nodes and "small_allreduce_total_bytes" not in self.explicit:
+            total = min(total, SMALL_TOTAL_ACROSS_NODES)
+        return total // max(ranks, 1)
 
     def subchunk_bytes(self, across_nodes):
         """The ring's sub-chunk for a ring within one node or one that crosses nodes."""

@@ -198,10 +198,10 @@ def _default_settings(engine):
     config = Config()
     # by default the hierarchical allreduce runs wherever it is made (a job across hosts)
     hierarchical = "hierarchical" in engine.executor.allreduce.host.algorithms
+    across_nodes, size = current().cross_size > 1, current().size
     return Settings(config.fusion_threshold, config.cycle_time_ms,
-                    config.small_allreduce_total_bytes,
-                    config.subchunk_bytes(across_nodes=current().cross_size > 1),
-                    hierarchical)
+                    config.small_threshold(size, across_nodes) * size,
+                    config.subchunk_bytes(across_nodes=across_nodes), hierarchical)
 
 
 def parse_args():

@@ -33,12 +33,13 @@ from .buffers import HostBuffers
 class AllreducePipeline:
     """Runs allreduce buckets on one communicator, on host or device buffers."""
 
-    def __init__(self, comm, config, algorithms, span):
+    def __init__(self, comm, config, algorithms, span, across_nodes=False):
         """``algorithms``: the host algorithms by kind; ``span(items, activity, started)``
-        records a timeline activity."""
+        records a timeline activity; ``across_nodes``: the ranks span several nodes."""
         self.comm = comm
         self.config = config
-        self.small_bytes = config.small_threshold(comm.Get_size())  # the latency path below
+        # the latency path below
+        self.small_bytes = config.small_threshold(comm.Get_size(), across_nodes)
         self.host = HostBuffers(algorithms, config.fusion_threshold, config.output_pool_bytes)
         self.observers = []  # observer(kind, buffer) before each reduction
         self._span = span

@@ -49,7 +49,8 @@ class Executor:
                 algorithms["hierarchical"] = hierarchical
         if hierarchical is None:
             layout[0].Free()
-        self.allreduce = AllreducePipeline(comm, config, algorithms, self._span)
+        self.allreduce = AllreducePipeline(comm, config, algorithms, self._span,
+                                           across_nodes=layout[1] > 1)
         self._fold_plans = {}  # Meta -> _FoldPlan
 
     def execute(self, responses, take, missed=None, cache_id=None):

@@ -110,6 +110,12 @@ def test_small_message_threshold_follows_the_ranks_unless_fixed():
     assert fixed.small_threshold(2) == fixed.small_threshold(64) == 4096
     total = Config.from_environ({"HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": "65536"})
     assert total.small_threshold(4) == 16384
+    # across nodes the gathered rows cross the links: a smaller total, unless one is set
+    assert automatic.small_threshold(4, across_nodes=True) == 65536
+    assert automatic.small_threshold(4, across_nodes=False) == 262144
+    given = Config.from_environ({"HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": "4194304"})
+    assert given.small_threshold(4, across_nodes=True) == 1048576
+    assert fixed.small_threshold(4, across_nodes=True) == 4096
     with pytest.raises(ValueError, match="small allreduce total must be >= 0 bytes"):
         Config.from_environ({"HORORING_SMALL_ALLREDUCE_TOTAL_BYTES": "-1"})
 
