@@ -69,6 +69,11 @@ class AllreducePipeline:
                              f"ALLREDUCE=1, ps needs HORORING_MODE=ps)")
         self._forced = kind
 
+    @property
+    def small_route(self):
+        """What decides whether a size takes the latency path: (threshold, forced kind)."""
+        return self.small_bytes, self._forced
+
     @contextlib.contextmanager
     def watch(self):
         """Record ``(kind, dtype name, element count)`` of every buffer handed to an algorithm

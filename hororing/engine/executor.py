@@ -149,21 +149,20 @@ class Executor:
     def _fold_plan(self, meta):
         """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop
         repeats one): its wire bytes where the latency path would take it (else None), the
-        wire dtype, the prescale, the reduction and the finalizer. Made again when the
-        small-message threshold changes (the autotuner)."""
-        small_bytes = self.allreduce.small_bytes
+        wire dtype, the prescale, the reduction and the finalizer. Made again when what
+        routes small sizes changes (the autotuner's threshold, a forced algorithm)."""
+        route = self.allreduce.small_route
         plan = self._fold_plans.get(meta)
-        if plan is None or plan.small_bytes != small_bytes:
+        if plan is None or plan.route != route:
             if len(self._fold_plans) >= _FOLD_PLANS:
                 self._fold_plans.clear()
             nbytes = self._foldable_bytes(meta)
             if nbytes is None:
-                plan = _FoldPlan(None, None, 1.0, None, None, small_bytes)
+                plan = _FoldPlan(None, None, 1.0, None, None, route)
             else:
                 prescale, finalize = scaling(meta, self.size)
                 plan = _FoldPlan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
-                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce, finalize,
-                                 small_bytes)
+                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce, finalize, route)
             self._fold_plans[meta] = plan
         return plan
 
@@ -277,7 +276,7 @@ class _FoldPlan(NamedTuple):
     prescale: float
     reduce: object  # ufunc.reduce
     finalize: object
-    small_bytes: int
+    route: tuple  # AllreducePipeline.small_route when it was made
 
 
 def bucket_key(name, cache_id):

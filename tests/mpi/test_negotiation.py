@@ -127,3 +127,28 @@ def test_a_predicted_fold_that_does_not_come_falls_back_in_the_same_cycle():
         assert_close(hvd.synchronize(handle), expected)
     hvd.barrier()
     assert_close(hvd.allreduce(values, name="fold.a", op=hvd.Sum), expected)
+
+
+def test_a_forced_algorithm_ends_the_fold_of_a_repeated_small_allreduce():
+    """Once a lone small allreduce folds, forcing an algorithm (pipeline.force) routes the
+    next calls of it there: the fold's cached plan follows what routes small sizes."""
+    if hvd.size() == 1:
+        pytest.skip("one rank reduces nothing")
+    hvd.shutdown()  # a fresh response cache: only a cached name folds, and a long run fills it
+    hvd.init()
+    pipeline = current().engine.allreduce
+    values = np.arange(11, dtype=np.float32) + hvd.rank()
+    expected = np.arange(11, dtype=np.float32) * hvd.size() + sum(range(hvd.size()))
+    before = _stats()["inline_hits"]
+    for _ in range(6):
+        assert_close(hvd.allreduce(values, name="fold.forced", op=hvd.Sum), expected)
+    assert _stats()["inline_hits"] > before  # it folded
+    pipeline.force("ring")
+    try:
+        for _ in range(3):
+            with pipeline.watch() as seen:
+                result = hvd.allreduce(values, name="fold.forced", op=hvd.Sum)
+            assert_close(result, expected)
+            assert seen == [("ring", "float32", 11)], seen
+    finally:
+        pipeline.force(None)
