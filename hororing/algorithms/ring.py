@@ -15,6 +15,7 @@ received, rather than into a third array, keeps the add at two reads and one wri
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,7 @@ class Ring:
             False: ring_schedule(self.size, self.rank, allgather=False),
         }
         self._scratch = np.empty(0, dtype=np.uint8)
+        self._layouts = {}  # (bounds, itemsize, sub-chunk bytes, steps) -> _Layout
         self.contributors = self.size  # ranks whose data is in a reduced result
         self.bytes_sent = 0  # to the right neighbour, over this ring's life
         schedule = self._schedules[True]
@@ -64,8 +66,7 @@ class Ring:
             source: this rank's input, a flat array of ``buffer``'s kind, size and dtype,
                 only read (None: the input is ``buffer`` itself).
         """
-        bounds = chunk_bounds(buffer.size, self.size)
-        self._run(buffer, op, bounds, self._schedules[True], finalize, stage, source)
+        self._run(buffer, op, buffer.size, self._schedules[True], finalize, stage, source)
 
     def schedule(self, allgather=True):
         """This rank's ring schedule (``plan.ring_schedule``)."""
@@ -78,7 +79,26 @@ class Ring:
             bounds: one (start, stop) element range per rank, covering ``buffer``.
             source: as ``allreduce``'s; the rest of ``buffer`` is then left undefined.
         """
-        self._run(buffer, op, bounds, self._schedules[False], finalize, source=source)
+        self._run(buffer, op, tuple(bounds), self._schedules[False], finalize, source=source)
+
+    def _layout(self, bounds, itemsize, schedule):
+        """The pieces of every chunk and the elements this rank sends, worked out once per
+        buffer shape (a training loop repeats a few). ``bounds``: the chunks' (start, stop)
+        ranges, or an element count to cut into ``size`` chunks."""
+        key = (bounds, itemsize, self.subchunk_bytes, len(schedule.steps))
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= _LAYOUTS:
+                self._layouts.clear()
+            if isinstance(bounds, int):
+                bounds = chunk_bounds(bounds, self.size)
+            largest = max(stop - start for start, stop in bounds)
+            parts = max(1, math.ceil(largest * itemsize / self.subchunk_bytes))
+            layout = self._layouts[key] = _Layout(
+                [_split(start, stop, parts) for start, stop in bounds], largest,
+                sum(bounds[step.send_chunk][1] - bounds[step.send_chunk][0]
+                    for step in schedule.steps))
+        return layout
 
     def _run(self, buffer, op, bounds, schedule, finalize, stage=None, source=None):
         stage = stage or _NO_STAGE
@@ -96,21 +116,20 @@ class Ring:
             stage.final(0, buffer.size)
             return
         with transport.activity(self._describe, self._neighbours):
-            self._steps(buffer, op, bounds, schedule, finalize, stage, synchronize, steps,
+            self._steps(buffer, op, self._layout(bounds, buffer.itemsize, schedule), schedule,
+                        finalize, stage, synchronize, steps,
                         buffer if source is None else source)
 
-    def _steps(self, buffer, op, bounds, schedule, finalize, stage, synchronize, steps, source):
+    def _steps(self, buffer, op, layout, schedule, finalize, stage, synchronize, steps, source):
         comm, left, right = self.comm, schedule.left, schedule.right
-        largest_chunk = max(stop - start for start, stop in bounds)
-        pieces_per_chunk = max(1, math.ceil(largest_chunk * buffer.itemsize / self.subchunk_bytes))
-        pieces = [_split(start, stop, pieces_per_chunk) for start, stop in bounds]
+        pieces = layout.pieces
         in_place = source is buffer
-        scratch = self._scratch_halves(buffer.dtype, largest_chunk) if in_place else None
+        scratch = self._scratch_halves(buffer.dtype, layout.largest) if in_place else None
         pending_sends = {}  # chunk -> send requests still reading from it
 
         def post_receives(index):
             step = steps[index]
-            chunk_start = bounds[step.recv_chunk][0]
+            chunk_start = pieces[step.recv_chunk][0][0]
             if step.reduce and in_place:
                 half = scratch[index % 2]
                 return [comm.Irecv(half[start - chunk_start:stop - chunk_start], left, tag)
@@ -122,8 +141,7 @@ class Ring:
                     for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
 
         first = steps[0].send_chunk
-        self.bytes_sent += buffer.itemsize * sum(
-            bounds[step.send_chunk][1] - bounds[step.send_chunk][0] for step in steps)
+        self.bytes_sent += buffer.itemsize * layout.sent
         stage.need(first)
         pending_sends[first] = [comm.Isend(source[start:stop], right, tag)
                                 for tag, (start, stop) in enumerate(pieces[first])]
@@ -136,7 +154,7 @@ class Ring:
             early = has_next and steps[index + 1].reduce
             next_receives = post_receives(index + 1) if early else None
             owned_now = step.reduce and (not has_next or not steps[index + 1].reduce)
-            chunk_start = bounds[step.recv_chunk][0]
+            chunk_start = pieces[step.recv_chunk][0][0]
             half = scratch[index % 2] if in_place else None
             forwarded = pending_sends.setdefault(step.recv_chunk, [])
             if step.reduce:
@@ -170,6 +188,15 @@ class Ring:
                              else self.device.empty(needed))
         flat = self._scratch[:needed].view(dtype)
         return flat[:count], flat[count:]
+
+
+_LAYOUTS = 64
+
+
+class _Layout(NamedTuple):
+    pieces: list  # per chunk, its pieces' (start, stop) element ranges
+    largest: int  # elements in the largest chunk
+    sent: int  # elements this rank sends to the right in one run of the schedule
 
 
 class _NoStage:

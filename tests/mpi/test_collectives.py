@@ -80,6 +80,19 @@ def test_reducescatter_gives_extra_rows_to_the_first_ranks(rows, op, dtype):
     assert_close(result, full[start:start + mine_rows])
 
 
+def test_reducescatter_of_the_same_element_count_split_by_other_rows():
+    """The ring keeps the pieces it cut a buffer into, per buffer shape: two reducescatters
+    of 24 elements whose rows split them at different places each get their own."""
+    size, rank = hvd.size(), hvd.rank()
+    for shape in [(12, 2), (8, 3), (24, 1), (12, 2)]:
+        mine = rank_input(rank, shape, "float32", seed=shape[0])
+        result = hvd.reducescatter(mine, op=hvd.Sum, name=f"rs.same.{shape}")
+        full = reference_allreduce(all_inputs(size, shape, "float32", shape[0]), hvd.Sum)
+        base, extra = divmod(shape[0], size)
+        start = rank * base + min(rank, extra)
+        assert_close(result, full[start:start + base + (1 if rank < extra else 0)])
+
+
 def test_barrier_and_join_return_the_last_rank_everywhere():
     hvd.barrier()
     # rank r has r + 1 batches; joined ranks contribute zeros and Average still divides by size
