@@ -12,6 +12,8 @@ Algorithms, all on the same buffers in the same run:
   plain   a 20-line Python ring: blocking Sendrecv + np.add, no sub-chunks (the baseline)
   gloo    torch.distributed's gloo all_reduce (when torch is installed)
   flat    hororing's pipelined ring alone, on its own communicator (no negotiation)
+  flatout the same ring alone, out of place into a result reused from call to call: what
+          outplace costs without the engine (outplace - flatout is the engine's share)
   hier    hororing's hierarchical allreduce alone (reduce in each node, across nodes by
           slices, gather), on its own communicator
 
@@ -215,6 +217,7 @@ class Layout:
         self.hier = Hierarchical(COMM.Dup(), config.subchunk_bytes(across_nodes=False),
                                  cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True))
         self.nodes = self.hier.nodes
+        self.results = {}  # flatout's result arrays, by element count
         leader = local.bcast(COMM.Get_rank(), root=0)  # a node's id: its first rank
         self.node_of = COMM.allgather(leader)
         self.node_sizes = sorted((self.node_of.count(node) for node in set(self.node_of)),
@@ -224,6 +227,14 @@ class Layout:
 
 def run_flat(buffer):
     Layout.get().flat.allreduce(buffer, "sum")
+
+
+def run_flat_outplace(buffer):
+    result = Layout.get().results.get(buffer.size)
+    if result is None:
+        result = Layout.get().results[buffer.size] = np.empty_like(buffer)
+    Layout.get().flat.allreduce(result, "sum", source=buffer)
+    return result
 
 
 def run_hier(buffer):
@@ -247,7 +258,7 @@ def cross_node_bytes(count):
 
 ALGORITHMS = {"ring": run_ring, "outplace": run_outplace, "adasum": run_adasum,
               "native": run_native, "plain": run_plain, "gloo": run_gloo,
-              "flat": run_flat, "hier": run_hier}
+              "flat": run_flat, "flatout": run_flat_outplace, "hier": run_hier}
 
 
 # ---- measuring ----------------------------------------------------------------------------

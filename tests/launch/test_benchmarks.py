@@ -24,18 +24,36 @@ def run_under_mpi(ranks, script, *args, timeout=300):
     return job
 
 
+ALLREDUCE_ALGORITHMS = ("ring", "outplace", "native", "plain", "flatout")
+
+
 def test_bench_allreduce_runs_every_algorithm_correctly(tmp_path):
     output = tmp_path / "allreduce.json"
     run_under_mpi(3, "bench_allreduce.py", "--max-bytes", "1048576", "--seconds", "0.02",
-                  "--rounds", "2", "--algorithms", "ring", "outplace", "native", "plain",
-                  "--fusion", "--json", str(output))
+                  "--rounds", "2", "--algorithms", *ALLREDUCE_ALGORITHMS, "--fusion", "--json",
+                  str(output))
     report = json.loads(output.read_text())
     rows = report["rows"]
-    assert {row["algorithm"] for row in rows} == {"ring", "outplace", "native", "plain"}
+    assert {row["algorithm"] for row in rows} == set(ALLREDUCE_ALGORITHMS)
     assert {row["bytes"] for row in rows} >= {8, 1024 * 1024}
     assert all(row["wrong"] == 0 for row in rows), [row for row in rows if row["wrong"]]
     assert all(len(row["round_times_us"]) == 2 and row["time_us"] > 0 for row in rows)
     assert report["fusion"]["async_us"] > 0 and report["fusion"]["blocking_us"] > 0
+
+
+def test_bench_ring_phases_times_each_phase_on_two_ranks_and_refuses_three():
+    job = run_under_mpi(2, "bench_ring_phases.py", "--bytes", "65536", "--iterations", "20",
+                        "--warmup", "2", "--json")
+    report = json.loads(job.stdout.splitlines()[-1])
+    assert report["bytes"] == 65536 and len(report["ranks"]) == 2
+    for row in report["ranks"]:
+        assert set(row) == {"send/recv", "add", "add again", "send back", "recv (oop)",
+                            "add (oop)"}
+        assert all(value > 0 for value in row.values())
+    refused = subprocess.run([mpiexec(), "-n", "3", sys.executable,
+                              str(SCRIPTS / "bench_ring_phases.py")], capture_output=True,
+                             text=True, timeout=120, cwd=SCRIPTS)
+    assert refused.returncode != 0 and "exactly 2 ranks" in refused.stderr
 
 
 def test_bench_small_between_work_times_every_kind_of_work(tmp_path):
