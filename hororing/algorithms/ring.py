@@ -190,7 +190,7 @@ class Ring:
         return flat[:count], flat[count:]
 
 
-_LAYOUTS = 64
+_LAYOUTS = 64  # layouts a ring keeps (a training loop has a few buffer shapes)
 
 
 class _Layout(NamedTuple):
