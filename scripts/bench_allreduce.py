@@ -230,10 +230,11 @@ def run_flat(buffer):
 
 
 def run_flat_outplace(buffer):
-    result = Layout.get().results.get(buffer.size)
+    layout = Layout.get()
+    result = layout.results.get(buffer.size)
     if result is None:
-        result = Layout.get().results[buffer.size] = np.empty_like(buffer)
-    Layout.get().flat.allreduce(result, "sum", source=buffer)
+        result = layout.results[buffer.size] = np.empty_like(buffer)
+    layout.flat.allreduce(result, "sum", source=buffer)
     return result
 
 
