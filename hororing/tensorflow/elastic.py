@@ -84,20 +84,30 @@ class _ModelHandler(_VariablesHandler):
 
 
 class _OptimizerHandler(_VariablesHandler):
-    """An optimizer's variables; one not built yet is built when a saved state needs it."""
+    """An optimizer's variables, its slots created up front.
+
+    Optimizers create their slots (momentum, Adam's moments) on their first step. Were the
+    first commit taken before it, restoring it after a failure in the first batches would
+    find more variables than were saved; so the slots are created for the model's trainable
+    variables when the state is made, and every commit holds all of them.
+    """
 
     def __init__(self, optimizer, model):
-        self._model = model
+        create_slots(optimizer, model.trainable_variables)
         super().__init__(optimizer)
 
     def variables(self):
         variables = self.value.variables
         return list(variables() if callable(variables) else variables)
 
-    def apply(self, saved):
-        if len(saved) != len(self.variables()) and hasattr(self.value, "build"):
-            self.value.build(self._model.trainable_variables)
-        super().apply(saved)
+
+def create_slots(optimizer, variables):
+    """Create ``optimizer``'s slot variables for ``variables`` unless it has them already."""
+    if hasattr(optimizer, "_create_all_weights"):  # tf-keras's legacy (OptimizerV2) line
+        optimizer._create_all_weights(variables)
+    elif hasattr(optimizer, "build") and not (getattr(optimizer, "built", False)
+                                              or getattr(optimizer, "_built", False)):
+        optimizer.build(variables)  # Keras 3, and tf-keras's current optimizers
 
 
 class TensorFlowState(HandledState):

@@ -1,5 +1,7 @@
 """Broadcasting variables and Python objects between ranks, for TensorFlow programs."""
 
+import warnings
+
 import tensorflow as tf
 
 from .. import collectives as core
@@ -45,7 +47,17 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
     Returns:
         The grouped assign op (None when run eagerly, where the assignment is done).
+
+    Warns:
+        UserWarning: ``variables`` is empty (e.g. a Keras model not built yet).
     """
+    variables = list(variables)
+    if not variables:
+        warnings.warn("broadcast_variables was given no variables, so nothing was broadcast: a "
+                      "Keras model built on its first batch has none until then. Broadcast "
+                      "after the first step, build the model first (keras.Input or "
+                      "model.build(input_shape)), or use BroadcastGlobalVariablesCallback",
+                      stacklevel=2)
     assigns = _assign_from_root(variables, root_rank, None, process_set, "broadcast_variables")
     if tf.executing_eagerly():
         return None

@@ -15,7 +15,8 @@ def broadcast_parameters(params, root_rank):
         root_rank: the rank whose values win.
 
     Raises:
-        ValueError: ``params`` is of another type.
+        ValueError: ``params`` is of another type, or holds a lazy module's parameter that
+            no forward pass has initialized yet.
 
     Example:
         >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -29,6 +30,7 @@ def broadcast_parameters(params, root_rank):
                              "or a list of tensors")
     else:
         raise ValueError(f"invalid params of type: {type(params)}")
+    refuse_uninitialized(items, "broadcast_parameters")
     handles = []
     for name, tensor in items:
         if isinstance(tensor, torch.Tensor):
@@ -45,15 +47,37 @@ def broadcast_optimizer_state(optimizer, root_rank):
     Scalars keep their Python types. Every rank must call it.
 
     Raises:
-        ValueError: for torch.optim.LBFGS, whose state cannot be broadcast this way.
+        ValueError: for torch.optim.LBFGS, whose state cannot be broadcast this way, and for
+            parameters of a lazy module that no forward pass has initialized yet.
     """
     inner = getattr(optimizer, "_optimizer", optimizer)
     if isinstance(inner, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    refuse_uninitialized([(f"param_groups[{group_index}]['params'][{index}]", parameter)
+                          for group_index, group in enumerate(inner.param_groups)
+                          for index, parameter in enumerate(group["params"])],
+                         "broadcast_optimizer_state")
     if not inner.state:
         _create_state(inner)
     state = objects.broadcast_object(inner.state_dict(), root_rank, name="optimizer_state")
     inner.load_state_dict(state)
+
+
+def refuse_uninitialized(named_tensors, caller):
+    """Raise when a (name, tensor) pair holds a lazy module's parameter not yet initialized.
+
+    ``torch.nn.LazyLinear`` and the other lazy modules make their parameters on the first
+    forward pass; before it they have no shape or values, so there is nothing to broadcast
+    or reduce, and passing them on would leave every rank with its own initialization.
+    """
+    for name, tensor in named_tensors:
+        if isinstance(tensor, torch.Tensor) and torch.nn.parameter.is_lazy(tensor):
+            shown = "a parameter" if name is None else f"parameter {name!r}"
+            raise ValueError(f"{caller}: {shown} is not initialized yet: it belongs to a lazy "
+                             f"module (e.g. torch.nn.LazyLinear), which creates it on the first "
+                             f"forward pass. Run one forward pass with a batch of the real "
+                             f"shape on every rank (model(example_batch)) before {caller}, as "
+                             f"DistributedDataParallel also requires")
 
 
 def _create_state(optimizer):

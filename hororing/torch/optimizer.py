@@ -27,6 +27,7 @@ from .. import ops
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .compression import Compression
+from .functions import refuse_uninitialized
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -91,6 +92,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = gradient_predivide_factor
         self._names = _parameter_names(optimizer, named_parameters)
+        refuse_uninitialized([(name, parameter) for parameter, name in self._names.items()],
+                             "DistributedOptimizer")
         self.process_set = process_set
         # None on ranks outside the process set: they step on their own gradients
         included = process_set is None or process_set.included()

@@ -27,3 +27,14 @@ def test_tf_keras_gradient_paths_aggregation_and_local_variables(launch, ranks):
                  timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
     assert f"agree with the references on {ranks} rank(s)" in job.stdout
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_tf_keras_broadcast_callback_makes_every_rank_train_rank_zeros_model(launch, ranks, mode):
+    # models built before fit and on their first batch, each rank seeded differently
+    job = launch(ranks, "keras_broadcast.py", mode, env={"TF_USE_LEGACY_KERAS": "1",
+                                                         "TF_CPP_MIN_LOG_LEVEL": "2"},
+                 timeout=240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert f"keras broadcast ({mode}) agrees on {ranks} rank(s)" in job.stdout

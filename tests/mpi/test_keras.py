@@ -106,6 +106,76 @@ class Recorder(keras.callbacks.Callback):
         self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
 
+class AfterFirstBatch(keras.callbacks.Callback):
+    """Placed after the broadcast callback: the weights every rank holds after batch 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.weights is None:
+            self.weights = [np.array(value) for value in self.model.get_weights()]
+
+
+def build_lazily(seed):
+    """A Sequential without an input shape: Keras creates its weights on the first batch."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+
+
+def test_model_built_on_its_first_batch_is_rank_zeros_from_then_on():
+    x, y = shard(*data())
+    model = build_lazily(seed=1 + hvd.rank())  # a different start on every rank on purpose
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    first = AfterFirstBatch()
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), first])
+    assert_same_on_every_rank(np.concatenate([w.ravel() for w in first.weights]))
+    assert_same_on_every_rank(weights(model))
+    # from the broadcast on, single-process large-batch training on the remaining batches
+    x_all, y_all = data()
+    reference = build(seed=5)
+    reference.set_weights(first.weights)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    per_epoch = BATCH * hvd.size()
+    order = global_order()
+    order = np.concatenate([order[per_epoch:], order])  # epoch 1 less its first batch, epoch 2
+    reference.fit(x_all[order], y_all[order], batch_size=per_epoch, epochs=1, shuffle=False,
+                  verbose=0)
+    np.testing.assert_allclose(weights(model), weights(reference), rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_variables_come_from_the_root_rank_lazily_built_or_not():
+    x, y = shard(*data())
+    for model in (build(seed=1 + hvd.rank()), build_lazily(seed=1 + hvd.rank())):
+        optimizer = keras.optimizers.Adam(0.01)
+        optimizer.iterations.assign(10 * hvd.rank())  # e.g. restored from different checkpoints
+        model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss="mse")
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        assert int(optimizer.iterations.numpy()) == ROWS_PER_RANK // BATCH  # root's count, 0
+        assert_same_on_every_rank(weights(model))
+        assert_same_on_every_rank(np.concatenate([np.ravel(v.numpy())
+                                                  for v in model.optimizer.variables]))
+
+
+def test_elastic_state_made_before_the_first_step_restores_after_it():
+    x, y = shard(*data())
+    model = build(seed=1 + hvd.rank())
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    state.sync()  # every rank takes root's weights and (already created) Adam moments
+    saved = [np.array(v.numpy()) for v in model.variables + list(model.optimizer.variables)]
+    assert_same_on_every_rank(np.concatenate([value.ravel() for value in saved]))
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    state.restore()  # a failure before the first commit: back to the state as made
+    restored = [v.numpy() for v in model.variables + list(model.optimizer.variables)]
+    assert len(restored) == len(saved)
+    for value, expected in zip(restored, saved):
+        np.testing.assert_array_equal(value, expected)
+
+
 def test_metric_average_callback_averages_the_logs():
     before, after = Recorder(), Recorder()
     train(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),

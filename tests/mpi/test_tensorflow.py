@@ -115,6 +115,13 @@ def test_broadcast_variables_assigns_root_values():
     assert variables[2].numpy().astype(float).tolist() == [[float(last)] * 2] * 2
 
 
+def test_broadcast_variables_of_an_unbuilt_keras_model_warns_that_nothing_was_sent():
+    keras = pytest.importorskip("keras")
+    model = keras.Sequential([keras.layers.Dense(2)])  # weights made on the first call
+    with pytest.warns(UserWarning, match="given no variables.*built on its first batch"):
+        hvd.broadcast_variables(model.variables, root_rank=0)
+
+
 # ---- inside tf.function ---------------------------------------------------------------------
 
 def test_tf_function_runs_collectives_in_program_order_every_call():

@@ -226,6 +226,32 @@ def test_broadcast_parameters_and_optimizer_state():
         hvd.broadcast_optimizer_state(torch.optim.LBFGS(model.parameters()), root_rank=0)
 
 
+def test_lazy_modules_are_refused_until_a_forward_pass_then_broadcast_like_any_other():
+    torch.manual_seed(hvd.rank())  # a different initialization on every rank on purpose
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    fix = "not initialized yet.*lazy module.*Run one forward pass"
+    with pytest.raises(ValueError, match=f"broadcast_parameters: parameter '0.bias' is {fix}"):
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    with pytest.raises(ValueError, match=f"broadcast_optimizer_state: .* is {fix}"):
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    with pytest.raises(ValueError, match=f"DistributedOptimizer: parameter '0.weight' is {fix}"):
+        hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    model(torch.zeros(1, 3))  # the parameters exist from here on
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # creates Adam's state, then sends
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    x = torch.arange(6.0).reshape(2, 3) * (hvd.rank() + 1)
+    optimizer.zero_grad()
+    model(x).square().sum().backward()
+    optimizer.step()
+    values = torch.cat([p.detach().ravel() for p in model.parameters()]
+                       + [v.ravel() for s in optimizer.state.values() for v in s.values()
+                          if torch.is_tensor(v)]).numpy()
+    everyone = hvd.allgather_object(values)
+    assert all(np.array_equal(other, everyone[0]) for other in everyone)
+
+
 def test_sync_batch_norm_matches_batch_norm_on_the_global_batch():
     size, rank = hvd.size(), hvd.rank()
     inputs = [rank_tensor(r, (4, 3, 5), seed=9) for r in range(size)]

@@ -21,4 +21,13 @@ if legacy_keras_requested():
 else:
     import keras
 
-__all__ = ["keras", "legacy_keras_requested"]
+__all__ = ["keras", "keras_session", "legacy_keras_requested"]
+
+
+def keras_session():
+    """The session tf-keras runs a TF1 graph in (its variables initialised on first use).
+
+    Only a TF1 program (tf-keras with v2 behaviour disabled) has one; Keras 3 is eager.
+    """
+    import tensorflow as tf
+    return tf.compat.v1.keras.backend.get_session()

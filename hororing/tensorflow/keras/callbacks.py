@@ -5,16 +5,23 @@ import numpy as np
 from ... import collectives as core
 from ...context import current
 from ..functions import broadcast_variables
-from ._backend import keras
+from ._backend import keras, keras_session
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Give every rank ``root_rank``'s model and optimizer variables when training begins.
+    """Give every rank ``root_rank``'s model and optimizer variables.
 
-    Broadcasting before the first step (not after it, as Horovod's callback does) means every
-    rank starts from the same weights, so training equals single-process training with the
-    combined batch from the first step on. ``local_variables`` (or ``register_local_var``)
-    exempts variables, which keep each rank's own values.
+    A model built before ``fit`` is broadcast when training begins, so every rank takes its
+    first step from the same weights and training equals single-process training with the
+    combined batch from the first step on. A model that Keras builds on its first batch (a
+    ``Sequential`` without an input shape, a subclassed model) has no variables until then:
+    they, and the optimizer's slots, which most optimizers also create on the first step,
+    are broadcast at the end of the first batch, as Horovod's callback does. From there on
+    every rank holds root's values. In a TF1 graph (tf-keras with v2 behaviour disabled) the
+    broadcast runs in Keras's session.
+
+    ``local_variables`` (or ``register_local_var``) exempts variables, which keep each
+    rank's own values.
     """
 
     def __init__(self, root_rank=0, device="", local_variables=None):
@@ -22,6 +29,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.broadcast_done = False
         self._local = set()
+        self._sent = set()  # ids of the variables broadcast so far
         for variable in local_variables or ():
             self.register_local_var(variable)
 
@@ -30,15 +38,53 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._local.add(id(variable))
 
     def on_train_begin(self, logs=None):
-        if self.broadcast_done:
-            return
-        variables = [variable for variable in self.model.variables if id(variable) not in self._local]
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:  # tf-keras's legacy optimizers give them by a method
-            held = optimizer.variables
-            variables += list(held() if callable(held) else held)
-        broadcast_variables(variables, root_rank=self.root_rank)
-        self.broadcast_done = True
+        if not self.broadcast_done:
+            self._broadcast_new()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast_new()
+            self.broadcast_done = True
+
+    def _broadcast_new(self):
+        """Broadcast the variables that exist now and were not broadcast before.
+
+        Every rank builds the same model, so every rank finds the same new variables.
+        """
+        variables = [variable for variable in existing_variables(self.model)
+                     if id(variable) not in self._local and id(variable) not in self._sent]
+        self._sent.update(id(variable) for variable in variables)
+        if variables:
+            run_in_keras_session(broadcast_variables(variables, root_rank=self.root_rank))
+
+
+def existing_variables(model):
+    """The variables ``model`` and its optimizer hold so far, in a fixed order.
+
+    A model Keras builds on its first batch has none before it (Keras 3 gives an empty list,
+    tf-keras raises); an optimizer creates its slots when it first applies gradients. Keras
+    3's gradient accumulators (``backward_passes_per_step``) are left out: they hold each
+    rank's own gradients until the update step reduces them.
+    """
+    variables = []
+    if getattr(model, "built", True):
+        try:
+            variables = list(model.variables)
+        except ValueError:  # tf-keras: "Weights for model ... have not yet been created"
+            variables = []
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:  # tf-keras's legacy optimizers give them by a method
+        held = optimizer.variables
+        local = {id(variable) for variable in getattr(optimizer, "_accumulated_gradients", ())}
+        variables += [variable for variable in (held() if callable(held) else held)
+                      if id(variable) not in local]
+    return variables
+
+
+def run_in_keras_session(operation):
+    """Run ``operation`` (a graph op, or None when it already ran eagerly) in Keras's session."""
+    if operation is not None:
+        keras_session().run(operation)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -89,10 +135,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if not self.staircase and not self.steps_per_epoch:
-            self.steps_per_epoch = (self.params or {}).get("steps")
+            self.steps_per_epoch = batches_per_epoch(self.params or {})
             if not self.steps_per_epoch:
                 raise ValueError(f"{type(self).__name__} cannot tell the number of batches per "
-                                 f"epoch; pass steps_per_epoch=...")
+                                 f"epoch (fit was given neither steps_per_epoch nor arrays of "
+                                 f"known length); pass steps_per_epoch=...")
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
@@ -146,8 +193,24 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                   f"{_value(self.model.optimizer.learning_rate):g}.")
 
 
+def batches_per_epoch(params):
+    """The batches in one epoch of ``fit``, from its ``params``, or None where it cannot tell.
+
+    ``fit`` gives ``steps`` (Keras 3 always; tf-keras with ``steps_per_epoch`` or a dataset of
+    known length); a TF1 tf-keras ``fit`` on arrays gives ``samples`` and ``batch_size``.
+    """
+    if params.get("steps"):
+        return params["steps"]
+    if params.get("samples") and params.get("batch_size"):
+        return -(-params["samples"] // params["batch_size"])  # the last batch may be short
+    return None
+
+
 def _value(variable):
-    return float(np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable))
+    """A number held by a variable, a tensor or a float, eager or in a TF1 graph."""
+    if hasattr(keras.backend, "get_value"):  # tf-keras: reads through the session in a graph
+        return float(keras.backend.get_value(variable))
+    return float(keras.ops.convert_to_numpy(variable))
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
