@@ -83,6 +83,12 @@ def averaged(values):
 
 
 def progress(epoch, step, steps, loss):
+    """A bar redrawn in place on a terminal; in a log file (sbatch, a pipe) one line an epoch,
+    written with the epoch's summary, instead of a carriage-return update per step."""
+    if not sys.stdout.isatty():
+        if step == steps:
+            sys.stdout.write(f"epoch {epoch:>3} {steps} steps, last loss {loss:.4f}")
+        return
     width = 30
     done = int(width * step / steps)
     sys.stdout.write(f"\repoch {epoch:>3} [{'#' * done}{'.' * (width - done)}] "

@@ -316,3 +316,67 @@ def reserve_tf_inter_op_threads(environ=None):
         raise ValueError(f"HORORING_TF_INTER_OP_THREADS must be > 0, got {threads}")
     env["TF_NUM_INTEROP_THREADS"] = str(threads)
     return threads
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What the launcher told this process (hororing/slurm.py reads it).
+
+    MPI's launchers: Hydra (MPICH) sets PMI_SIZE and MPI_LOCALNRANKS, Open MPI
+    OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_SIZE; srun with a PMI plugin sets PMI_SIZE
+    too. Slurm: a task of a job step (srun) has SLURM_STEP_NUM_TASKS, SLURM_NODEID and the
+    step's tasks per node; an allocation (salloc, sbatch) has SLURM_JOB_ID, SLURM_NTASKS, its
+    node list and tasks per node.
+    """
+
+    launcher_size: object = None        # int: the job size an MPI launcher or PMI announced
+    launcher_local_size: object = None  # int: ranks on this node, from MPI's launcher
+    slurm_step_tasks: object = None     # int: tasks of the srun step this process belongs to
+    slurm_node_id: object = None        # int: this node's index in the step
+    slurm_step_tasks_per_node: str = ""  # e.g. "2(x2),1"
+    slurm_job_id: str = ""
+    slurm_tasks: object = None          # int: the allocation's tasks (SLURM_NTASKS)
+    slurm_nodelist: str = ""            # the allocation's nodes, e.g. "n[1-2]"
+    slurm_tasks_per_node: str = ""      # the allocation's tasks per node, e.g. "2(x2)"
+    user_threads: bool = False          # OMP_NUM_THREADS is set: leave thread counts alone
+    tf_intra_op_threads_set: bool = False
+    allow_singletons: bool = False      # HORORING_ALLOW_SINGLETONS=1
+
+    @property
+    def in_slurm_step(self):
+        return self.slurm_step_tasks is not None
+
+
+def launch_environment(environ=None):
+    """The launcher's facts about this process, from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+
+    def number(*names):
+        raw = _lookup(env, names)
+        try:
+            return int(raw) if raw not in (None, "") else None
+        except ValueError:
+            return None
+
+    allow = env.get("HORORING_ALLOW_SINGLETONS", "")
+    return Launch(
+        launcher_size=number("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"),
+        launcher_local_size=number("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        slurm_step_tasks=number("SLURM_STEP_NUM_TASKS"),
+        slurm_node_id=number("SLURM_NODEID"),
+        slurm_step_tasks_per_node=env.get("SLURM_STEP_TASKS_PER_NODE", ""),
+        slurm_job_id=env.get("SLURM_JOB_ID", ""),
+        slurm_tasks=number("SLURM_NTASKS", "SLURM_NPROCS"),
+        slurm_nodelist=env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", ""),
+        slurm_tasks_per_node=env.get("SLURM_TASKS_PER_NODE", ""),
+        user_threads=bool(env.get("OMP_NUM_THREADS")),
+        tf_intra_op_threads_set="TF_NUM_INTRAOP_THREADS" in env,
+        allow_singletons=_parse("allow_singletons", ("HORORING_ALLOW_SINGLETONS",), allow,
+                                _flag),
+    )
+
+
+def reserve_tf_intra_op_threads(threads, environ=None):
+    """Set TF_NUM_INTRAOP_THREADS to ``threads`` (read by TensorFlow when its runtime starts)."""
+    env = os.environ if environ is None else environ
+    env["TF_NUM_INTRAOP_THREADS"] = str(threads)

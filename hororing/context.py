@@ -13,7 +13,7 @@ import time
 
 from ._mpi import MPI
 
-from . import gpu, static_sets, transport
+from . import gpu, slurm, static_sets, transport
 from .config import Config
 from .engine.engine import FLAG_FAILED, Engine
 from .errors import NotInitializedError
@@ -204,6 +204,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
                 f"hororing needs MPI_THREAD_MULTIPLE, but MPI was initialized with thread level "
                 f"{provided}; do not set mpi4py.rc.thread_level to a lower level")
         user_comm = _resolve_comm(comm)
+        slurm.check_not_singletons(user_comm.Get_size())
         if config.start_timeout_s > 0:
             _wait_for_every_rank(user_comm, config.start_timeout_s)
         if config.mode == "ps":
@@ -213,6 +214,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             _State.context = Context(comm, config, reducer)
         else:
             _State.context = Context(user_comm.Dup(), config)
+        slurm.set_framework_threads(_State.context.local_size)
         from .process_sets import global_process_set  # here: process_sets imports this module
         global_process_set.ranks = list(range(_State.context.size))
         global_process_set.mpi_comm = user_comm

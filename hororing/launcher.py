@@ -3,6 +3,8 @@
     hororun -np 4 python train.py
     hororun -np 8 -H node1:4,node2:4 python train.py
     hororun -np 8 --hostfile hosts python train.py       # lines "host slots=4" or "host:4"
+    salloc -n 4 hororun python train.py                  # -np: the allocation's tasks
+    hororun --slurm -np 4 python train.py                # the ranks as srun's tasks
     hororun --check-build
 
 The mpiexec is the one next to this Python (the ``mpi`` extra's MPICH or Open MPI) or the
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from . import slurm
+
 MPICH, OPEN_MPI = "MPICH", "Open MPI"
 
 
@@ -35,17 +39,33 @@ def main(argv=None):
         _parser().error("give the command to run, e.g. hororun -np 2 python train.py")
     if args.discovery_script or args.min_np is not None:
         return _run_elastic(args, mpiexec)
+    try:
+        within = None if (args.hosts or args.hostfile) else slurm.allocation()
+    except ValueError as error:
+        sys.stderr.write(f"hororun: {error}\n")
+        return 2
+    if args.np is None and within is not None:
+        args.np = within.tasks  # salloc -n 4 / sbatch -n 4: the allocation's tasks
     if args.np is None:
         _parser().error("-np is required: the number of processes to start")
     if args.np < 1:
         _parser().error(f"-np must be >= 1, got {args.np}")
+    if within is not None and args.np > within.tasks:
+        sys.stderr.write(f"hororun: -np {args.np} asks for more ranks than Slurm job "
+                         f"{within.job_id} was allocated ({within.tasks} tasks on "
+                         f"{', '.join(host for host, _ in within.hosts)}); ask for at most "
+                         f"{within.tasks}, or allocate more (salloc/sbatch -n {args.np})\n")
+        return 2
+    if args.slurm:
+        return _run_with_srun(args, mpiexec)
     if mpiexec is None:
         sys.stderr.write("hororun: no mpiexec found next to this Python or on PATH; install "
                          "'hororing[mpi]' (MPICH from PyPI) or load your cluster's MPI\n")
         return 2
     with tempfile.TemporaryDirectory(prefix="hororun-") as scratch:
         try:
-            command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch)
+            command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch,
+                                         in_allocation=within is not None)
         except ValueError as error:
             sys.stderr.write(f"hororun: {error}\n")
             return 2
@@ -134,6 +154,10 @@ def _parser():
                         help="print the frameworks, controllers and operations available")
     parser.add_argument("--mpiexec", help="the mpiexec to use (default: next to this Python, "
                                           "then PATH)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="start the ranks with srun (--mpi=pmi2 for MPICH, --mpi=pmix for "
+                             "Open MPI) instead of mpiexec; inside salloc/sbatch -np defaults "
+                             "to the allocation's tasks either way")
     parser.add_argument("--mpi-args", default="",
                         help="more mpiexec arguments, as one string (e.g. the launcher of "
                              "scripts/emulated_hosts.sh: --mpi-args \"$(cat DIR/mpi-args)\")")
@@ -195,15 +219,44 @@ def mpi_flavor(mpiexec):
     return OPEN_MPI if "Open MPI" in output or "OpenRTE" in output else MPICH
 
 
-def build_command(args, mpiexec, flavor, scratch):
+def build_command(args, mpiexec, flavor, scratch, in_allocation=False):
     """The mpiexec command line and environment for ``args``.
+
+    ``in_allocation``: inside salloc/sbatch with no hosts given, MPI's own Slurm support
+    places the ranks on the allocation's nodes (Hydra and Open MPI start their daemons with
+    srun), and Slurm's limits stand: no ``--oversubscribe``.
 
     Raises:
         ValueError: a malformed host list or host file.
     """
     env = job_environment(args)
-    return mpiexec_command(mpiexec, flavor, args.np, hosts_of(args), scratch) + \
+    return mpiexec_command(mpiexec, flavor, args.np, hosts_of(args), scratch,
+                           in_allocation=in_allocation) + \
         shlex.split(args.mpi_args) + list(args.command), env
+
+
+SRUN_PLUGINS = {MPICH: "pmi2", OPEN_MPI: "pmix"}  # what each PyPI MPI speaks under srun
+
+
+def _run_with_srun(args, mpiexec):
+    """hororun --slurm: start the ranks as srun's tasks, with the PMI plugin of the MPI in use."""
+    srun = shutil.which("srun")
+    if srun is None:
+        sys.stderr.write("hororun: --slurm needs srun on PATH (Slurm's client)\n")
+        return 2
+    flavor = mpi_flavor(mpiexec) if mpiexec else MPICH
+    command = [srun, f"--mpi={SRUN_PLUGINS[flavor]}", "-n", str(args.np)]
+    if args.hosts or args.hostfile:
+        try:
+            hosts = hosts_of(args)
+        except ValueError as error:
+            sys.stderr.write(f"hororun: {error}\n")
+            return 2
+        command += ["--nodelist", ",".join(host for host, _ in hosts)]
+    command += shlex.split(args.mpi_args) + list(args.command)
+    if args.verbose:
+        print("hororun: " + " ".join(_quote(part) for part in command), flush=True)
+    return run_and_explain(command, job_environment(args))
 
 
 # hororun's options that become the job's environment variables (horovodrun's names)
@@ -240,8 +293,9 @@ def hostfile_or_hosts(hostfile, hosts):
     return parse_hosts(hosts) if hosts else None
 
 
-def mpiexec_command(mpiexec, flavor, np, hosts, scratch):
-    """``mpiexec`` with the flags that start ``np`` ranks on ``hosts`` (None: this machine)."""
+def mpiexec_command(mpiexec, flavor, np, hosts, scratch, in_allocation=False):
+    """``mpiexec`` with the flags that start ``np`` ranks on ``hosts`` (None: this machine,
+    or with ``in_allocation`` the Slurm allocation's nodes, which the MPI finds itself)."""
     command = [mpiexec, "-n", str(np)]
     if flavor == OPEN_MPI:
         if os.geteuid() == 0:
@@ -250,7 +304,7 @@ def mpiexec_command(mpiexec, flavor, np, hosts, scratch):
         # more ranks than slots, or than this machine's cores when its hosts are this machine
         # (Open MPI binds each rank to a core and refuses to share one otherwise)
         local = not hosts or all(host in ("localhost", "127.0.0.1") for host, _ in hosts)
-        if np > slots or (local and np > (os.cpu_count() or 1)):
+        if not in_allocation and (np > slots or (local and np > (os.cpu_count() or 1))):
             command.append("--oversubscribe")
         if hosts:
             command += ["-H", ",".join(f"{host}:{count}" for host, count in hosts)]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install hororing and its test dependencies into .venv, then run every test:
-# unit tests and whole-job launches in one process, the built wheel in a fresh venv
+# unit tests and whole-job launches in one process (with a one-node Slurm cluster on this
+# machine for the srun/salloc/sbatch launches), the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2, 3 and 4 ranks,
 # the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks on two emulated hosts
 # (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks and on
@@ -10,7 +11,15 @@ cd "$(dirname "$0")/.."
 
 source scripts/install.sh
 
+# Slurm on this machine (installed from the distribution where missing, as root) for
+# tests/launch/test_slurm.py: srun, salloc + hororun, sbatch; the tests skip where it cannot run
+slurm_dir=$(mktemp -d -t hororing-ci-slurm.XXXX)
+if bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
+    export SLURM_CONF=$slurm_dir/slurm.conf
+fi
 python -m pytest -q -p no:cacheprovider tests/unit tests/launch
+bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
+unset SLURM_CONF
 
 echo "== the built wheel in a fresh venv =="
 bash scripts/check_wheel.sh

@@ -1,0 +1,115 @@
+"""hororing under Slurm, as cluster users launch it: srun, salloc + hororun, sbatch.
+
+Needs a running cluster (``bash scripts/slurm_local.sh up`` as root, then ``SLURM_CONF``
+exported, as tests/run.sh does); skipped otherwise. The two-node cases need
+``--nodes 2`` (each node a network namespace of its own) and are skipped on one node.
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import reported_accuracy
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRAIN = str(ROOT / "examples" / "train.py")
+
+
+def _nodes():
+    if not os.environ.get("SLURM_CONF") or shutil.which("sinfo") is None:
+        return 0
+    try:
+        listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True,
+                                text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len(set(listed.stdout.split())) if listed.returncode == 0 else 0
+
+
+NODES = _nodes()
+pytestmark = pytest.mark.skipif(
+    NODES < 1, reason="no Slurm cluster: run `bash scripts/slurm_local.sh up` as root and "
+                      "export SLURM_CONF (scripts/slurm_local.sh env)")
+
+
+def needs_nodes(nodes):
+    if NODES < nodes:
+        pytest.skip(f"needs a Slurm cluster of {nodes} nodes (scripts/slurm_local.sh up "
+                    f"--nodes {nodes}); this one has {NODES}")
+
+
+def run(*command, timeout=300, env=None):
+    environment = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
+                                         f"{os.environ.get('PATH', '')}", **(env or {})}
+    return subprocess.run([str(part) for part in command], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=environment)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_srun_with_the_mpich_plugin_trains_one_job(nodes):
+    needs_nodes(nodes)
+    job = run("srun", "--mpi=pmi2", "-N", nodes, "--ntasks-per-node", 2, sys.executable, TRAIN)
+    assert reported_accuracy(job) >= 0.95
+    assert f"({2 * nodes} ranks, ring" in job.stdout
+
+
+def test_srun_that_makes_singletons_is_refused_on_every_rank():
+    job = run("srun", "--mpi=none", "-n", 2, sys.executable, TRAIN)
+    assert job.returncode != 0
+    refusal = "srun started 2 tasks, but MPI made each of them a job of size 1"
+    assert (job.stdout + job.stderr).count(refusal) == 2, job.stderr[-3000:]
+    assert "srun --mpi=pmi2" in job.stderr and "test accuracy" not in job.stdout
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_srun_ranks_learn_their_layout_and_share_the_cores(nodes):
+    needs_nodes(nodes)
+    probe = ("import torch, hororing.torch as hvd; hvd.init(); "
+             "print('layout', hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_size(), "
+             "torch.get_num_threads())")
+    job = run("srun", "--mpi=pmi2", "-N", nodes, "--ntasks-per-node", 2, sys.executable, "-c",
+              probe, env={"OMP_NUM_THREADS": ""})
+    assert job.returncode == 0, job.stderr[-3000:]
+    rows = sorted(tuple(map(int, line.split()[1:])) for line in job.stdout.splitlines()
+                  if line.startswith("layout"))
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # 2 ranks share each node's cores
+    assert rows == [(rank, rank % 2, 2, nodes, threads) for rank in range(2 * nodes)]
+
+
+def test_hororun_inside_salloc_takes_the_allocations_tasks():
+    job = run("salloc", "-N", 1, "-n", 3, "hororun", sys.executable, TRAIN, "--epochs", 3)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "(3 ranks, ring" in job.stdout
+
+
+def test_hororun_refuses_more_ranks_than_the_allocation():
+    job = run("salloc", "-N", 1, "-n", 2, "hororun", "-np", 5, sys.executable, "-c", "pass")
+    assert job.returncode != 0
+    assert re.search(r"-np 5 asks for more ranks than Slurm job \d+ was allocated \(2 tasks",
+                     job.stderr), job.stderr[-3000:]
+
+
+def test_hororun_slurm_starts_the_ranks_with_srun():
+    job = run("hororun", "--slurm", "--verbose", "-np", 2, sys.executable, TRAIN, "--epochs", 3)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "srun --mpi=pmi2 -n 2" in job.stdout and "(2 ranks, ring" in job.stdout
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates(nodes, tmp_path):
+    needs_nodes(nodes)
+    log = tmp_path / "job.out"
+    job = run("sbatch", "--wait", "-N", nodes, "-n", 2 * nodes, "--ntasks-per-node", 2,
+              f"--output={log}",
+              f"--export=ALL,PYTHON={sys.executable}", ROOT / "examples" / "slurm_train.sbatch")
+    assert job.returncode == 0, job.stderr[-3000:] + (log.read_text() if log.exists() else "")
+    text = log.read_text()
+    assert "\r" not in text
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", text).group(1))
+    assert accuracy >= 0.95 and f"({2 * nodes} ranks, ring" in text
+    assert len(re.findall(r"^epoch +\d+ \d+ steps", text, re.M)) >= 10  # one line an epoch
