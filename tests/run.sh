@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install hororing and its test dependencies into .venv, then run every test:
-# unit tests and whole-job launches in one process (with a one-node Slurm cluster on this
+# unit tests and whole-job launches in one process (with a two-node Slurm cluster on this
 # machine for the srun/salloc/sbatch launches), the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2, 3 and 4 ranks,
 # the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks on two emulated hosts
@@ -11,10 +11,12 @@ cd "$(dirname "$0")/.."
 
 source scripts/install.sh
 
-# Slurm on this machine (installed from the distribution where missing, as root) for
-# tests/launch/test_slurm.py: srun, salloc + hororun, sbatch; the tests skip where it cannot run
+# Slurm on this machine (installed from the distribution where missing, as root), two nodes in
+# network namespaces (one node where namespaces cannot be made), for tests/launch/test_slurm.py:
+# srun, salloc + hororun, sbatch; the tests skip where Slurm cannot run
 slurm_dir=$(mktemp -d -t hororing-ci-slurm.XXXX)
-if bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
+if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
+        || bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
     export SLURM_CONF=$slurm_dir/slurm.conf
 fi
 python -m pytest -q -p no:cacheprovider tests/unit tests/launch

@@ -3,8 +3,14 @@
 Needs a running cluster (``bash scripts/slurm_local.sh up`` as root, then ``SLURM_CONF``
 exported, as tests/run.sh does); skipped otherwise. The two-node cases need
 ``--nodes 2`` (each node a network namespace of its own) and are skipped on one node.
+
+Across nodes the ranks start through hororun (mpiexec inside the allocation): srun
+--mpi=pmi2 with the PyPI MPICH 5.0.2 hangs in MPI_Init in about half the runs across these
+nodes, Slurm 22.05's PMI-2 server reporting garbled requests ("value not properly terminated"
+in slurmd's log; docs/clusters.md), before any hororing code runs.
 """
 
+import ast
 import os
 import pathlib
 import re
@@ -50,12 +56,10 @@ def run(*command, timeout=300, env=None):
                           timeout=timeout, cwd=ROOT, env=environment)
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_srun_with_the_mpich_plugin_trains_one_job(nodes):
-    needs_nodes(nodes)
-    job = run("srun", "--mpi=pmi2", "-N", nodes, "--ntasks-per-node", 2, sys.executable, TRAIN)
+def test_srun_with_the_mpich_plugin_trains_one_job():
+    job = run("srun", "--mpi=pmi2", "-N", 1, "-n", 3, sys.executable, TRAIN)
     assert reported_accuracy(job) >= 0.95
-    assert f"({2 * nodes} ranks, ring" in job.stdout
+    assert "(3 ranks, ring" in job.stdout
 
 
 def test_srun_that_makes_singletons_is_refused_on_every_rank():
@@ -66,22 +70,32 @@ def test_srun_that_makes_singletons_is_refused_on_every_rank():
     assert "srun --mpi=pmi2" in job.stderr and "test accuracy" not in job.stdout
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_srun_ranks_learn_their_layout_and_share_the_cores(nodes):
-    needs_nodes(nodes)
-    probe = ("import torch, hororing.torch as hvd; hvd.init(); "
-             "print('layout', hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_size(), "
-             "torch.get_num_threads())")
-    job = run("srun", "--mpi=pmi2", "-N", nodes, "--ntasks-per-node", 2, sys.executable, "-c",
-              probe, env={"OMP_NUM_THREADS": ""})
+# every rank's (rank, local rank, local size, cross size, torch threads, host), printed by rank 0
+LAYOUT = ("import socket, torch, hororing.torch as hvd; hvd.init(); "
+          "rows = hvd.allgather_object((hvd.rank(), hvd.local_rank(), hvd.local_size(), "
+          "hvd.cross_size(), torch.get_num_threads(), socket.gethostname())); "
+          "hvd.rank() == 0 and print('layout', repr(rows))")
+
+
+def layout(job):
     assert job.returncode == 0, job.stderr[-3000:]
-    rows = sorted(tuple(map(int, line.split()[1:])) for line in job.stdout.splitlines()
-                  if line.startswith("layout"))
-    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # 2 ranks share each node's cores
-    assert rows == [(rank, rank % 2, 2, nodes, threads) for rank in range(2 * nodes)]
+    return ast.literal_eval(re.search(r"^layout (.*)$", job.stdout, re.M).group(1))
 
 
-def test_hororun_inside_salloc_takes_the_allocations_tasks():
+def test_srun_ranks_learn_their_layout_and_share_the_cores():
+    rows = layout(run("srun", "--mpi=pmi2", "-N", 1, "-n", 2, sys.executable, "-c", LAYOUT,
+                      env={"OMP_NUM_THREADS": ""}))
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # the node's two ranks share its cores
+    assert [row[:5] for row in rows] == [(rank, rank, 2, 1, threads) for rank in range(2)]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_hororun_inside_salloc_takes_the_allocations_tasks_and_nodes(nodes):
+    needs_nodes(nodes)
+    rows = layout(run("salloc", "-N", nodes, "--ntasks-per-node", 2, "hororun", sys.executable,
+                      "-c", LAYOUT))
+    assert [row[:4] for row in rows] == [(rank, rank % 2, 2, nodes) for rank in range(2 * nodes)]
+    assert len({row[5] for row in rows}) == nodes  # the ranks ran on the allocation's nodes
     job = run("salloc", "-N", 1, "-n", 3, "hororun", sys.executable, TRAIN, "--epochs", 3)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "(3 ranks, ring" in job.stdout
@@ -100,13 +114,13 @@ def test_hororun_slurm_starts_the_ranks_with_srun():
     assert "srun --mpi=pmi2 -n 2" in job.stdout and "(2 ranks, ring" in job.stdout
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates(nodes, tmp_path):
+@pytest.mark.parametrize("nodes, launcher", [(1, "srun"), (2, "hororun")])
+def test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates(nodes, launcher, tmp_path):
     needs_nodes(nodes)
     log = tmp_path / "job.out"
     job = run("sbatch", "--wait", "-N", nodes, "-n", 2 * nodes, "--ntasks-per-node", 2,
-              f"--output={log}",
-              f"--export=ALL,PYTHON={sys.executable}", ROOT / "examples" / "slurm_train.sbatch")
+              f"--output={log}", f"--export=ALL,PYTHON={sys.executable},LAUNCHER={launcher}",
+              ROOT / "examples" / "slurm_train.sbatch")
     assert job.returncode == 0, job.stderr[-3000:] + (log.read_text() if log.exists() else "")
     text = log.read_text()
     assert "\r" not in text
