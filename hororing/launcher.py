@@ -111,6 +111,14 @@ def _run_elastic(args, mpiexec):
     from .runner import discovery
     from .runner.elastic import ElasticDriver
 
+    try:
+        within = None if (args.hosts or args.hostfile or args.discovery_script) \
+            else slurm.allocation()
+    except ValueError as error:
+        sys.stderr.write(f"hororun: {error}\n")
+        return 2
+    if args.np is None and args.min_np is None and within is not None:
+        args.np = within.tasks
     min_np = args.min_np if args.min_np is not None else args.np
     if min_np is None or min_np < 1:
         _parser().error("elastic mode needs -np or --min-np >= 1")
@@ -125,7 +133,7 @@ def _run_elastic(args, mpiexec):
         sys.stderr.write(f"hororun: {error}\n")
         return 2
     discover = discovery.choose(args.discovery_script, args.slots, hosts, args.np, min_np,
-                                args.max_np)
+                                args.max_np, allocation=within)
     env = job_environment(args)
     flavor = mpi_flavor(mpiexec)
 

@@ -1,4 +1,5 @@
-"""Hosts and slots for an elastic job, from a discovery script or a fixed list."""
+"""Hosts and slots for an elastic job: a discovery script, a fixed list, or the live nodes of
+the Slurm allocation hororun runs in."""
 
 import subprocess
 
@@ -31,6 +32,44 @@ class ScriptDiscovery:
         return parse(result.stdout, self.default_slots, self.script)
 
 
+class SlurmDiscovery:
+    """The nodes a Slurm job holds now, as ``squeue`` reports them.
+
+    ``SLURM_JOB_NODELIST`` is fixed when the job is submitted: after ``scontrol update
+    JobId=J NodeList=...`` removes a node it still names it, and a relaunch there fails (srun:
+    "Requested node configuration is not available"). squeue gives the live list. Each node
+    offers the slots it had in the allocation (``allocation.hosts``); a node it did not have
+    offers the most common count.
+    """
+
+    def __init__(self, allocation, timeout=30.0):
+        self.job_id = allocation.job_id
+        self.slots = dict(allocation.hosts)
+        counts = [slots for _, slots in allocation.hosts] or [1]
+        self.default_slots = max(set(counts), key=counts.count)
+        self.timeout = timeout
+
+    def __call__(self):
+        from .. import slurm
+
+        command = ["squeue", "-h", "-j", str(self.job_id), "-o", "%N"]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True,
+                                    timeout=self.timeout)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise DiscoveryError(f"{' '.join(command)} failed: {error}") from None
+        listed = result.stdout.strip()
+        if result.returncode != 0 or not listed:
+            raise DiscoveryError(f"{' '.join(command)} gave no nodes for Slurm job "
+                                 f"{self.job_id} (status {result.returncode}: "
+                                 f"{result.stderr.strip()[-300:]})")
+        try:
+            nodes = slurm.expand_nodelist(listed.splitlines()[0])
+        except ValueError as error:
+            raise DiscoveryError(str(error)) from None
+        return [(node, self.slots.get(node, self.default_slots)) for node in nodes]
+
+
 class FixedDiscovery:
     """The hosts of ``-H``/``--hostfile`` (or this machine), which never change."""
 
@@ -41,11 +80,14 @@ class FixedDiscovery:
         return list(self.hosts)
 
 
-def choose(script, slots, hosts, *sizes):
+def choose(script, slots, hosts, *sizes, allocation=None):
     """The discovery of an elastic job: ``script`` if given, else the fixed ``hosts``, else
-    this machine with as many slots as the largest of ``sizes`` (None ignored)."""
+    the live nodes of the Slurm ``allocation`` the driver runs in, else this machine with as
+    many slots as the largest of ``sizes`` (None ignored)."""
     if script:
         return ScriptDiscovery(script, slots or 1)
+    if hosts is None and allocation is not None:
+        return SlurmDiscovery(allocation)
     return FixedDiscovery(hosts or [("localhost", max(size or 0 for size in sizes))])
 
 

@@ -6,6 +6,8 @@ and mpiexec ends every rank when one dies), so the driver supervises mpiexec:
 1. It asks the discovery (a script, or the fixed ``-H``/``--hostfile`` hosts) for hosts,
    waits up to ``--elastic-timeout`` until they offer ``--min-np`` slots, and launches
    min(slots, ``--max-np``) ranks with HORORING_ELASTIC_DIR and HORORING_ELASTIC_LAUNCH set.
+   Inside a Slurm allocation with no hosts given, the discovery is the allocation's live node
+   list (squeue), not SLURM_JOB_NODELIST, which keeps naming nodes taken away from the job.
    Each rank starts with SIGUSR1 ignored (``sh -c 'trap "" USR1; exec ...'``) until
    ``hvd.elastic.run`` listens for it.
 2. While the job runs it polls the discovery every ``--discovery-interval`` seconds. When
@@ -13,13 +15,16 @@ and mpiexec ends every rank when one dies), so the driver supervises mpiexec:
    mpiexec (which forwards it to every rank) and repeats that each poll until rank 0 answers
    on stderr (``job.ACKNOWLEDGEMENT``; a signal that reaches a rank as it exits makes Hydra
    fail the job): the ranks stop together at their next commit with status 75.
-3. Whatever ended the job (status 75, a rank that raised, a rank killed), it relaunches on
+3. Whatever ended the job (status 75, a rank that raised, a rank killed, or srun refusing to
+   start mpiexec's daemons on a node the allocation no longer holds, which mpiexec would wait
+   on for ever; three refusals in a row end the job, naming the nodes), it relaunches on
    the hosts discovered then, and the new ranks resume from the newest commit that any host
    kept. Status 0 ends the driver. ``--reset-limit`` bounds the relaunches; where ranks run on
    this machine, three failed launches in a row with no new commit on its disk end the job as
    well, since relaunching a job that fails before its first commit would loop forever.
 """
 
+import functools
 import os
 import pathlib
 import shutil
@@ -80,7 +85,8 @@ class ElasticDriver:
         self.env = dict(os.environ if env is None else env)
         self.interval = interval
         self.verbose = verbose
-        self.start = start or start_copying_stderr
+        self._refused = threading.Event()  # the scheduler refused to start a launch's daemons
+        self.start = start or functools.partial(start_copying_stderr, refused=self._refused)
 
     def run(self):
         """Return the job's exit status: 0 when it finished, else why it stopped."""
@@ -94,7 +100,7 @@ class ElasticDriver:
                 shutil.rmtree(directory, ignore_errors=True)
 
     def _supervise(self, directory, scratch):
-        launch, resets, fruitless = 0, 0, 0
+        launch, resets, fruitless, refusals = 0, 0, 0, 0
         while True:
             hosts = self._wait_for_hosts()
             if hosts is None:
@@ -107,6 +113,14 @@ class ElasticDriver:
                 log(f"launch {launch} finished")
                 return 0
             after = _newest_local_commit(directory)
+            refusals = refusals + 1 if self._refused.is_set() else 0
+            if refusals >= NO_PROGRESS_LIMIT:
+                log(f"Slurm refused {refusals} launches in a row on "
+                    + ",".join(host for host, _ in placed) + ": the discovery names nodes the "
+                    "allocation does not hold (SLURM_JOB_NODELIST keeps the nodes of "
+                    "submission; ask squeue -h -j $SLURM_JOB_ID -o %N, or give no discovery "
+                    "script inside the allocation); stopping")
+                return status or 1
             if status == job.RESCALE_STATUS:
                 log(f"launch {launch} stopped at commit {after} for the new hosts")
                 fruitless = 0
@@ -160,6 +174,7 @@ class ElasticDriver:
         if self.verbose:
             log("command: " + " ".join(command))
         acknowledged = threading.Event()
+        self._refused.clear()
         process, drained = self.start(command, env, acknowledged)
         noticed = False
         try:
@@ -170,6 +185,12 @@ class ElasticDriver:
                     return status
                 except subprocess.TimeoutExpired:
                     pass
+                if self._refused.is_set():
+                    # mpiexec would wait for ever for the daemons srun did not start
+                    log(f"launch {launch}: Slurm refused to start its processes on "
+                        + ",".join(host for host, _ in placed) + " (srun: " + REFUSALS[0]
+                        + "): the allocation does not hold them now; ending this launch")
+                    return self._end(process)
                 if acknowledged.is_set():
                     continue  # the ranks are stopping: a signal now could hit an exiting one
                 change = self._change(size, placed)
@@ -180,13 +201,18 @@ class ElasticDriver:
                         noticed = True
                     process.send_signal(job.NOTICE_SIGNAL)  # again each poll until answered
         except BaseException:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            self._end(process)
             raise
+
+    @staticmethod
+    def _end(process):
+        """Stop a launch's mpiexec; its exit status."""
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
 
     def _change(self, size, placed):
         """Why the running job should stop for the hosts discovered now, or None."""
@@ -206,11 +232,21 @@ class ElasticDriver:
         return None
 
 
-def start_copying_stderr(command, env, acknowledged):
-    """Start ``command``; copy its stderr to ours, watching for the ranks' acknowledgement."""
+# what srun prints when an allocation no longer holds a node a step asks for
+REFUSALS = ("Requested node configuration is not available", "Unable to create step")
+
+
+def start_copying_stderr(command, env, acknowledged, refused=None):
+    """Start ``command``; copy its stderr to ours, watching for the ranks' acknowledgement and
+    (``refused``, an event) for srun refusing to start mpiexec's daemons."""
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    pump = threading.Thread(target=copy_lines, args=(process.stderr, sys.stderr, acknowledged),
-                            daemon=True)
+
+    def watch(line):
+        if refused is not None and any(text.encode() in line for text in REFUSALS):
+            refused.set()
+        return False
+    pump = threading.Thread(target=copy_lines,
+                            args=(process.stderr, sys.stderr, acknowledged, watch), daemon=True)
     pump.start()
     return process, pump.join
 

@@ -11,13 +11,16 @@ in slurmd's log; docs/clusters.md), before any hororing code runs.
 """
 
 import ast
+import json
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 from conftest import reported_accuracy
@@ -56,8 +59,29 @@ def run(*command, timeout=300, env=None):
                           timeout=timeout, cwd=ROOT, env=environment)
 
 
+def run_under_pmi2(*command, env=None, attempts=3, timeout=120):
+    """``run`` for a job whose ranks srun starts with --mpi=pmi2, tried again when it hangs.
+
+    Here MPICH 5.0.2's MPI_Init under Slurm 22.05's PMI-2 server hangs in some runs of
+    ranks that import torch first (3 of 10 two-task runs on one node; none of 10 without the
+    import), before any hororing code runs (docs/clusters.md). A hung attempt is cancelled
+    and the job run again, at most ``attempts`` times; what is asserted is the finished run.
+    """
+    name = f"pmi2-{os.getpid()}-{time.monotonic_ns()}"
+    names = {"SLURM_JOB_NAME": name, "SBATCH_JOB_NAME": name, **(env or {})}
+    for attempt in range(1, attempts + 1):
+        try:
+            return run(*command, timeout=timeout, env=names)
+        except subprocess.TimeoutExpired:
+            run("scancel", "-n", name, timeout=30)
+            if attempt == attempts:
+                raise
+            sys.stderr.write(f"attempt {attempt} of {' '.join(map(str, command[:3]))} hung in "
+                             f"MPI_Init under srun's PMI-2; cancelled, trying again\n")
+
+
 def test_srun_with_the_mpich_plugin_trains_one_job():
-    job = run("srun", "--mpi=pmi2", "-N", 1, "-n", 3, sys.executable, TRAIN)
+    job = run_under_pmi2("srun", "--mpi=pmi2", "-N", 1, "-n", 3, sys.executable, TRAIN)
     assert reported_accuracy(job) >= 0.95
     assert "(3 ranks, ring" in job.stdout
 
@@ -83,8 +107,8 @@ def layout(job):
 
 
 def test_srun_ranks_learn_their_layout_and_share_the_cores():
-    rows = layout(run("srun", "--mpi=pmi2", "-N", 1, "-n", 2, sys.executable, "-c", LAYOUT,
-                      env={"OMP_NUM_THREADS": ""}))
+    rows = layout(run_under_pmi2("srun", "--mpi=pmi2", "-N", 1, "-n", 2, sys.executable, "-c",
+                                 LAYOUT, env={"OMP_NUM_THREADS": ""}))
     threads = max(1, len(os.sched_getaffinity(0)) // 2)  # the node's two ranks share its cores
     assert [row[:5] for row in rows] == [(rank, rank, 2, 1, threads) for rank in range(2)]
 
@@ -109,7 +133,8 @@ def test_hororun_refuses_more_ranks_than_the_allocation():
 
 
 def test_hororun_slurm_starts_the_ranks_with_srun():
-    job = run("hororun", "--slurm", "--verbose", "-np", 2, sys.executable, TRAIN, "--epochs", 3)
+    job = run_under_pmi2("hororun", "--slurm", "--verbose", "-np", 2, sys.executable, TRAIN,
+                         "--epochs", 3)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "srun --mpi=pmi2 -n 2" in job.stdout and "(2 ranks, ring" in job.stdout
 
@@ -118,7 +143,8 @@ def test_hororun_slurm_starts_the_ranks_with_srun():
 def test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates(nodes, launcher, tmp_path):
     needs_nodes(nodes)
     log = tmp_path / "job.out"
-    job = run("sbatch", "--wait", "-N", nodes, "-n", 2 * nodes, "--ntasks-per-node", 2,
+    launch = run_under_pmi2 if launcher == "srun" else run
+    job = launch("sbatch", "--wait", "-N", nodes, "-n", 2 * nodes, "--ntasks-per-node", 2,
               f"--output={log}", f"--export=ALL,PYTHON={sys.executable},LAUNCHER={launcher}",
               ROOT / "examples" / "slurm_train.sbatch")
     assert job.returncode == 0, job.stderr[-3000:] + (log.read_text() if log.exists() else "")
@@ -127,3 +153,83 @@ def test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates(nodes, launch
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", text).group(1))
     assert accuracy >= 0.95 and f"({2 * nodes} ranks, ring" in text
     assert len(re.findall(r"^epoch +\d+ \d+ steps", text, re.M)) >= 10  # one line an epoch
+
+
+def test_elastic_job_shrunk_by_slurm_finishes_on_the_nodes_left_from_its_commit(tmp_path):
+    needs_nodes(2)
+    job = [sys.executable, str(ROOT / "tests" / "launch" / "jobs" / "elastic_train.py")]
+    reference = tmp_path / "reference.json"
+    plain = run("hororun", "-np", 2, *job, "--out", reference)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    out, progress, name = tmp_path / "result.json", tmp_path / "progress", f"elastic-{os.getpid()}"
+    # no hosts and no discovery script: hororun follows the allocation's live node list
+    command = ["salloc", "-J", name, "-N", 2, "--ntasks-per-node", 2, "hororun", "--min-np", 2,
+               "--elastic-dir", tmp_path / "commits", *job, "--out", out, "--progress", progress,
+               "--step-sleep", 0.1]
+    environment = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
+                                         f"{os.environ.get('PATH', '')}"}
+    with subprocess.Popen([str(part) for part in command], cwd=ROOT, env=environment, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        try:
+            wait_for_step(progress, 8, process)
+            job_id = run("squeue", "-h", "-n", name, "-o", "%i").stdout.split()[0]
+            shrink = run("scontrol", "update", f"JobId={job_id}", "NodeList=n1")
+            assert shrink.returncode == 0, shrink.stderr
+            stdout, stderr = process.communicate(timeout=300)
+        except BaseException:
+            process.kill()
+            raise
+    assert process.returncode == 0, stderr[-3000:]
+    launches = re.findall(r"launch \d+: (\d+) ranks on (\S+)", stderr)
+    assert launches[0] == ("4", "n1:2,n2:2") and launches[-1] == ("2", "n1:2"), stderr[-3000:]
+    resumed = [int(commit) for commit in re.findall(r"resumed from commit (\d+)", stderr)]
+    assert resumed and resumed[-1] >= 8, stderr[-3000:]  # the work before the shrink was kept
+    result = json.loads(out.read_text())
+    assert result["size"] == 2 and result["step"] == 30
+    # the same global batch each step at any size: the resize changes the sums' rounding only
+    expected = json.loads(reference.read_text())["params"]
+    np.testing.assert_allclose(np.concatenate(result["params"]), np.concatenate(expected),
+                               rtol=1e-5)
+
+
+def wait_for_step(progress, step, process, limit=120):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the job ended before step {step}: {process.stderr.read()[-3000:]}")
+        try:
+            if int(progress.read_text().split()[2]) >= step:
+                return
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the job did not reach step {step} in {limit} s")
+
+
+def test_elastic_relaunch_that_slurm_refuses_ends_with_the_reason_instead_of_waiting(tmp_path):
+    needs_nodes(2)
+    # the discovery users wrote before: the node list of submission, which goes stale
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\nscontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
+                      "sed 's/$/:2/'\n")
+    script.chmod(0o755)
+    job = [sys.executable, str(ROOT / "tests" / "launch" / "jobs" / "elastic_train.py")]
+    progress, name = tmp_path / "progress", f"stale-{os.getpid()}"
+    command = ["salloc", "-J", name, "-N", 2, "--ntasks-per-node", 2, "hororun", "--min-np", 2,
+               "--host-discovery-script", script, "--elastic-dir", tmp_path / "commits", *job,
+               "--out", tmp_path / "result.json", "--progress", progress, "--step-sleep", 0.1]
+    environment = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
+                                         f"{os.environ.get('PATH', '')}"}
+    with subprocess.Popen([str(part) for part in command], cwd=ROOT, env=environment, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        try:
+            wait_for_step(progress, 3, process)
+            job_id = run("squeue", "-h", "-n", name, "-o", "%i").stdout.split()[0]
+            assert run("scontrol", "update", f"JobId={job_id}", "NodeList=n1").returncode == 0
+            _, stderr = process.communicate(timeout=300)
+        except BaseException:
+            process.kill()
+            raise
+    assert process.returncode != 0
+    assert "Slurm refused to start its processes on n1,n2" in stderr, stderr[-3000:]
+    assert "Slurm refused 3 launches in a row on n1,n2" in stderr, stderr[-3000:]
