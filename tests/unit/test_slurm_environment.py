@@ -94,3 +94,24 @@ def test_hororun_slurm_uses_the_plugin_of_the_mpi(monkeypatch):
         monkeypatch.setattr(launcher, "mpi_flavor", lambda mpiexec, flavor=flavor: flavor)
         launcher.main(["--slurm", "--mpiexec", "mpiexec", "-np", "3", "python", "t.py"])
         assert seen["command"] == ["/usr/bin/srun", f"--mpi={plugin}", "-n", "3", "python", "t.py"]
+
+
+def test_elastic_discovery_in_an_allocation_reads_squeue_not_the_frozen_list(
+        monkeypatch, tmp_path):
+    from hororing.runner import discovery
+    allocation_environment(monkeypatch, nodes="n[1-2]", per_node="2(x2)")
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\ncat " + str(tmp_path / "live") + "\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    discover = discovery.choose(None, 1, None, 4, allocation=slurm.allocation())
+    (tmp_path / "live").write_text("n[1-2]\n")
+    assert discover() == [("n1", 2), ("n2", 2)]
+    (tmp_path / "live").write_text("n1\n")  # scontrol update JobId=42 NodeList=n1
+    assert discover() == [("n1", 2)]
+    (tmp_path / "live").write_text("")     # the job is gone
+    with pytest.raises(discovery.DiscoveryError, match="gave no nodes for Slurm job 42"):
+        discover()
+    # a script or hosts given: those win
+    assert isinstance(discovery.choose("x.sh", 1, None, 4, allocation=slurm.allocation()),
+                      discovery.ScriptDiscovery)
