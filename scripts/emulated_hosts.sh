@@ -52,9 +52,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-bridge=hhbr0
-prefix=10.213.0
-namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep '^hororing-hh' || true; }
+# EMULATED_HOSTS_TAG and EMULATED_HOSTS_SUBNET give a second set of hosts names and addresses
+# of its own (scripts/slurm_local.sh's nodes), so that neither set's `down` removes the other
+tag=${EMULATED_HOSTS_TAG:-hh}
+prefix=${EMULATED_HOSTS_SUBNET:-10.213.0}
+bridge=${tag}br0
+namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^hororing-$tag[0-9]" || true; }
 
 shape() {  # shape DEVICE [NAMESPACE]
     local run=()
@@ -83,7 +86,7 @@ down() {
     for pid in $(pids); do kill -9 "$pid" 2>/dev/null || true; done
     for ns in $(namespaces); do ip netns delete "$ns" 2>/dev/null || true; done
     ip link delete "$bridge" 2>/dev/null || true
-    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep '^hhv' | cut -d@ -f1); do
+    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep "^${tag}v[0-9]" | cut -d@ -f1); do
         ip link delete "$link" 2>/dev/null || true
     done
     rm -rf "$dir"
@@ -102,16 +105,16 @@ case $command in
         ip link set "$bridge" up
         : > "$dir/hostfile"
         for i in $(seq 1 "$count"); do
-            name=hh$i ns=hororing-hh$i
+            name=$tag$i ns=hororing-$tag$i
             ip netns add "$ns"
-            ip link add "hhv$i" type veth peer name "hhp$i"
-            ip link set "hhp$i" netns "$ns"
-            ip link set "hhv$i" master "$bridge" up
-            ip netns exec "$ns" ip addr add "$prefix.$((10 + i))/24" dev "hhp$i"
-            ip netns exec "$ns" ip link set "hhp$i" up
+            ip link add "${tag}v$i" type veth peer name "${tag}p$i"
+            ip link set "${tag}p$i" netns "$ns"
+            ip link set "${tag}v$i" master "$bridge" up
+            ip netns exec "$ns" ip addr add "$prefix.$((10 + i))/24" dev "${tag}p$i"
+            ip netns exec "$ns" ip link set "${tag}p$i" up
             ip netns exec "$ns" ip link set lo up
-            shape "hhv$i"
-            shape "hhp$i" "$ns"
+            shape "${tag}v$i"
+            shape "${tag}p$i" "$ns"
             echo "$name:$slots" >> "$dir/hostfile"
         done
         cat > "$dir/launch" <<'EOF'
@@ -133,7 +136,7 @@ EOF
         ;;
     down) down ;;
     pids) pids ;;
-    cut) ip link set "hhv${host#hh}" down ;;
+    cut) ip link set "${tag}v${host#"$tag"}" down ;;
     *)
         echo "usage: emulated_hosts.sh up N [--rate R] [--delay D] [--slots S] [--dir D] | down | pids | cut HOST" >&2
         exit 2

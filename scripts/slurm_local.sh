@@ -9,7 +9,7 @@
 # `up` installs Slurm and munge from the distribution if they are missing (slurm-wlm, munge,
 # libpmix-dev), starts munged, slurmctld and N slurmd, and waits until every node is idle.
 # Node n1 is this machine. With N > 1 every node nI runs in a network namespace of its own
-# on a bridge (scripts/emulated_hosts.sh's hosts hh1..hhN, with hostnames n1..nN and
+# on a bridge (scripts/emulated_hosts.sh's hosts, namespaces hororing-sn1..snN, with hostnames n1..nN and
 # /etc/hosts naming them), so MPI ranks on different nodes talk over a link, as on a cluster;
 # then n1 is a namespace too. Each node declares C CPUs (default 4: more than this machine
 # has, so a job can be as wide as a real one); one partition, `debug`, takes every node and
@@ -35,6 +35,10 @@ while [ $# -gt 0 ]; do
 done
 here=$(cd "$(dirname "$0")" && pwd)
 hosts_dir=$dir/hosts
+# the nodes' network namespaces: scripts/emulated_hosts.sh's hosts under names and addresses of
+# their own (hororing-snI on bridge snbr0, 10.214.0.0/24), apart from the emulated hosts
+subnet=10.214.0
+hosts() { EMULATED_HOSTS_TAG=sn EMULATED_HOSTS_SUBNET=$subnet bash "$here/emulated_hosts.sh" "$@"; }
 
 install() {
     if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
@@ -66,18 +70,18 @@ down() {
     pkill -9 -f "slurmctld -f $dir/slurm.conf" 2>/dev/null || true
     pkill -9 -f "munged.*$dir" 2>/dev/null || true
     if [ -d "$hosts_dir" ]; then
-        bash "$here/emulated_hosts.sh" down --dir "$hosts_dir" >/dev/null 2>&1 || true
+        hosts down --dir "$hosts_dir" >/dev/null 2>&1 || true
     fi
     rm -rf "$dir"
 }
 
 node_address() {  # node_address I
-    if [ "$nodes" -gt 1 ]; then echo "10.213.0.$((10 + $1))"; else echo 127.0.0.1; fi
+    if [ "$nodes" -gt 1 ]; then echo "$subnet.$((10 + $1))"; else echo 127.0.0.1; fi
 }
 
 write_config() {
     local controller=127.0.0.1 i
-    [ "$nodes" -gt 1 ] && controller=10.213.0.1
+    [ "$nodes" -gt 1 ] && controller=$subnet.1
     cat > "$dir/slurm.conf" <<EOF
 ClusterName=hororing
 SlurmctldHost=$(hostname)($controller)
@@ -136,7 +140,7 @@ start_slurmd() {  # start_slurmd I
         # /sys is mounted again for this network (UCX finds its interfaces there; the root
         # network's devices are unreachable from here), keeping the cgroup mount slurmd needs
         mkdir -p "$dir/cgroup/$name"
-        nsenter --net="/run/netns/hororing-hh$1" unshare --uts --mount sh -c "
+        nsenter --net="/run/netns/hororing-sn$1" unshare --uts --mount sh -c "
             set -e
             hostname $name
             mount --bind $dir/hosts.txt /etc/hosts
@@ -160,8 +164,8 @@ case $command in
         down
         mkdir -p "$dir/state" "$dir/pmix"
         if [ "$nodes" -gt 1 ]; then
-            bash "$here/emulated_hosts.sh" up "$nodes" --rate 10gbit --dir "$hosts_dir" >/dev/null
-            { echo "127.0.0.1 localhost"; echo "10.213.0.1 $(hostname)";
+            hosts up "$nodes" --rate 10gbit --dir "$hosts_dir" >/dev/null
+            { echo "127.0.0.1 localhost"; echo "$subnet.1 $(hostname)";
               for i in $(seq 1 "$nodes"); do echo "$(node_address "$i") n$i"; done; } > "$dir/hosts.txt"
         fi
         write_config

@@ -19,8 +19,10 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
         || bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
     export SLURM_CONF=$slurm_dir/slurm.conf
 fi
+trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
 python -m pytest -q -p no:cacheprovider tests/unit tests/launch
 bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
+trap - EXIT
 unset SLURM_CONF
 
 echo "== the built wheel in a fresh venv =="

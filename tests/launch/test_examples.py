@@ -43,9 +43,10 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
     assert run(2, "--checkpoint", checkpoint, "--epochs", "2").returncode == 0
     job = run(2, "--checkpoint", checkpoint, "--epochs", "4", "--resume")
     assert job.returncode == 0, job.stderr[-3000:]
-    epochs = [int(epoch) for epoch in re.findall(r"epoch\s+(\d+) \[#+\] \d+/\d+ loss [0-9.]+  train",
-                                                 job.stdout)]
-    assert epochs == [2, 3]
+    # stdout is a pipe: one line an epoch, no progress bar
+    epochs = [int(epoch) for epoch in re.findall(r"^epoch\s+(\d+) \d+ steps, last loss [0-9.]+"
+                                                 r"  train", job.stdout, re.M)]
+    assert epochs == [2, 3] and "\r" not in job.stdout
 
 
 def test_numpy_example_trains_without_torch(tmp_path):

@@ -4,10 +4,11 @@ Needs a running cluster (``bash scripts/slurm_local.sh up`` as root, then ``SLUR
 exported, as tests/run.sh does); skipped otherwise. The two-node cases need
 ``--nodes 2`` (each node a network namespace of its own) and are skipped on one node.
 
-Across nodes the ranks start through hororun (mpiexec inside the allocation): srun
---mpi=pmi2 with the PyPI MPICH 5.0.2 hangs in MPI_Init in about half the runs across these
-nodes, Slurm 22.05's PMI-2 server reporting garbled requests ("value not properly terminated"
-in slurmd's log; docs/clusters.md), before any hororing code runs.
+The launches whose ranks srun starts with --mpi=pmi2 run only with HORORING_TEST_SRUN_PMI2=1:
+the PyPI MPICH 5.0.2's MPI_Init hangs under Slurm 22.05's PMI-2 server in about half the runs
+across these nodes and in some on one node (slurmd's log: "value not properly terminated"),
+before any hororing code runs (docs/clusters.md). The rest, srun --mpi=none's refusal, hororun
+in allocations of one and two nodes, sbatch and elastic shrinking, always run.
 """
 
 import ast
@@ -52,11 +53,24 @@ def needs_nodes(nodes):
                     f"--nodes {nodes}); this one has {NODES}")
 
 
+def needs_srun_pmi2():
+    """srun --mpi=pmi2 launches hang in MPI_Init too often here to gate CI on them (below):
+    they run where HORORING_TEST_SRUN_PMI2=1."""
+    if os.environ.get("HORORING_TEST_SRUN_PMI2") != "1":
+        pytest.skip("srun --mpi=pmi2 launches: set HORORING_TEST_SRUN_PMI2=1 (MPICH 5.0.2's "
+                    "MPI_Init hangs in some runs under Slurm 22.05's PMI-2 here; "
+                    "docs/clusters.md)")
+
+
+def environment(extra=None):
+    """This environment with the test's Python (and its hororun, mpiexec) first on PATH."""
+    return {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
+                                  f"{os.environ.get('PATH', '')}", **(extra or {})}
+
+
 def run(*command, timeout=300, env=None):
-    environment = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
-                                         f"{os.environ.get('PATH', '')}", **(env or {})}
     return subprocess.run([str(part) for part in command], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=environment)
+                          timeout=timeout, cwd=ROOT, env=environment(env))
 
 
 def run_under_pmi2(*command, env=None, attempts=3, timeout=120):
@@ -64,9 +78,11 @@ def run_under_pmi2(*command, env=None, attempts=3, timeout=120):
 
     Here MPICH 5.0.2's MPI_Init under Slurm 22.05's PMI-2 server hangs in some runs of
     ranks that import torch first (3 of 10 two-task runs on one node; none of 10 without the
-    import), before any hororing code runs (docs/clusters.md). A hung attempt is cancelled
-    and the job run again, at most ``attempts`` times; what is asserted is the finished run.
+    import; three in a row at times), before any hororing code runs (docs/clusters.md). A hung
+    attempt is cancelled and the job run again, at most ``attempts`` times; what is asserted is
+    the finished run.
     """
+    needs_srun_pmi2()
     name = f"pmi2-{os.getpid()}-{time.monotonic_ns()}"
     names = {"SLURM_JOB_NAME": name, "SBATCH_JOB_NAME": name, **(env or {})}
     for attempt in range(1, attempts + 1):
@@ -139,7 +155,7 @@ def test_hororun_slurm_starts_the_ranks_with_srun():
     assert "srun --mpi=pmi2 -n 2" in job.stdout and "(2 ranks, ring" in job.stdout
 
 
-@pytest.mark.parametrize("nodes, launcher", [(1, "srun"), (2, "hororun")])
+@pytest.mark.parametrize("nodes, launcher", [(1, "srun"), (1, "hororun"), (2, "hororun")])
 def test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates(nodes, launcher, tmp_path):
     needs_nodes(nodes)
     log = tmp_path / "job.out"
@@ -166,20 +182,8 @@ def test_elastic_job_shrunk_by_slurm_finishes_on_the_nodes_left_from_its_commit(
     command = ["salloc", "-J", name, "-N", 2, "--ntasks-per-node", 2, "hororun", "--min-np", 2,
                "--elastic-dir", tmp_path / "commits", *job, "--out", out, "--progress", progress,
                "--step-sleep", 0.1]
-    environment = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
-                                         f"{os.environ.get('PATH', '')}"}
-    with subprocess.Popen([str(part) for part in command], cwd=ROOT, env=environment, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
-        try:
-            wait_for_step(progress, 8, process)
-            job_id = run("squeue", "-h", "-n", name, "-o", "%i").stdout.split()[0]
-            shrink = run("scontrol", "update", f"JobId={job_id}", "NodeList=n1")
-            assert shrink.returncode == 0, shrink.stderr
-            stdout, stderr = process.communicate(timeout=300)
-        except BaseException:
-            process.kill()
-            raise
-    assert process.returncode == 0, stderr[-3000:]
+    status, stderr = shrink_to_n1_at(8, command, progress, name)
+    assert status == 0, stderr[-3000:]
     launches = re.findall(r"launch \d+: (\d+) ranks on (\S+)", stderr)
     assert launches[0] == ("4", "n1:2,n2:2") and launches[-1] == ("2", "n1:2"), stderr[-3000:]
     resumed = [int(commit) for commit in re.findall(r"resumed from commit (\d+)", stderr)]
@@ -190,6 +194,23 @@ def test_elastic_job_shrunk_by_slurm_finishes_on_the_nodes_left_from_its_commit(
     expected = json.loads(reference.read_text())["params"]
     np.testing.assert_allclose(np.concatenate(result["params"]), np.concatenate(expected),
                                rtol=1e-5)
+
+
+def shrink_to_n1_at(step, command, progress, name):
+    """Run ``command`` (a salloc named ``name``); once its rank 0 reports ``step`` in
+    ``progress``, take node n2 away from the allocation. Return its exit status and stderr."""
+    with subprocess.Popen([str(part) for part in command], cwd=ROOT, env=environment(),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        try:
+            wait_for_step(progress, step, process)
+            job_id = run("squeue", "-h", "-n", name, "-o", "%i").stdout.split()[0]
+            shrink = run("scontrol", "update", f"JobId={job_id}", "NodeList=n1")
+            assert shrink.returncode == 0, shrink.stderr
+            _, stderr = process.communicate(timeout=300)
+        except BaseException:
+            process.kill()
+            raise
+    return process.returncode, stderr
 
 
 def wait_for_step(progress, step, process, limit=120):
@@ -218,18 +239,7 @@ def test_elastic_relaunch_that_slurm_refuses_ends_with_the_reason_instead_of_wai
     command = ["salloc", "-J", name, "-N", 2, "--ntasks-per-node", 2, "hororun", "--min-np", 2,
                "--host-discovery-script", script, "--elastic-dir", tmp_path / "commits", *job,
                "--out", tmp_path / "result.json", "--progress", progress, "--step-sleep", 0.1]
-    environment = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
-                                         f"{os.environ.get('PATH', '')}"}
-    with subprocess.Popen([str(part) for part in command], cwd=ROOT, env=environment, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
-        try:
-            wait_for_step(progress, 3, process)
-            job_id = run("squeue", "-h", "-n", name, "-o", "%i").stdout.split()[0]
-            assert run("scontrol", "update", f"JobId={job_id}", "NodeList=n1").returncode == 0
-            _, stderr = process.communicate(timeout=300)
-        except BaseException:
-            process.kill()
-            raise
-    assert process.returncode != 0
+    status, stderr = shrink_to_n1_at(3, command, progress, name)
+    assert status != 0
     assert "Slurm refused to start its processes on n1,n2" in stderr, stderr[-3000:]
     assert "Slurm refused 3 launches in a row on n1,n2" in stderr, stderr[-3000:]

@@ -115,3 +115,18 @@ def test_elastic_discovery_in_an_allocation_reads_squeue_not_the_frozen_list(
     # a script or hosts given: those win
     assert isinstance(discovery.choose("x.sh", 1, None, 4, allocation=slurm.allocation()),
                       discovery.ScriptDiscovery)
+
+
+def test_under_srun_torch_gets_its_share_of_the_cores(monkeypatch):
+    import sys
+    import types
+    threads = []
+    fake = types.SimpleNamespace(set_num_threads=threads.append)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(slurm.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert slurm.set_framework_threads(4, step()) == 2 and threads == [2]
+    # mpiexec said the local size (torch divides by itself), or the user chose: left alone
+    assert slurm.set_framework_threads(4, step(MPI_LOCALNRANKS="4")) is None
+    assert slurm.set_framework_threads(4, step(OMP_NUM_THREADS="3")) is None
+    assert slurm.set_framework_threads(4, launch_environment({})) is None
+    assert threads == [2]
