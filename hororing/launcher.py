@@ -40,7 +40,7 @@ def main(argv=None):
     if args.discovery_script or args.min_np is not None:
         return _run_elastic(args, mpiexec)
     try:
-        within = None if (args.hosts or args.hostfile) else slurm.allocation()
+        within = allocation_of(args)
     except ValueError as error:
         sys.stderr.write(f"hororun: {error}\n")
         return 2
@@ -107,13 +107,24 @@ def run_and_explain(command, env):
     return status
 
 
+def allocation_of(args):
+    """The Slurm allocation hororun runs in, where no hosts or discovery script were given
+    (those win); else None.
+
+    Raises:
+        ValueError: Slurm's node list or tasks per node cannot be read.
+    """
+    if args.hosts or args.hostfile or getattr(args, "discovery_script", None):
+        return None
+    return slurm.allocation()
+
+
 def _run_elastic(args, mpiexec):
     from .runner import discovery
     from .runner.elastic import ElasticDriver
 
     try:
-        within = None if (args.hosts or args.hostfile or args.discovery_script) \
-            else slurm.allocation()
+        within = allocation_of(args)
     except ValueError as error:
         sys.stderr.write(f"hororun: {error}\n")
         return 2

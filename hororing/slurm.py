@@ -16,6 +16,7 @@ The environment is read by config.py (``Launch``); this module decides.
 
 import os
 import re
+import sys
 
 from .config import launch_environment
 
@@ -90,7 +91,6 @@ def set_framework_threads(local_size, launch=None):
 
     Left alone: a launcher that said the local size itself, and OMP_NUM_THREADS set by the user.
     """
-    import sys
     launch = launch or launch_environment()
     if not launch.in_slurm_step or launch.launcher_local_size or launch.user_threads:
         return None

@@ -9,8 +9,9 @@ from ..config import reserve_tf_inter_op_threads, reserve_tf_intra_op_threads
 from ..slurm import tensorflow_intra_op_threads
 
 reserve_tf_inter_op_threads()  # before any session: graph.py, "Threads"
-if tensorflow_intra_op_threads() is not None:  # each rank its share of the node's cores
-    reserve_tf_intra_op_threads(tensorflow_intra_op_threads())
+_intra_op_threads = tensorflow_intra_op_threads()
+if _intra_op_threads is not None:  # each rank its share of the node's cores
+    reserve_tf_intra_op_threads(_intra_op_threads)
 
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
                 add_process_set, cross_rank, cross_size, global_process_set, init,
