@@ -166,8 +166,11 @@ def _grouped(kind, tensors, name, process_set, start):
     """Start ``start(tensor, member_name)`` for each tensor; one handle over all of them."""
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{kind} takes a list of arrays, got {type(tensors).__name__}")
-    base = check_name(name) or group_of(process_set).auto_name(kind)
-    return GroupHandle(start(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors))
+    group = group_of(process_set)
+    base = check_name(name) or group.auto_name(kind)
+    with group.engine.batch():  # announced together on every rank, so ready together
+        return GroupHandle([start(tensor, f"{base}.{index}")
+                            for index, tensor in enumerate(tensors)])
 
 
 # ---- allgather, broadcast, alltoall, reducescatter ----------------------------------------

@@ -21,6 +21,7 @@ asynchronous submissions (after a cycle time, so tensors submitted together fuse
 caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-off).
 """
 
+import contextlib
 import logging
 import pickle
 import threading
@@ -105,6 +106,7 @@ class Engine:
         self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
                        "inline_hits": 0, "received_bytes": 0}
         self._work = threading.Event()
+        self._batches = threading.local()  # per thread: requests held by ``batch``
         self._drivers = 0         # user threads inside wait(), driving cycles themselves
         # called with the name of a collective that failed on every rank but this one never
         # submitted (it was inside join()); the Group keeps its generated names in step
@@ -129,13 +131,37 @@ class Engine:
                     f"a collective named '{request.name}' is already in flight on this rank; "
                     f"synchronize its handle before reusing the name, or pass a different name=")
             self._pending[request.name] = request
-            self._queue.append(request)
+            batch = getattr(self._batches, "requests", None)
+            (self._queue if batch is None else batch).append(request)
         request.submitted = time.monotonic()
+        if batch is not None:
+            self._batches.blocking &= blocking
+            return request.handle
         if not blocking:
             self._async_waiting = True
             if not self._work.is_set():  # set() takes the event's lock even when set
                 self._work.set()
         return request.handle
+
+    @contextlib.contextmanager
+    def batch(self):
+        """``with engine.batch():`` the requests submitted inside (by this thread) enter the
+        queue together, so each rank announces all of them in one cycle and they become
+        ready together (a grouped collective: fused, where they fit one bucket)."""
+        if getattr(self._batches, "requests", None) is not None:
+            yield  # nested: the outer batch queues them
+            return
+        self._batches.requests, self._batches.blocking = [], True
+        try:
+            yield
+        finally:
+            requests, self._batches.requests = self._batches.requests, None
+            with self._queue_lock:
+                if self._failure is None:
+                    self._queue.extend(requests)
+            if requests and not self._batches.blocking:
+                self._async_waiting = True
+                self._work.set()
 
     def wait(self, handle):
         """Block until ``handle`` completes, driving cycles from this thread when useful.

@@ -68,6 +68,20 @@ class _Entry:
     warned_at: float = None
 
 
+def generated_once(name):
+    """True for a name ``Group.auto_name`` generated for one unnamed call
+    (``allreduce.noname.7``, a grouped call's members ``grouped_allreduce.noname.3.0``): it
+    never comes again, so it takes no cache entry (a cache filled with them would leave the
+    names a job repeats without one). A function of the name alone, so every rank decides
+    alike; a DistributedOptimizer's ``allreduce.noname.<group>.<index>`` repeats and is cached."""
+    prefix, separator, tail = name.rpartition(".noname.")
+    if not separator:
+        return False
+    number, _, member = tail.partition(".")
+    return number.isdigit() and (not member or (prefix.startswith("grouped_")
+                                                and member.isdigit()))
+
+
 class ResponseCache:
     """Negotiated (name, metadata) pairs by id; the same ids on every rank."""
 
@@ -109,7 +123,7 @@ class ResponseCache:
 
     def record(self, name, meta):
         """Remember a successful negotiation; a known name gets its metadata updated."""
-        if meta.kind in UNCACHED_KINDS:
+        if meta.kind in UNCACHED_KINDS or generated_once(name):
             return
         response = Response(name=name, meta=meta, metas=_SameForEveryRank(meta))
         self._agreed.clear()  # a decoded vote may name the entry this replaces

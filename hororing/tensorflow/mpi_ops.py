@@ -141,9 +141,10 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
                     process_set))
             else:
                 (array,), prescale = _prescaled_in_float16([array], prescale_factor)
-                handles.append(core.allreduce_async(
-                    array, name=member, op=op, prescale_factor=prescale,
-                    postscale_factor=postscale_factor, process_set=process_set))
+                # synchronized below, at once: this thread drives the engine (blocking)
+                handles.append(core._allreduce(
+                    array, None, member, op, prescale, postscale_factor, process_set,
+                    inplace=False, blocking=True))
         return [core.synchronize(handle) for handle in handles]
 
     @tf.custom_gradient

@@ -21,16 +21,27 @@ from .compression import Compression
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Start an allreduce of ``tensor``; ``synchronize`` returns a new tensor."""
-    handle = core.allreduce_async(as_numpy(tensor), average, name, op, prescale_factor,
-                                  postscale_factor, process_set)
-    return TorchHandle(handle, lambda result: to_torch(result, tensor))
+    return _start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set, inplace=False)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Start an in-place allreduce; ``synchronize`` returns ``tensor`` holding the result."""
-    return in_place(tensor, lambda array: core.allreduce_async_(
-        array, average, name, op, prescale_factor, postscale_factor, process_set))
+    return _start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set, inplace=True)
+
+
+def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                     inplace, blocking=False):
+    """Submit an allreduce; ``blocking``: the caller synchronizes at once and drives the
+    engine itself (the background thread is not woken for it)."""
+    def submit(array):
+        return core._allreduce(array, average, name, op, prescale_factor, postscale_factor,
+                               process_set, inplace=inplace, blocking=blocking)
+    if inplace:
+        return in_place(tensor, submit)
+    return TorchHandle(submit(as_numpy(tensor)), lambda result: to_torch(result, tensor))
 
 
 def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescale_factor=1.0,
@@ -65,8 +76,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce (not differentiable)."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return synchronize(_start_allreduce(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, inplace=True,
+                                        blocking=True))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -102,8 +114,10 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def _member_handles(tensors, name, process_set, start):
     """``start(tensor, member_name)`` for each tensor of a grouped allreduce, with the
     members named ``<name>.<index>`` (a generated name when ``name`` is None)."""
-    base = name or group_of(process_set).auto_name("grouped_allreduce")
-    return [start(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors)]
+    group = group_of(process_set)
+    base = name or group.auto_name("grouped_allreduce")
+    with group.engine.batch():  # announced together on every rank (see core._grouped)
+        return [start(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors)]
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -178,6 +192,17 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
                                                                  process_set))
 
 
+def _broadcast_now(tensor, root_rank, name, process_set, inplace):
+    """A blocking broadcast, driven by the caller (see ``_start_allreduce``)."""
+    def submit(array):
+        return core._broadcast(array, root_rank, name, process_set, inplace=inplace,
+                               blocking=True)
+    if inplace:
+        return synchronize(in_place(tensor, submit))
+    return synchronize(TorchHandle(submit(as_numpy(tensor)),
+                                   lambda result: to_torch(result, tensor)))
+
+
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Return root_rank's tensor on every rank (differentiable). Every rank must call it."""
     return _Broadcast.apply(tensor, root_rank, name, process_set)
@@ -185,7 +210,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast (not differentiable)."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _broadcast_now(tensor, root_rank, name, process_set, inplace=True)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
@@ -278,13 +303,15 @@ class _Allreduce(torch.autograd.Function):
             return synchronize(compressed_allreduce_async_(
                 tensor.detach().clone(), compression, name, op, prescale_factor,
                 postscale_factor, process_set))
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
-                                           postscale_factor, process_set))
+        return synchronize(_start_allreduce(tensor, None, name, op, prescale_factor,
+                                            postscale_factor, process_set, inplace=False,
+                                            blocking=True))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op,
-                                           *ctx.scales, ctx.process_set))
+        grad = synchronize(_start_allreduce(grad_output.contiguous(), None, None, ctx.op,
+                                            *ctx.scales, ctx.process_set, inplace=False,
+                                            blocking=True))
         return grad, None, None, None, None, None, None
 
 
@@ -352,12 +379,13 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _broadcast_now(tensor, root_rank, name, process_set, inplace=False)
 
     @staticmethod
     def backward(ctx, grad_output):
-        averaged = synchronize(allreduce_async(grad_output.contiguous(), None, None, ops.Average,
-                                               process_set=ctx.process_set))
+        averaged = synchronize(_start_allreduce(grad_output.contiguous(), None, None,
+                                                ops.Average, 1.0, 1.0, ctx.process_set,
+                                                inplace=False, blocking=True))
         if current().rank != ctx.root_rank:
             averaged.zero_()
         return averaged, None, None, None

@@ -94,23 +94,25 @@ def test_a_cut_link_is_named_within_the_stall_time_and_ends_the_job(hosts):
     process = start_allreduce_loop(hosts, {"HOROVOD_STALL_CHECK_TIME_SECONDS": "3",
                                            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "8"})
     wait_for_steps(process)
-    cut_at = time.monotonic()
     hosts_tool("cut", "hh2", "--dir", str(hosts))
     status, stderr = finish(process, TIMEOUT)
-    ended_after = time.monotonic() - cut_at
     assert status != 0
     warnings = [line for line in stderr.splitlines() if "hororing stall: rank 0 (hh1)" in line]
     assert warnings, stderr[-3000:]
-    assert re.search(r"has waited [3-7] s in (negotiation cycle \d+|.*allreduce of 'grad')"
-                     r".* for rank\(s\) 1 \(hh2\)", warnings[0]), warnings
+    named = re.search(r"has waited (\d+) s in (negotiation cycle \d+|.*allreduce of 'grad')"
+                      r".* for rank\(s\) 1 \(hh2\)", warnings[0])
+    assert named, warnings
+    assert int(named.group(1)) >= 3, warnings  # not before HOROVOD_STALL_CHECK_TIME_SECONDS
     assert "Ending the job: no progress for longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=8." \
         in stderr
-    # the rank cut off on hh2 ends by itself too (its abort cannot reach mpiexec)
-    deadline = time.monotonic() + 30
+    # the rank cut off on hh2 ends by itself too (its abort cannot reach mpiexec): it gives
+    # up 10 s after its own stall shutdown; 60 s is a generous bound for that
+    deadline = time.monotonic() + 60
     while hosts_tool("pids", "--dir", str(hosts)).stdout.split() and \
             time.monotonic() < deadline:
         time.sleep(0.5)
-    print(f"job ended {ended_after:.1f} s after the cut")
+    assert not hosts_tool("pids", "--dir", str(hosts)).stdout.split(), \
+        "the rank cut off on hh2 is still running"
 
 
 def test_the_processes_of_one_host_killed_end_the_job_with_a_clear_error(hosts):

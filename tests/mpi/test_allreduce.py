@@ -289,7 +289,7 @@ def test_a_pooled_result_is_reused_only_once_nothing_refers_to_it():
 
 @pytest.mark.parametrize("back_to_back", [True, False], ids=["views", "separate"])
 def test_in_place_views_back_to_back_are_reduced_where_they_lie(back_to_back):
-    """Tensors that are consecutive views of one flat array, submitted together in place,
+    """Tensors that are consecutive views of one flat array, submitted as a group in place,
     are reduced in that array (no fusion buffer); on odd ranks, with ``separate``, they are
     separate arrays and are packed: the bytes each rank reduces line up either way."""
     from hororing.context import current
@@ -305,18 +305,17 @@ def test_in_place_views_back_to_back_are_reduced_where_they_lie(back_to_back):
     buffers = []
     pipeline.observers.append(lambda kind, buffer: buffers.append(buffer))
     try:
-        handles = [hvd.allreduce_async_(view, op=hvd.Sum, name=f"views.{back_to_back}.{index}")
-                   for index, view in enumerate(views)]
-        results = [hvd.synchronize(handle) for handle in handles]
+        # a group is announced in one cycle on every rank, so its members are ready together
+        results = hvd.synchronize(hvd.grouped_allreduce_async_(views, op=hvd.Sum,
+                                                               name=f"views.{back_to_back}"))
     finally:
         pipeline.observers.pop()
     for result, view, rows in zip(results, views, inputs):
         assert result is view
         assert_close(result, reference_allreduce(rows, hvd.Sum))
-    # the submissions may have fused in one bucket or several; a fused bucket of views
-    # reduces in the flat array itself, one of copies does not
+    # a fused bucket of views reduces in the flat array itself, one of copies does not
     fused = [buffer for buffer in buffers if buffer.size > max(lengths)]
-    assert fused or hvd.size() == 1, "four submissions within one cycle time were not fused"
+    assert fused or hvd.size() == 1, "the four members of a group were not fused"
     for buffer in fused:
         assert np.shares_memory(buffer, flat) == (back_to_back or hvd.rank() % 2 == 0)
 

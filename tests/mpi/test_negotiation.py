@@ -82,9 +82,18 @@ def test_a_late_rank_with_a_cached_name_joins_the_waiting_ones():
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
 
 
+@pytest.fixture(scope="module")
+def fresh_cache():
+    """Only a cached name folds, and a long session fills the response cache with the names
+    of earlier tests: the fold tests start from an empty one."""
+    hvd.shutdown()
+    hvd.init()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
 @pytest.mark.parametrize("op", OPS, ids=lambda op: hvd.ops.op_name(op))
-def test_a_loop_of_small_blocking_allreduces_moves_data_with_negotiation(dtype, op):
+def test_a_loop_of_small_blocking_allreduces_moves_data_with_negotiation(dtype, op,
+                                                                         fresh_cache):
     """From the third call on, a repeated lone small allreduce travels inside the
     negotiation exchange: still correct, and bitwise what the latency path gives."""
     length = 1001  # not divisible by 2, 3 or 4
@@ -102,10 +111,13 @@ def test_a_loop_of_small_blocking_allreduces_moves_data_with_negotiation(dtype, 
                                        prescale, postscale)
         assert_close(result, expected)
         assert_identical_on_every_rank(result)
-    # from the third call on, each folds; a call misses where a peer's engine takes part in
-    # the cycle before that peer's caller has submitted (ranks sharing cores), and the next
-    # one folds again: at least half of the calls fold
-    assert hits >= calls // 2, hits
+    # from the third call on, each folds: a fold cycle that a peer's engine takes part in
+    # before that peer's caller has submitted misses, and so does the vote after it (the peer
+    # has nothing to vote for), so the call is still waiting when the peer's own cycle
+    # folds it. Only a gathered cycle asked for by a rank whose call waited a second (a
+    # stall check, on a crowded machine) completes a call without folding it
+    asked = MPI.COMM_WORLD.allreduce(_stats()["stall_gathers"] - before["stall_gathers"])
+    assert hits >= calls - 2 - asked, (hits, asked)
     # the last input again, fused with another tensor: the latency path's own Allgather
     mine = rank_input(hvd.rank(), (length,), dtype, calls - 1, op)
     handles = [hvd.allreduce_async(mine, name=f"unfolded.{dtype}", op=op,

@@ -104,6 +104,18 @@ def test_cache_capacity_is_respected():
     assert negotiator.cache.lookup("b", allreduce_meta()) is None
 
 
+def test_names_generated_for_one_call_take_no_cache_entry():
+    """Unnamed calls get a new name each time: caching them would fill the cache, and the
+    names a job does repeat would then go by name in every cycle."""
+    one_off = ["allreduce.noname.7", "broadcast.loader.noname.0", "grouped_allreduce.noname.3.1"]
+    repeated = ["grad.fc1", "allreduce.noname.0.5", "allreduce.noname", "x.noname.y"]
+    negotiator = Negotiator(size=1, cache_capacity=len(one_off) + len(repeated))
+    negotiator.absorb(0, [], [(name, allreduce_meta()) for name in one_off + repeated], 0.0)
+    assert len(negotiator.ready()) == len(one_off) + len(repeated)
+    assert [negotiator.cache.lookup(name, allreduce_meta()) for name in one_off] == [None] * 3
+    assert [negotiator.cache.lookup(name, allreduce_meta()) for name in repeated] == [0, 1, 2, 3]
+
+
 def test_joined_ranks_count_as_zero_contributors_for_allreduce_only():
     negotiator = Negotiator(size=3, cache_capacity=8)
     negotiator.absorb(2, [], [(JOIN_NAME, Meta(kind="join"))], 0.0)
