@@ -39,6 +39,8 @@ def parse_args():
     parser.add_argument("--ps-async", action="store_true",
                         help="PS mode: asynchronous SGD on the servers (AsyncPSOptimizer) instead "
                              "of synchronous averaging")
+    parser.add_argument("--sharded", action="store_true",
+                        help="shard the optimizer's state across the ranks (ZeRO stage 1)")
     parser.add_argument("--save-params", help="write the final parameters here (.npz)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model and data live; cuda: GPU local_rank %% GPU count")
@@ -98,6 +100,8 @@ def progress(epoch, step, steps, loss):
 
 def main():
     args = parse_args()
+    if args.sharded and (args.mode == "ps" or args.ps_async):
+        sys.exit("--sharded shards the ring's optimizer state; it does not apply to PS mode")
     servers = args.ps_servers
     if servers is not None and servers != "colocated":
         servers = int(servers)
@@ -128,7 +132,8 @@ def main():
         # the unscaled learning rate: every push is one SGD step of one rank's batch
         optimizer = hvd.AsyncPSOptimizer(model.named_parameters(), lr=args.lr, momentum=0.9)
     else:
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             sharded=args.sharded)
 
     # the same number of steps on every rank, so no rank waits for a collective that never comes
     steps = int(hvd.allreduce(torch.tensor([len(train_x) // args.batch_size]), op=hvd.Min)[0])
@@ -151,10 +156,12 @@ def main():
             if rank == 0:
                 progress(epoch, step + 1, steps, loss.item())
         loss_sum, correct, count = averaged(totals)
+        # a sharded optimizer gathers its full state from every rank: all of them ask
+        state = optimizer.state_dict() if rank == 0 or args.sharded else None
         if rank == 0:
             print(f"  train loss {loss_sum / count:.4f} acc {correct / count:.3f}")
             os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            torch.save({"model": model.state_dict(), "optimizer": state,
                         "epoch": epoch}, args.checkpoint)
 
     model.eval()

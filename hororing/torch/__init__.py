@@ -25,11 +25,13 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
                       grouped_reducescatter_async, join, reducescatter, reducescatter_async,
                       sparse_allreduce_async)
 from .optimizer import DistributedOptimizer
+from .sharded import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
 __all__ = [
     "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer",
+    "ZeroRedundancyOptimizer",
     "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",

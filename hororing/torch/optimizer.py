@@ -28,12 +28,13 @@ from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .compression import Compression
 from .functions import refuse_uninitialized
+from .sharded import ShardedOptimizer
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=ops.Average,
                          gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, sharded=False):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -52,6 +53,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (divided by size for Average), which moves only the rows that changed.
         process_set: average over this ``hvd.ProcessSet`` only; on ranks outside it the
             optimizer steps with local gradients.
+        sharded: keep the optimizer's state sharded across the ranks (ZeRO stage 1,
+            ``hororing/torch/sharded.py``): each rank steps its 1/n of the parameters
+            between the reduce-scatter of the gradients and the allgather of the parameters.
+            Elementwise optimizers only (SGD, Adam, AdamW, RMSprop, Adagrad, ...).
 
     Returns:
         a torch.optim.Optimizer.
@@ -59,6 +64,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Example:
         >>> optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters())
     """
+    if sharded:
+        return ShardedOptimizer(optimizer, named_parameters, compression,
+                                backward_passes_per_step, op, gradient_predivide_factor,
+                                process_set)
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                  op, gradient_predivide_factor, groups, sparse_as_dense,
                                  process_set)

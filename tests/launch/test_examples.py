@@ -104,6 +104,34 @@ def test_ps_mode_trains_to_the_same_parameters_as_the_ring(tmp_path):
         np.testing.assert_allclose(ps_params[name], ring_params[name], atol=1e-4)
 
 
+def test_sharded_optimizer_state_trains_to_the_same_parameters(tmp_path):
+    """examples/train.py --sharded (ZeRO stage 1): the same training as the unsharded
+    optimizer, within float tolerance, and a checkpoint of its full state that resumes."""
+    import numpy as np
+    import torch
+    args = ("--epochs", "4")
+    plain = run(3, *args, "--checkpoint", str(tmp_path / "plain.pt"), "--save-params",
+                str(tmp_path / "plain.npz"))
+    sharded = run(3, *args, "--sharded", "--checkpoint", str(tmp_path / "sharded.pt"),
+                  "--save-params", str(tmp_path / "sharded.npz"))
+    assert plain.returncode == 0 and sharded.returncode == 0, \
+        (plain.stderr + sharded.stderr)[-3000:]
+    plain_params, sharded_params = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "sharded.npz")
+    for name in plain_params:
+        np.testing.assert_allclose(sharded_params[name], plain_params[name], rtol=1e-4,
+                                   atol=1e-5)
+    # the checkpoint holds the full momentum, as the unsharded optimizer's does
+    saved = [torch.load(tmp_path / f"{kind}.pt")["optimizer"] for kind in ("plain", "sharded")]
+    assert sorted(saved[0]["state"]) == sorted(saved[1]["state"])
+    for index, state in saved[0]["state"].items():
+        np.testing.assert_allclose(saved[1]["state"][index]["momentum_buffer"].numpy(),
+                                   state["momentum_buffer"].numpy(), rtol=1e-4, atol=1e-5)
+    resumed = run(3, "--epochs", "5", "--sharded", "--resume", "--checkpoint",
+                  str(tmp_path / "sharded.pt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "epoch   4" in resumed.stdout and "epoch   3" not in resumed.stdout
+
+
 def test_asynchronous_ps_training_converges_on_digits(tmp_path):
     job = run(4, "--mode", "ps", "--ps-servers", "1", "--ps-async", "--checkpoint",
               str(tmp_path / "async.pt"))

@@ -1,0 +1,399 @@
+"""Sharded optimizer state (ZeRO stage 1) on the ring's two halves.
+
+A ring allreduce is a reduce-scatter followed by an allgather. Between the two halves each
+rank holds the averaged gradient of 1/n of the parameters: it steps the optimizer on that
+slice only, and the allgather then spreads the updated parameters instead of the gradients.
+The bytes on the wire are an allreduce's; the optimizer's state (Adam: two values per
+parameter) and its compute are divided by n.
+
+Each parameter group's parameters that need gradients are, per dtype, one flat vector,
+split as ``reducescatter`` splits (the first ``numel % n`` ranks one element more). The
+wrapped optimizer is rebuilt over this rank's slices (one tensor per dtype in each group, the
+group's hyperparameters kept), so ``optimizer.state`` holds this rank's slices only. That is
+exact for optimizers whose step is elementwise per parameter; the others are refused.
+"""
+
+import inspect
+
+import numpy as np
+import torch
+
+from .. import ops, transport
+from .._mpi import MPI
+from ..algorithms.plan import chunk_bounds
+from ..algorithms.ring import Ring
+from ..context import current
+from ..kernels import scale_into
+from ..process_sets import global_process_set, group_of
+from . import mpi_ops
+from .compression import Compression
+from .functions import refuse_uninitialized
+
+# whose step treats each element on its own (a slice steps as the whole tensor would)
+ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
+    "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta",
+    "ASGD", "Rprop") if hasattr(torch.optim, name))
+
+
+def check_elementwise(optimizer_class):
+    """Refuse an optimizer class whose step needs whole tensors (norms, factored moments,
+    a line search): stepped on slices it would compute something else."""
+    if not issubclass(optimizer_class, ELEMENTWISE):
+        names = ", ".join(cls.__name__ for cls in ELEMENTWISE)
+        raise ValueError(
+            f"a sharded optimizer steps each rank's slice of the parameters, which is exact only "
+            f"for optimizers whose step is elementwise ({names}); {optimizer_class.__name__} is "
+            f"not one of them. Use DistributedOptimizer without sharded=True for it.")
+
+
+class _Slice:
+    """One group's parameters of one dtype, as one flat vector: this rank's slice of it."""
+
+    def __init__(self, parameters, rank, size):
+        self.parameters = parameters
+        self.numel = sum(parameter.numel() for parameter in parameters)
+        self.bounds = tuple(chunk_bounds(self.numel, size))  # as reducescatter splits
+        self.start, self.stop = self.bounds[rank]
+        self.byte_counts = [(stop - start) * parameters[0].element_size()
+                            for start, stop in self.bounds]
+        self.byte_offsets = [start * parameters[0].element_size() for start, _ in self.bounds]
+        # The parameters move into one flat vector (each parameter's data a view into it):
+        # the wrapped optimizer steps a leaf tensor over this rank's slice of that vector, so
+        # the step updates the model in place, and the allgather fills the rest in place.
+        # The gradients live in another flat vector (each .grad a view into it, as DDP's
+        # gradient_as_bucket_view), which the step scatter-reduces in place.
+        dtype = parameters[0].dtype
+        self.values = torch.empty(self.numel, dtype=dtype)
+        self.gradients = torch.zeros(self.numel, dtype=dtype)
+        self.views = {}
+        offset = 0
+        with torch.no_grad():
+            for parameter in parameters:
+                count = parameter.numel()
+                data = self.values[offset:offset + count].view_as(parameter)
+                data.copy_(parameter.detach())
+                parameter.data = data
+                self.views[parameter] = self.gradients[offset:offset + count].view_as(parameter)
+                offset += count
+        self.local = torch.nn.Parameter(self.values[self.start:self.stop])
+
+    def into_view(self, parameter):
+        """Point ``parameter.grad`` at its view, copying a gradient autograd made anew
+        (after ``zero_grad(set_to_none=True)``) into it; later passes accumulate there."""
+        grad, view = parameter.grad, self.views[parameter]
+        if grad is not None and grad.layout == torch.strided and \
+                grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+            parameter.grad = view
+
+    def flat_gradient(self):
+        """Every parameter's gradient, flat and in order (zeros where there is none: every
+        rank must contribute, as DistributedOptimizer does for an unused parameter)."""
+        for parameter, view in self.views.items():
+            grad = parameter.grad
+            if grad is None:
+                view.zero_()
+            elif grad.is_sparse:
+                raise ValueError("a sharded optimizer takes dense gradients; this parameter's "
+                                 "is sparse (use DistributedOptimizer without sharded=True)")
+            elif grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
+        return self.gradients
+
+    def split(self, flat):
+        """``flat`` (this group's full vector) as one tensor per parameter, shaped like it."""
+        offset, parts = 0, []
+        for parameter in self.parameters:
+            count = parameter.numel()
+            parts.append(flat[offset:offset + count].view_as(parameter).clone())
+            offset += count
+        return parts
+
+
+_DTYPES = (torch.float32, torch.float64)  # summed in their own dtype on the ring
+
+
+def _sliced(key, value):
+    """State kept per element (sliced with the parameters), not a per-tensor scalar such as
+    Adam's ``step``."""
+    return torch.is_tensor(value) and key != "step"
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``DistributedOptimizer(optimizer, sharded=True)``: see the module's docstring.
+
+    ``param_groups`` are the rebuilt optimizer's (a group's ``params`` are this rank's
+    slices, its hyperparameters the original group's: LR schedulers work on them). Between
+    backward and ``step()`` each ``.grad`` is a view into its group's flat gradient vector
+    (clip or read it there, e.g. with ``clip_grad_norm_``); ``step()`` reduces that vector in
+    place and leaves every ``.grad`` None. Each parameter's data is a view into its group's flat
+    parameter vector from construction on (the step updates it in place).
+    ``state`` holds this rank's slices; ``state_dict()`` gathers the full state in the
+    wrapped optimizer's own format, and ``load_state_dict`` takes one (saved sharded or not).
+    """
+
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
+                 process_set=global_process_set):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}")
+        check_elementwise(type(optimizer))
+        if compression is not None and compression is not Compression.none:
+            raise ValueError("sharded=True does not compress gradients yet; pass "
+                             "compression=hvd.Compression.none")
+        if op not in (ops.Average, ops.Sum):
+            raise ValueError(f"sharded=True reduces gradients with Average or Sum, got "
+                             f"op={op}")
+        if gradient_predivide_factor != 1.0 and op != ops.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if backward_passes_per_step <= 0:
+            raise ValueError(f"backward_passes_per_step must be > 0, got "
+                             f"{backward_passes_per_step}")
+        originals = [parameter for group in optimizer.param_groups for parameter in
+                     group["params"]]
+        names = dict((parameter, name) for name, parameter in (named_parameters or ()))
+        refuse_uninitialized([(names.get(parameter, f"parameter {index}"), parameter)
+                              for index, parameter in enumerate(originals)],
+                             "DistributedOptimizer(sharded=True)")
+        for parameter in originals:
+            if parameter.device.type != "cpu" or parameter.layout != torch.strided:
+                raise ValueError("sharded=True takes dense CPU parameters for now; found one on "
+                                 f"{parameter.device} ({parameter.layout})")
+            if parameter.requires_grad and parameter.dtype not in _DTYPES:
+                raise ValueError(f"sharded=True takes float32 and float64 parameters for now; "
+                                 f"found {parameter.dtype}")
+        if process_set is not None and not process_set.included():
+            raise ValueError("sharded=True on a rank outside the optimizer's process_set: every "
+                             "rank that steps it must be in the set")
+        self.process_set = process_set
+        self._group = group_of(process_set)
+        self._op = op
+        self._prescale = 1.0 / gradient_predivide_factor
+        self._postscale = gradient_predivide_factor
+        self._passes = backward_passes_per_step
+        self._original = optimizer
+        self._originals = originals
+        rank, size = self._group.rank, self._group.size
+        # the step's two halves run on a communicator of their own: the library's ring's
+        # scatter-reduce into each rank's slice, MPI's allgather of the updated slices
+        self._comm = self._group.comm.Dup()
+        self._ring = Ring(self._comm, current().config.subchunk_bytes(across_nodes=False))
+        self._slices = []  # per group: [_Slice per dtype]
+        groups = []
+        for group in optimizer.param_groups:
+            trained = [parameter for parameter in group["params"] if parameter.requires_grad]
+            by_dtype = {}
+            for parameter in trained:
+                by_dtype.setdefault(parameter.dtype, []).append(parameter)
+            slices = [_Slice(members, rank, size) for members in by_dtype.values()]
+            self._slices.append(slices)
+            hyper = {key: value for key, value in group.items() if key != "params"}
+            groups.append({**hyper, "params": [piece.local for piece in slices]})
+        # the same class and defaults over this rank's slices: its state exists for them only
+        self._check_same_layout()
+        self._hooks = [parameter.register_post_accumulate_grad_hook(piece.into_view)
+                       for slices in self._slices for piece in slices
+                       for parameter in piece.parameters]
+        accepted = inspect.signature(type(optimizer)).parameters
+        self._optimizer = type(optimizer)(groups, **{
+            key: value for key, value in optimizer.defaults.items() if key in accepted})
+        self._optimizer_step_pre_hooks = self._optimizer._optimizer_step_pre_hooks
+        self._optimizer_step_post_hooks = self._optimizer._optimizer_step_post_hooks
+        if optimizer.state:  # e.g. restored from a checkpoint before wrapping: keep a slice
+            self.load_state_dict(optimizer.state_dict())
+
+    @property
+    def param_groups(self):
+        return self._optimizer.param_groups
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    def __repr__(self):
+        return f"DistributedOptimizer({self._original!r}, sharded=True)"
+
+    def _label(self, group_index, piece, what):
+        return f"sharded.{group_index}.{str(piece.local.dtype).split('.')[-1]}.{what}"
+
+    def _check_same_layout(self):
+        """Every rank must shard the same parameters: compared before any data moves."""
+        mine = [[(str(piece.local.dtype), piece.numel) for piece in slices]
+                for slices in self._slices]
+        layouts = self._comm.allgather(mine)
+        for rank, theirs in enumerate(layouts):
+            if theirs != mine:
+                raise ValueError(
+                    f"sharded=True: rank {rank}'s parameters (per group: dtype, elements) are "
+                    f"{theirs}, this rank's {mine}; every rank must wrap the same model's "
+                    f"parameters in the same groups")
+
+    def step(self, closure=None):
+        """Reduce-scatter the gradients, step this rank's slices, allgather the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        flats = []
+        with transport.activity("sharded optimizer step"):
+            for slices in self._slices:
+                for piece in slices:
+                    flat = piece.flat_gradient()
+                    array = flat.numpy()
+                    scale_into(array, self._prescale)
+                    self._ring.reducescatter(array, "sum", piece.bounds)
+                    mine = array[piece.start:piece.stop]
+                    scale_into(mine, self._postscale / self._group.size
+                               if self._op == ops.Average else self._postscale)
+                    piece.local.grad = flat[piece.start:piece.stop]
+                    flats.append((piece, flat))
+            self._optimizer.step()
+            for piece, _ in flats:  # each rank's updated slice, into every rank's vector
+                self._comm.Allgatherv(MPI.IN_PLACE, [piece.values.numpy().view(np.uint8),
+                                                     (piece.byte_counts, piece.byte_offsets),
+                                                     MPI.BYTE])
+                piece.local.grad = None
+                for parameter in piece.parameters:  # their views are partial sums now
+                    parameter.grad = None
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Clear the model's gradients (and the slices' reduced ones)."""
+        for parameter in self._originals:
+            if parameter.grad is None:
+                continue
+            if set_to_none:
+                parameter.grad = None
+            else:
+                parameter.grad.detach_()
+                parameter.grad.zero_()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def synchronize(self):
+        """Nothing to wait for: the gradients are reduced inside ``step()``."""
+
+    def skip_synchronize(self):
+        raise RuntimeError("sharded=True reduces the gradients inside step(), so there is no "
+                           "separate synchronize() to skip")
+
+    def add_param_group(self, param_group):
+        raise NotImplementedError("add_param_group on a sharded optimizer: pass every group "
+                                  "to the optimizer before wrapping it")
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self):
+        """The full state, as the wrapped optimizer's own ``state_dict()`` gives it (every
+        rank gathers every slice: collective, every rank must call it)."""
+        inner = self._optimizer.state_dict()
+        full_state = {}
+        index_of = {parameter: index for index, parameter in enumerate(self._originals)}
+        position = 0  # the inner optimizer's parameter index, as state_dict numbers them
+        for group_index, slices in enumerate(self._slices):
+            for piece in slices:
+                state = inner["state"].get(position, {})
+                position += 1
+                gathered = self._gather_state(group_index, piece, state)
+                for offset, parameter in enumerate(piece.parameters):
+                    full_state[index_of[parameter]] = {
+                        key: (value[offset] if isinstance(value, list) else value)
+                        for key, value in gathered.items()}
+        groups = []
+        for group, original in zip(inner["param_groups"], self._original.param_groups):
+            groups.append({**{key: value for key, value in group.items() if key != "params"},
+                           "params": [index_of[parameter] for parameter in original["params"]]})
+        return {"state": full_state, "param_groups": groups}
+
+    def _gather_state(self, group_index, piece, state):
+        """key -> per-parameter full tensors (list) for sliced state, the value itself for
+        scalars (the same on every rank)."""
+        keys = sorted(state)
+        gathered = {}
+        for key in keys:
+            value = state[key]
+            if _sliced(key, value) and value.dim() == 1 and \
+                    value.numel() == piece.local.numel():
+                full = mpi_ops.allgather(value.detach(), name=self._label(
+                    group_index, piece, f"state.{key}"), process_set=self.process_set)
+                gathered[key] = piece.split(full)
+            else:
+                gathered[key] = value.clone() if torch.is_tensor(value) else value
+        return gathered
+
+    def load_state_dict(self, state_dict):
+        """Take a full state (from ``state_dict()`` here or of the unsharded optimizer) and
+        keep this rank's slices of it."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self._slices):
+            raise ValueError(f"the state has {len(groups)} parameter groups, this optimizer "
+                             f"{len(self._slices)}")
+        # both number the parameters by their position over the groups, frozen ones included
+        index_of = {parameter: index for index, parameter in enumerate(self._originals)}
+        state = state_dict["state"]
+        inner_state, position = {}, 0
+        for group_index, slices in enumerate(self._slices):
+            for piece in slices:
+                per_parameter = []
+                for parameter in piece.parameters:
+                    per_parameter.append(state.get(index_of[parameter]) or {})
+                keys = set().union(*per_parameter) if per_parameter else set()
+                entry = {}
+                for key in keys:
+                    values = [saved.get(key) for saved in per_parameter]
+                    if all(_sliced(key, value) and value.shape == parameter.shape
+                           for value, parameter in zip(values, piece.parameters)):
+                        flat = torch.cat([value.reshape(-1) for value in values])
+                        entry[key] = flat[piece.start:piece.stop].clone()
+                    else:
+                        entry[key] = values[0]
+                if entry:
+                    inner_state[position] = entry
+                position += 1
+        inner_groups = []
+        for group, slices, inner in zip(groups, self._slices,
+                                        self._optimizer.state_dict()["param_groups"]):
+            inner_groups.append({**{key: value for key, value in group.items()
+                                    if key != "params"}, "params": inner["params"]})
+        self._optimizer.load_state_dict({"state": inner_state, "param_groups": inner_groups})
+
+
+class ZeroRedundancyOptimizer(ShardedOptimizer):
+    """``torch.distributed.optim.ZeroRedundancyOptimizer`` over hororing's ranks.
+
+    Args:
+        params: the parameters (or parameter groups) to optimize.
+        optimizer_class: an elementwise torch.optim class (SGD, Adam, AdamW, ...).
+        process_group: not used (the ranks of ``process_set`` take part; every rank by default).
+        parameters_as_bucket_view, overlap_with_ddp: accepted for compatibility, not used.
+        **defaults: the optimizer's arguments (lr=...).
+
+    Gradients are averaged across ranks inside ``step()`` (a DDP user's gradients arrive
+    averaged already: pass ``op=hvd.Sum`` in ``defaults`` is not possible, so use it without DDP,
+    as the optimizer that averages them).
+    """
+
+    def __init__(self, params, optimizer_class, process_group=None,
+                 parameters_as_bucket_view=False, overlap_with_ddp=False,
+                 process_set=global_process_set, **defaults):
+        check_elementwise(optimizer_class)
+        super().__init__(optimizer_class(params, **defaults), process_set=process_set)
+        self._consolidated = None
+
+    def consolidate_state_dict(self, to=0):
+        """Gather the full state onto rank ``to`` (collective: every rank calls it)."""
+        full = ShardedOptimizer.state_dict(self)
+        self._consolidated = full if self._group.rank == to else None
+        self._consolidated_to = to
+
+    def state_dict(self):
+        """The state gathered by ``consolidate_state_dict`` (on that rank only)."""
+        if self._consolidated is None:
+            raise RuntimeError("Optimizer state has not been consolidated on this rank. Please "
+                               "call `consolidate_state_dict(to=<rank>)` on all ranks first, "
+                               "then state_dict() on that rank")
+        return self._consolidated

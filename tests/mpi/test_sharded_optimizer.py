@@ -1,0 +1,192 @@
+"""Sharded optimizer state (DistributedOptimizer(sharded=True), ZeroRedundancyOptimizer).
+
+Each rank trains on its own data. The reference is computed on every rank alone: a plain
+torch optimizer stepped with the mean of every rank's gradient (each rank can compute them
+all, since the data are seeded by rank). The sharded optimizer must match it, leave the
+parameters bitwise identical on every rank, and hold optimizer state for its slice only.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hororing.torch as hvd  # noqa: E402
+from reference import assert_identical_on_every_rank  # noqa: E402
+
+STEPS = 4
+CONFIGS = [
+    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    (torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.01}),
+    (torch.optim.AdamW, {"lr": 0.01, "amsgrad": True}),
+    (torch.optim.RMSprop, {"lr": 0.01, "momentum": 0.5}),
+    (torch.optim.Adagrad, {"lr": 0.1}),
+]
+
+
+def make_parameters():
+    """The same on every rank: 35 + 5 float64 and 15 + 13 float32 elements (none divisible
+    by 2, 3 or 4 ranks overall), a parameter that never gets a gradient, a frozen one."""
+    generator = torch.Generator().manual_seed(7)
+
+    def parameter(*shape, dtype=torch.float64, requires_grad=True):
+        return torch.nn.Parameter(torch.randn(*shape, generator=generator, dtype=dtype),
+                                  requires_grad=requires_grad)
+    return [parameter(7, 5), parameter(5), parameter(5, 3, dtype=torch.float32),
+            parameter(13, dtype=torch.float32), parameter(4, requires_grad=False)]
+
+
+def groups_of(parameters):
+    first, bias, second, unused, frozen = parameters
+    return [{"params": [first, bias]}, {"params": [second, unused, frozen], "lr": 0.05}]
+
+
+def loss_of(parameters, rank, step):
+    first, bias, second, _, frozen = parameters
+    data = torch.randn(6, 7, generator=torch.Generator().manual_seed(100 * step + rank),
+                       dtype=torch.float64)
+    hidden = torch.tanh(data @ first + bias + frozen.sum())
+    return (hidden @ second.double()).pow(2).mean()  # float64 gradients stay float64
+
+
+def reference_run(optimizer_class, options, steps=STEPS, passes=1):
+    """Every rank's gradient, averaged, into a plain optimizer: what large-batch training
+    on one process does. ``passes``: backward passes accumulated per step."""
+    parameters = make_parameters()
+    optimizer = optimizer_class(groups_of(parameters), **options)
+    for step in range(steps):
+        grads = [torch.zeros_like(parameter) for parameter in parameters]
+        for rank in range(hvd.size()):
+            for parameter in parameters:
+                parameter.grad = None
+            for index in range(passes):
+                (loss_of(parameters, rank, passes * step + index) / passes).backward()
+            for total, parameter in zip(grads, parameters):
+                if parameter.grad is not None:
+                    total += parameter.grad
+        for total, parameter in zip(grads, parameters):
+            if parameter.requires_grad:
+                parameter.grad = total / hvd.size()
+        optimizer.step()
+    return parameters, optimizer
+
+
+def sharded_run(optimizer_class, options, steps=STEPS, make=None, passes=1, set_to_none=True):
+    parameters = make_parameters()
+    optimizer = make(parameters) if make else hvd.DistributedOptimizer(
+        optimizer_class(groups_of(parameters), **options), sharded=True,
+        backward_passes_per_step=passes)
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=set_to_none)
+        for index in range(passes):
+            (loss_of(parameters, hvd.rank(), passes * step + index) / passes).backward()
+        optimizer.step()
+    return parameters, optimizer
+
+
+def assert_matches(parameters, expected):
+    for parameter, reference in zip(parameters, expected):
+        assert_identical_on_every_rank(parameter.detach().numpy())
+        # the sums run in another order than the reference's; the float64 parameters see the
+        # float32 one's rounding through the loss, hence 1e-7 and not float64's own precision
+        tolerance = 1e-7 if parameter.dtype == torch.float64 else 1e-5
+        np.testing.assert_allclose(parameter.detach().numpy(), reference.detach().numpy(),
+                                   rtol=tolerance, atol=tolerance)  # parameters are O(1)
+
+
+@pytest.mark.parametrize("optimizer_class,options", CONFIGS,
+                         ids=[cls.__name__ for cls, _ in CONFIGS])
+def test_sharded_steps_equal_large_batch_training_and_hold_a_slice_of_the_state(
+        optimizer_class, options):
+    parameters, optimizer = sharded_run(optimizer_class, options)
+    expected, reference = reference_run(optimizer_class, options)
+    assert_matches(parameters, expected)
+    assert not parameters[4].grad and torch.equal(parameters[4], expected[4])  # frozen
+    # the state exists for this rank's slice only: over the ranks, once per element
+    trained = sum(parameter.numel() for parameter in parameters if parameter.requires_grad)
+    sliced = [value for state in optimizer.state.values() for key, value in state.items()
+              if torch.is_tensor(value) and key != "step"]
+    held = sum(value.numel() for value in sliced)
+    kinds = len({key for state in reference.state.values() for key, value in state.items()
+                 if torch.is_tensor(value) and key != "step"})
+    from mpi4py import MPI
+    assert MPI.COMM_WORLD.allreduce(held) == kinds * trained
+    assert held <= kinds * (trained // hvd.size() + 2)  # a slice per dtype, one more at most
+
+
+@pytest.mark.parametrize("optimizer_class,options", CONFIGS[:2],
+                         ids=[cls.__name__ for cls, _ in CONFIGS[:2]])
+def test_state_dict_is_the_full_state_and_loads_into_a_fresh_sharded_optimizer(
+        optimizer_class, options):
+    parameters, optimizer = sharded_run(optimizer_class, options, steps=2)
+    _, reference = reference_run(optimizer_class, options, steps=2)
+    full, expected = optimizer.state_dict(), reference.state_dict()
+    assert sorted(full["state"]) == sorted(expected["state"])
+    for index, state in expected["state"].items():
+        for key, value in state.items():
+            np.testing.assert_allclose(np.asarray(full["state"][index][key]), np.asarray(value),
+                                       rtol=1e-5, atol=1e-8)
+    assert [group["params"] for group in full["param_groups"]] == \
+        [group["params"] for group in expected["param_groups"]]
+    # a fresh model and sharded optimizer, from the reference's (unsharded) state: the next
+    # steps continue exactly as the reference does
+    resumed = make_parameters()
+    with torch.no_grad():
+        for parameter, value in zip(resumed, reference.param_groups[0]["params"] +
+                                    reference.param_groups[1]["params"]):
+            parameter.copy_(value)
+    again = hvd.DistributedOptimizer(optimizer_class(groups_of(resumed), **options), sharded=True)
+    again.load_state_dict(expected)
+    for step in (2, 3):
+        again.zero_grad()
+        loss_of(resumed, hvd.rank(), step).backward()
+        again.step()
+    final, _ = reference_run(optimizer_class, options, steps=4)
+    assert_matches(resumed, final)
+
+
+def test_zero_redundancy_optimizer_trains_and_consolidates_on_one_rank():
+    options = {"lr": 0.01}
+
+    def make(parameters):
+        return hvd.ZeroRedundancyOptimizer(groups_of(parameters), torch.optim.Adam, **options)
+    parameters, optimizer = sharded_run(torch.optim.Adam, options, make=make)
+    expected, reference = reference_run(torch.optim.Adam, options)
+    assert_matches(parameters, expected)
+    optimizer.consolidate_state_dict(to=0)
+    if hvd.rank() == 0:
+        assert sorted(optimizer.state_dict()["state"]) == sorted(reference.state_dict()["state"])
+    else:
+        with pytest.raises(RuntimeError, match="consolidate_state_dict"):
+            optimizer.state_dict()
+
+
+def test_optimizers_that_need_whole_tensors_and_compression_are_refused():
+    parameters = make_parameters()
+    with pytest.raises(ValueError, match="LBFGS is not one of them"):
+        hvd.DistributedOptimizer(torch.optim.LBFGS(parameters[:2]), sharded=True)
+    with pytest.raises(ValueError, match="compression"):
+        hvd.DistributedOptimizer(torch.optim.SGD(parameters[:2], lr=0.1), sharded=True,
+                                 compression=hvd.Compression.fp16)
+    with pytest.raises(ValueError, match="Average or Sum"):
+        hvd.DistributedOptimizer(torch.optim.SGD(parameters[:2], lr=0.1), sharded=True,
+                                 op=hvd.Adasum)
+
+
+def test_ranks_that_wrap_different_parameters_are_refused_on_every_rank():
+    if hvd.size() == 1:
+        pytest.skip("a mismatch needs two ranks")
+    parameters = [torch.nn.Parameter(torch.zeros(5 + (hvd.rank() == 0)))]
+    with pytest.raises(ValueError, match="every rank must wrap the same model"):
+        hvd.DistributedOptimizer(torch.optim.SGD(parameters, lr=0.1), sharded=True)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_accumulated_over_backward_passes(set_to_none):
+    """Two backward passes per step, the gradients kept as zeroed views or set to None
+    between steps: the same as large-batch training on both batches."""
+    options = {"lr": 0.1, "momentum": 0.9}
+    parameters, _ = sharded_run(torch.optim.SGD, options, steps=3, passes=2,
+                                set_to_none=set_to_none)
+    expected, _ = reference_run(torch.optim.SGD, options, steps=3, passes=2)
+    assert_matches(parameters, expected)
