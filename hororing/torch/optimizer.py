@@ -29,6 +29,7 @@ from . import mpi_ops
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .sharded import ShardedOptimizer
+from .wrapping import WrappingOptimizer
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -73,7 +74,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                  process_set)
 
 
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _DistributedOptimizer(WrappingOptimizer):
     """The wrapper (see ``DistributedOptimizer``)."""
 
     def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step, op,
@@ -91,9 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if groups is not None and not isinstance(groups, (int, list)):
             raise ValueError(f"groups must be an int or a list of lists of parameters, got "
                              f"{type(groups).__name__}")
-        self._optimizer = optimizer
-        self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
-        self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
+        self._wrap(optimizer)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._passes = backward_passes_per_step
@@ -120,19 +119,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._views = _bucket_views(_dense_cpu(self.param_groups)[::-1],
                                         self._group.engine.fusion_threshold)
             self._register_hooks()
-
-    # the wrapped optimizer's own, not copies: load_state_dict replaces its param_groups list
-    @property
-    def param_groups(self):
-        return self._optimizer.param_groups
-
-    @property
-    def state(self):
-        return self._optimizer.state
-
-    @property
-    def defaults(self):
-        return self._optimizer.defaults
 
     @property
     def _parameter_names(self):

@@ -28,6 +28,7 @@ from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .compression import Compression
 from .functions import refuse_uninitialized
+from .wrapping import WrappingOptimizer
 
 # whose step treats each element on its own (a slice steps as the whole tensor would)
 ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
@@ -119,7 +120,7 @@ def _sliced(key, value):
     return torch.is_tensor(value) and key != "step"
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(WrappingOptimizer):
     """``DistributedOptimizer(optimizer, sharded=True)``: see the module's docstring.
 
     ``param_groups`` are the rebuilt optimizer's (a group's ``params`` are this rank's
@@ -196,24 +197,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                        for slices in self._slices for piece in slices
                        for parameter in piece.parameters]
         accepted = inspect.signature(type(optimizer)).parameters
-        self._optimizer = type(optimizer)(groups, **{
-            key: value for key, value in optimizer.defaults.items() if key in accepted})
-        self._optimizer_step_pre_hooks = self._optimizer._optimizer_step_pre_hooks
-        self._optimizer_step_post_hooks = self._optimizer._optimizer_step_post_hooks
+        self._wrap(type(optimizer)(groups, **{
+            key: value for key, value in optimizer.defaults.items() if key in accepted}))
         if optimizer.state:  # e.g. restored from a checkpoint before wrapping: keep a slice
             self.load_state_dict(optimizer.state_dict())
-
-    @property
-    def param_groups(self):
-        return self._optimizer.param_groups
-
-    @property
-    def state(self):
-        return self._optimizer.state
-
-    @property
-    def defaults(self):
-        return self._optimizer.defaults
 
     def __repr__(self):
         return f"DistributedOptimizer({self._original!r}, sharded=True)"

@@ -141,3 +141,15 @@ def test_ring_sub_chunk_depends_on_whether_the_ring_crosses_nodes():
     assert automatic.subchunk_bytes(across_nodes=True) == 256 * 1024
     chosen = Config.from_environ({"HORORING_RING_SUBCHUNK_BYTES": "65536"})
     assert chosen.subchunk_bytes(across_nodes=False) == chosen.subchunk_bytes(True) == 65536
+
+
+def test_readme_lists_every_environment_variable_config_reads():
+    """README's table of environment variables is kept in step with config.py, the one
+    place that reads them: a variable added there must be documented."""
+    import pathlib
+    from hororing.config import _ENV_FIELDS
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    missing = [names[-1] for names in (names for names, _ in _ENV_FIELDS.values())
+               if not any(f"`{name}`" in table for name in names)]
+    assert not missing, f"README's environment variable table misses {missing}"
