@@ -26,6 +26,7 @@ import torch
 from .. import ops
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
+from .bridge import zeros
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .sharded import ShardedOptimizer
@@ -317,7 +318,7 @@ def _bucket_views(parameters, bucket_bytes):
         for parameter in members + [None]:
             if parameter is None or (bucket and (sum(p.numel() for p in bucket)
                                                  + parameter.numel()) * itemsize > bucket_bytes):
-                flat = torch.zeros(sum(p.numel() for p in bucket), dtype=dtype)
+                flat = zeros(sum(p.numel() for p in bucket), dtype)
                 offset = 0
                 for member in bucket:
                     views[member] = flat[offset:offset + member.numel()].view(member.shape)

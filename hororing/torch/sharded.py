@@ -26,6 +26,7 @@ from ..context import current
 from ..kernels import scale_into
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
+from .bridge import zeros
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .wrapping import WrappingOptimizer
@@ -64,8 +65,8 @@ class _Slice:
         # The gradients live in another flat vector (each .grad a view into it, as DDP's
         # gradient_as_bucket_view), which the step scatter-reduces in place.
         dtype = parameters[0].dtype
-        self.values = torch.empty(self.numel, dtype=dtype)
-        self.gradients = torch.zeros(self.numel, dtype=dtype)
+        self.values = zeros(self.numel, dtype)
+        self.gradients = zeros(self.numel, dtype)
         self.views = {}
         offset = 0
         with torch.no_grad():
