@@ -8,7 +8,7 @@ parameter) and its compute are divided by n.
 
 Each parameter group's parameters that need gradients are, per dtype, one flat vector,
 split as ``reducescatter`` splits (the first ``numel % n`` ranks one element more). The
-wrapped optimizer is rebuilt over this rank's slices (one tensor per dtype in each group, the
+wrapped optimizer is rebuilt over this rank's slices (leaf tensors viewing the slice, the
 group's hyperparameters kept), so ``optimizer.state`` holds this rank's slices only. That is
 exact for optimizers whose step is elementwise per parameter; the others are refused.
 """
@@ -60,7 +60,7 @@ class _Slice:
                             for start, stop in self.bounds]
         self.byte_offsets = [start * parameters[0].element_size() for start, _ in self.bounds]
         # The parameters move into one flat vector (each parameter's data a view into it):
-        # the wrapped optimizer steps a leaf tensor over this rank's slice of that vector, so
+        # the wrapped optimizer steps leaf tensors over this rank's slice of that vector, so
         # the step updates the model in place, and the allgather fills the rest in place.
         # The gradients live in another flat vector (each .grad a view into it, as DDP's
         # gradient_as_bucket_view), which the step scatter-reduces in place.
@@ -77,7 +77,13 @@ class _Slice:
                 parameter.data = data
                 self.views[parameter] = self.gradients[offset:offset + count].view_as(parameter)
                 offset += count
-        self.local = torch.nn.Parameter(self.values[self.start:self.stop])
+        # the slice in parts of at most _PART elements, each its own leaf for the optimizer:
+        # torch's CPU optimizers step tensor by tensor with temporaries of the tensor's size,
+        # so one leaf over the whole slice would raise the step's peak memory by the slice
+        cuts = list(range(self.start, self.stop, _PART)) + [self.stop]
+        self.part_bounds = list(zip(cuts[:-1], cuts[1:])) or [(self.start, self.stop)]
+        self.parts = [torch.nn.Parameter(self.values[low:high])
+                      for low, high in self.part_bounds]
 
     def into_view(self, parameter):
         """Point ``parameter.grad`` at its view, copying a gradient autograd made anew
@@ -113,6 +119,9 @@ class _Slice:
 
 
 _DTYPES = (torch.float32, torch.float64)  # summed in their own dtype on the ring
+# The elements of one leaf the wrapped optimizer steps (see _Slice): 4 Mi (16 MiB of float32),
+# the size of a large layer, so a step's temporaries stay a layer's size.
+_PART = 1 << 22
 
 
 def _sliced(key, value):
@@ -191,7 +200,8 @@ class ShardedOptimizer(WrappingOptimizer):
             slices = [_Slice(members, rank, size) for members in by_dtype.values()]
             self._slices.append(slices)
             hyper = {key: value for key, value in group.items() if key != "params"}
-            groups.append({**hyper, "params": [piece.local for piece in slices]})
+            groups.append({**hyper, "params": [part for piece in slices
+                                               for part in piece.parts]})
         # the same class and defaults over this rank's slices: its state exists for them only
         self._check_same_layout()
         self._hooks = [parameter.register_post_accumulate_grad_hook(piece.into_view)
@@ -207,11 +217,11 @@ class ShardedOptimizer(WrappingOptimizer):
         return f"DistributedOptimizer({self._original!r}, sharded=True)"
 
     def _label(self, group_index, piece, what):
-        return f"sharded.{group_index}.{str(piece.local.dtype).split('.')[-1]}.{what}"
+        return f"sharded.{group_index}.{str(piece.values.dtype).split('.')[-1]}.{what}"
 
     def _check_same_layout(self):
         """Every rank must shard the same parameters: compared before any data moves."""
-        mine = [[(str(piece.local.dtype), piece.numel) for piece in slices]
+        mine = [[(str(piece.values.dtype), piece.numel) for piece in slices]
                 for slices in self._slices]
         layouts = self._comm.allgather(mine)
         for rank, theirs in enumerate(layouts):
@@ -238,14 +248,16 @@ class ShardedOptimizer(WrappingOptimizer):
                     mine = array[piece.start:piece.stop]
                     scale_into(mine, self._postscale / self._group.size
                                if self._op == ops.Average else self._postscale)
-                    piece.local.grad = flat[piece.start:piece.stop]
+                    for part, (low, high) in zip(piece.parts, piece.part_bounds):
+                        part.grad = flat[low:high]
                     flats.append((piece, flat))
             self._optimizer.step()
             for piece, _ in flats:  # each rank's updated slice, into every rank's vector
                 self._comm.Allgatherv(MPI.IN_PLACE, [piece.values.numpy().view(np.uint8),
                                                      (piece.byte_counts, piece.byte_offsets),
                                                      MPI.BYTE])
-                piece.local.grad = None
+                for part in piece.parts:
+                    part.grad = None
                 for parameter in piece.parameters:  # their views are partial sums now
                     parameter.grad = None
         return loss
@@ -284,9 +296,10 @@ class ShardedOptimizer(WrappingOptimizer):
         position = 0  # the inner optimizer's parameter index, as state_dict numbers them
         for group_index, slices in enumerate(self._slices):
             for piece in slices:
-                state = inner["state"].get(position, {})
-                position += 1
-                gathered = self._gather_state(group_index, piece, state)
+                states = [inner["state"].get(position + index, {})
+                          for index in range(len(piece.parts))]
+                position += len(piece.parts)
+                gathered = self._gather_state(group_index, piece, states)
                 for offset, parameter in enumerate(piece.parameters):
                     full_state[index_of[parameter]] = {
                         key: (value[offset] if isinstance(value, list) else value)
@@ -297,16 +310,16 @@ class ShardedOptimizer(WrappingOptimizer):
                            "params": [index_of[parameter] for parameter in original["params"]]})
         return {"state": full_state, "param_groups": groups}
 
-    def _gather_state(self, group_index, piece, state):
+    def _gather_state(self, group_index, piece, states):
         """key -> per-parameter full tensors (list) for sliced state, the value itself for
-        scalars (the same on every rank)."""
-        keys = sorted(state)
+        scalars (the same on every rank). ``states``: the state of each of the slice's
+        parts, in order."""
         gathered = {}
-        for key in keys:
-            value = state[key]
-            if _sliced(key, value) and value.dim() == 1 and \
-                    value.numel() == piece.local.numel():
-                full = mpi_ops.allgather(value.detach(), name=self._label(
+        for key in sorted(states[0]):
+            value = states[0][key]
+            if _sliced(key, value) and value.dim() == 1:
+                mine = torch.cat([state[key].detach() for state in states])
+                full = mpi_ops.allgather(mine, name=self._label(
                     group_index, piece, f"state.{key}"), process_set=self.process_set)
                 gathered[key] = piece.split(full)
             else:
@@ -330,18 +343,22 @@ class ShardedOptimizer(WrappingOptimizer):
                 for parameter in piece.parameters:
                     per_parameter.append(state.get(index_of[parameter]) or {})
                 keys = set().union(*per_parameter) if per_parameter else set()
-                entry = {}
+                entries = [{} for _ in piece.parts]
                 for key in keys:
                     values = [saved.get(key) for saved in per_parameter]
                     if all(_sliced(key, value) and value.shape == parameter.shape
                            for value, parameter in zip(values, piece.parameters)):
                         flat = torch.cat([value.reshape(-1) for value in values])
-                        entry[key] = flat[piece.start:piece.stop].clone()
-                    else:
-                        entry[key] = values[0]
-                if entry:
-                    inner_state[position] = entry
-                position += 1
+                        for entry, (low, high) in zip(entries, piece.part_bounds):
+                            entry[key] = flat[low:high].clone()
+                    else:  # a per-tensor value (Adam's step, which it counts up in place)
+                        for entry in entries:
+                            entry[key] = values[0].clone() if torch.is_tensor(values[0]) \
+                                else values[0]
+                for entry in entries:
+                    if entry:
+                        inner_state[position] = entry
+                    position += 1
         inner_groups = []
         for group, slices, inner in zip(groups, self._slices,
                                         self._optimizer.state_dict()["param_groups"]):

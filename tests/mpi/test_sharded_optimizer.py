@@ -114,10 +114,14 @@ def test_sharded_steps_equal_large_batch_training_and_hold_a_slice_of_the_state(
     assert held <= kinds * (trained // hvd.size() + 2)  # a slice per dtype, one more at most
 
 
+@pytest.mark.parametrize("part", [None, 5], ids=["one_part", "parts_of_5"])
 @pytest.mark.parametrize("optimizer_class,options", CONFIGS[:2],
                          ids=[cls.__name__ for cls, _ in CONFIGS[:2]])
 def test_state_dict_is_the_full_state_and_loads_into_a_fresh_sharded_optimizer(
-        optimizer_class, options):
+        optimizer_class, options, part, monkeypatch):
+    if part is not None:  # a rank's slice stepped as several leaves, as a large model's is
+        from hororing.torch import sharded
+        monkeypatch.setattr(sharded, "_PART", part)
     parameters, optimizer = sharded_run(optimizer_class, options, steps=2)
     _, reference = reference_run(optimizer_class, options, steps=2)
     full, expected = optimizer.state_dict(), reference.state_dict()
