@@ -65,7 +65,6 @@ FULL_ONLY = {
     "test_elastic.py::test_a_kill_in_the_middle_of_writing_a_commit_leaves_the_previous_one",
     "test_slurm.py::test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates[1-hororun]",  # 2 nodes kept
     "test_slurm.py::test_hororun_inside_salloc_takes_the_allocations_tasks_and_nodes[1]",  # 2 nodes kept
-    "test_slurm.py::test_elastic_job_shrunk_by_slurm_finishes_on_the_nodes_left_from_its_commit",
     "test_tf_keras.py::test_tf_keras_gradient_paths_aggregation_and_local_variables[3]",  # [1] kept
     "test_tf_keras.py::test_tf_keras_broadcast_callback_makes_every_rank_train_rank_zeros_model[3-eager]",  # 2 ranks kept
     "test_tf_keras.py::test_tf_keras_broadcast_callback_makes_every_rank_train_rank_zeros_model[3-graph]",
