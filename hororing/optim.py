@@ -26,6 +26,7 @@ import numpy as np
 from . import collectives, ops
 from .compression import Compression
 from .context import current
+from .engine.buckets import fill_buckets
 
 
 class SGD:
@@ -153,29 +154,20 @@ class DistributedOptimizer:
 
 
 def _into_buckets(grads, order, bucket_bytes):
-    """Replace the numpy C-contiguous entries of ``grads`` by views into flat arrays, one run
-    per dtype in ``order``, each of at most ``bucket_bytes`` (a larger gradient alone); the
-    values are kept."""
-    by_dtype = {}
-    for name in order:
-        grad = grads[name]
-        if type(grad) is np.ndarray and grad.flags.c_contiguous:
-            by_dtype.setdefault(grad.dtype, []).append(name)
-    for dtype, names in by_dtype.items():
-        bucket = []
-        for name in names + [None]:
-            if name is None or (bucket and sum(grads[n].nbytes for n in bucket)
-                                + grads[name].nbytes > bucket_bytes):
-                flat = np.empty(sum(grads[n].size for n in bucket), dtype=dtype)
-                offset = 0
-                for member in bucket:
-                    view = flat[offset:offset + grads[member].size].reshape(grads[member].shape)
-                    view[...] = grads[member]
-                    grads[member] = view
-                    offset += view.size
-                bucket = []
-            if name is not None:
-                bucket.append(name)
+    """Replace the numpy C-contiguous entries of ``grads`` by views into flat arrays, one
+    per fused bucket of the names in ``order`` (``buckets.fill_buckets``, at most
+    ``bucket_bytes``); the values are kept."""
+    laid_out = [name for name in order
+                if type(grads[name]) is np.ndarray and grads[name].flags.c_contiguous]
+    for bucket in fill_buckets(laid_out, lambda name: grads[name].dtype,
+                               lambda name: grads[name].nbytes, bucket_bytes):
+        flat = np.empty(sum(grads[name].size for name in bucket), dtype=grads[bucket[0]].dtype)
+        offset = 0
+        for name in bucket:
+            view = flat[offset:offset + grads[name].size].reshape(grads[name].shape)
+            view[...] = grads[name]
+            grads[name] = view
+            offset += view.size
 
 
 def _compressor(compression):

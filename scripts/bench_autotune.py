@@ -197,7 +197,7 @@ def _default_settings(engine):
 
     config = Config()
     # by default the hierarchical allreduce runs wherever it is made (a job across hosts)
-    hierarchical = "hierarchical" in engine.executor.allreduce.host.algorithms
+    hierarchical = "hierarchical" in engine.allreduce.host.algorithms
     across_nodes, size = current().cross_size > 1, current().size
     return Settings(config.fusion_threshold, config.cycle_time_ms,
                     config.small_threshold(size, across_nodes) * size,

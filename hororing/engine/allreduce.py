@@ -11,17 +11,23 @@ branches on host or device itself.
 
 The algorithm kind for a buffer of n bytes: ``adasum`` for op=Adasum (whatever the size or
 mode), ``ps`` in parameter-server mode, else ``small``
-(gather and reduce, one latency) below the small-message threshold (``small_bytes``, by
-default 1 MiB / ranks), else ``hierarchical`` when the job spans nodes and n reaches the
+(gather and reduce, one latency) below the small-message threshold (``Route.small_bytes``,
+by default 1 MiB / ranks), else ``hierarchical`` when the job spans nodes and n reaches the
 hierarchical threshold, else the ``ring``.
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
+
+Every setting that routes an allreduce (those thresholds, the fusion threshold, the cycle
+time, the ring's sub-chunk, a forced algorithm) is one value, the pipeline's ``route``: the
+autotuner and ``force`` replace it whole, and what is worked out from it (the fold's plans,
+the optimizers' gradient buckets) is kept with the route's ``version``.
 """
 
 import contextlib
 import functools
 import math
 import time
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -29,6 +35,18 @@ from ..algorithms.ring import Ring
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import Adasum, Average, KERNEL_OP, Sum
 from .buffers import HostBuffers
+
+class Route(NamedTuple):
+    """The settings in effect for routing allreduces; replaced whole, never changed."""
+
+    version: int           # counts replacements: what was worked out under an older one is stale
+    fusion_threshold: int  # the most bytes a fused bucket holds
+    cycle_time_ms: float   # how long the background thread lets submissions gather
+    small_bytes: int       # below it, a bucket takes the latency path
+    subchunk_bytes: int    # the pipelining chunk of every ring
+    hierarchical: bool     # the hierarchical allreduce may run (where the job has one)
+    forced: Optional[str] = None  # every bucket takes this algorithm (tests, benchmarks)
+
 
 class AllreducePipeline:
     """Runs allreduce buckets on one communicator, on host or device buffers."""
@@ -38,16 +56,27 @@ class AllreducePipeline:
         records a timeline activity; ``across_nodes``: the ranks span several nodes."""
         self.comm = comm
         self.config = config
-        # the latency path below
-        self.small_bytes = config.small_threshold(comm.Get_size(), across_nodes)
         self.host = HostBuffers(algorithms, config.fusion_threshold, config.output_pool_bytes)
         self.observers = []  # observer(kind, buffer) before each reduction
         self._span = span
         self._device = None
-        self._forced = None
-        # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_ALLREDUCE=0
-        # under autotuning from the set values, or the autotuner's choice)
-        self._hierarchical = config.hierarchical_allreduce is not False
+        self.route = Route(
+            version=0, fusion_threshold=config.fusion_threshold,
+            cycle_time_ms=config.cycle_time_ms,
+            small_bytes=config.small_threshold(comm.Get_size(), across_nodes),
+            subchunk_bytes=algorithms["ring"].subchunk_bytes,
+            # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_
+            # ALLREDUCE=0 under autotuning from the set values, or the autotuner's choice)
+            hierarchical=config.hierarchical_allreduce is not False)
+
+    def reroute(self, **changes):
+        """Replace the route by one with ``changes`` (Route's fields), for every bucket from
+        now on. Call it on every rank between the same collectives."""
+        route = self.route._replace(version=self.route.version + 1, **changes)
+        if route.subchunk_bytes != self.route.subchunk_bytes:
+            for ring in self.rings():
+                ring.subchunk_bytes = route.subchunk_bytes
+        self.route = route
 
     def device(self):
         """The device place; made on the first device collective (it imports numba)."""
@@ -67,12 +96,7 @@ class AllreducePipeline:
             raise ValueError(f"no {kind!r} allreduce in this job (available: {available}; "
                              f"hierarchical needs several nodes or HOROVOD_HIERARCHICAL_"
                              f"ALLREDUCE=1, ps needs HORORING_MODE=ps)")
-        self._forced = kind
-
-    @property
-    def small_route(self):
-        """What decides whether a size takes the latency path: (threshold, forced kind)."""
-        return self.small_bytes, self._forced
+        self.reroute(forced=kind)
 
     @contextlib.contextmanager
     def watch(self):
@@ -102,12 +126,11 @@ class AllreducePipeline:
                 "parts": hierarchical.parts, "cross_bytes_sent": hierarchical.cross_bytes_sent()}
 
     def apply_settings(self, settings):
-        """The autotuner's small-message total, ring sub-chunk and hierarchical switch
-        (tuning.Settings), for every bucket from now on."""
-        self.small_bytes = settings.small_total_bytes // self.comm.Get_size()
-        self._hierarchical = settings.hierarchical
-        for ring in self.rings():
-            ring.subchunk_bytes = settings.subchunk_bytes
+        """Route by the autotuner's ``settings`` (tuning.Settings) from now on."""
+        self.reroute(fusion_threshold=settings.fusion_threshold,
+                     cycle_time_ms=settings.cycle_time_ms,
+                     small_bytes=settings.small_total_bytes // self.comm.Get_size(),
+                     subchunk_bytes=settings.subchunk_bytes, hierarchical=settings.hierarchical)
 
     def rings(self):
         """Every ring this pipeline runs (the flat ring, the hierarchical allreduce's,
@@ -122,22 +145,22 @@ class AllreducePipeline:
                 if isinstance(ring, Ring):
                     yield ring
 
-    def initial_settings(self):
-        """(subchunk bytes of the flat ring, whether the hierarchical allreduce runs)."""
-        return (self.host.algorithms["ring"].subchunk_bytes,
-                self._hierarchical and "hierarchical" in self.host.algorithms)
+    def hierarchical_runs(self):
+        """Whether the hierarchical allreduce runs where sizes call for it."""
+        return self.route.hierarchical and "hierarchical" in self.host.algorithms
 
     def kind_for(self, nbytes):
         """The algorithm kind for a buffer of ``nbytes`` (the same on every rank)."""
-        if self._forced is not None:
-            return self._forced
+        route = self.route
+        if route.forced is not None:
+            return route.forced
         algorithms = self.host.algorithms
         if "ps" in algorithms:
             return "ps"
-        if nbytes < self.small_bytes:
+        if nbytes < route.small_bytes:
             return "small"
         threshold = self.config.hierarchical_threshold_bytes
-        if "hierarchical" in algorithms and self._hierarchical and (
+        if "hierarchical" in algorithms and route.hierarchical and (
                 self.config.hierarchical_allreduce or threshold is None or nbytes >= threshold):
             return "hierarchical"
         return "ring"

@@ -1,49 +1,40 @@
-"""One engine per rank: announces submitted collectives, negotiates, executes, completes handles.
+"""One engine per rank: the driver of its negotiation cycles.
 
-Cycles are collective. Each starts with a vote: one fixed-size MPI_Iallreduce (bitwise AND)
-of one bit per already-negotiated tensor this rank has pending, and a field saying whether
-this rank needs more. In the steady state nobody does, and the AND is the ready list: one
-reduction of ~(cache capacity / 8) bytes, whatever the number of ranks. A rank with a new
-name, new metadata or a flag asks for a gathered cycle: every rank's header row and notes
-(the names it announces with their metadata, a failing rank's message) are then gathered
-too, and every rank computes the same ready list from the same table (``negotiation``).
+Collectives are submitted here (``submit``) and queued; a cycle (``cycle.py``, a plain
+object with no threads) announces what is queued, agrees with the peers on what is ready
+and runs it. This module decides who runs a cycle and when.
+
 A rank starts a cycle only when it has something to announce; if the cycle's first
 exchange has not completed after a brief spin, it sends a one-word wake-up to its peers,
 whose background threads answer by taking part. A peer that started the same cycle on its
 own (a loop of blocking calls: every rank submits and drives) is never sent one; a peer
 that did not always is, because the exchange cannot complete without it. An idle job
 therefore exchanges nothing, and no thread spins: waits go through ``transport.wait``.
-How wake-ups travel, and are drained at shutdown, is ``wakeups``; how a lone small allreduce
-that repeats is folded into the exchange, ``fold``.
+How wake-ups travel, and are drained at shutdown, is ``wakeups``.
 
 Whoever needs progress drives it under ``_drive_lock``: the background thread for
 asynchronous submissions (after a cycle time, so tensors submitted together fuse), or the
-caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-off).
+caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-off). The
+background thread also runs the stall checks.
 """
 
 import contextlib
 import logging
-import pickle
 import threading
 import time
-
-import numpy as np
-from .._mpi import MPI
 
 from .. import transport
 from ..errors import HorovodInternalError
 from .allreduce import wire_bytes
+from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
+from .exchange import MpiExchange
 from .executor import Executor, bucket_key
-from .fold import Fold
+from .negotiation import JOIN_NAME
 from .wakeups import Wakeups
-from .negotiation import (CYCLE, FLAGS, JOIN_NAME, NOTES_BYTES, Negotiator, agreed_bits,
-                          encode_header, encode_vote, header_words, vote_needs_gather,
-                          vote_words)
 
 log = logging.getLogger("hororing")
 
-FLAG_FAILED = 1
-FLAG_SHUTDOWN = 2
+__all__ = ["Engine", "FLAG_FAILED", "FLAG_SHUTDOWN"]
 # How often the stall check runs, and how long a tensor announced by its cache bit may wait
 # before its rank asks for a gathered cycle (so the stall warning can name who is missing).
 # Not a speed setting: one pass over the pending requests a second costs nothing measurable.
@@ -62,49 +53,32 @@ class Engine:
         self.config = config
         self._poll_active_s = config.poll_active_us / 1e6
         self._poll_idle_s = config.poll_idle_us / 1e6
-        self._cycle_time_s = config.cycle_time_ms / 1000.0
         self.tuner = None  # an Autotuner (tuning/), told of every cycle that ran something
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
-        self._comm_negotiate = comm.Dup()
+        self._exchange = MpiExchange(comm)
         # a cycle's vote waits on every other rank (named by the stall watchdog)
         self._peers = transport.world_ranks(comm, [peer for peer in range(self.size)
                                                    if peer != self.rank])
         # one activity for every cycle (cycles never nest, and one thread drives at a time)
         self._cycle_activity = transport.activity(
-            lambda: f"negotiation cycle {self._cycle}", self._peers)
+            lambda: f"negotiation cycle {self.cycle.number}", self._peers)
         self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
-        self.timeline = timeline
-        self.negotiator = Negotiator(self.size, config.cache_capacity)
+        self.cycle = Cycle(self._exchange, self.executor, config.cache_capacity)
         self._drive_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queue = []          # submitted, not yet announced
         self._async_waiting = False  # the queue holds a submission nobody is driving
         self._pending = {}        # name -> Request, until completed
-        self._by_bit = {}         # name -> Request announced by its cache bit (driver only)
-        self._gather_requested = False  # a cached announcement waits long: go by name
-        self._cycle = 0
         self._last_cycle_at = 0.0
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failure = None      # HorovodInternalError once the engine cannot go on
         self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
         self._stopped = False
-        self._header = np.zeros(header_words(config.cache_capacity), dtype=np.int64)
-        self._headers = np.zeros((self.size, self._header.size), dtype=np.int64)
-        self._header_key = None   # what self._header encodes, less the cycle number
-        self._vote = np.zeros(vote_words(config.cache_capacity), dtype=np.int64)
-        self._agreed = np.zeros_like(self._vote)
-        self._vote_key = None     # what self._vote encodes
-        self._vote_exchange = transport.Exchange(self._comm_negotiate, "allreduce", self._vote,
-                                                 self._agreed, op=MPI.BAND)
-        # a lone small allreduce that repeats is folded into the negotiation exchange
-        self._fold = Fold(self._comm_negotiate, self.executor)
         self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
-        self._stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
-                       "inline_hits": 0, "received_bytes": 0}
         self._work = threading.Event()
         self._batches = threading.local()  # per thread: requests held by ``batch``
         self._drivers = 0         # user threads inside wait(), driving cycles themselves
@@ -210,34 +184,36 @@ class Engine:
         then names the cache has no room for by name (the executor sorts each bucket so,
         whatever order the cycle's responses came in). What the caller lays memory out by,
         so that a fused bucket is back to back (``buffers.HostBuffers.span``)."""
-        id_of = self.negotiator.cache.id_of
+        id_of = self.cycle.negotiator.cache.id_of
         return sorted(names, key=lambda name: bucket_key(name, id_of(name)))
 
     @property
     def fusion_threshold(self):
         """The fusion threshold in effect (the autotuner's where it runs): what gradient
         buckets are laid out by."""
-        return self.executor.fusion_threshold
+        return self.allreduce.route.fusion_threshold
 
     def apply_settings(self, settings):
         """Take the autotuner's ``settings`` (tuning.Settings) from the next cycle on.
         Called by the tuner inside a cycle, the same cycle on every rank."""
-        self._cycle_time_s = settings.cycle_time_ms / 1000.0
-        self.executor.fusion_threshold = settings.fusion_threshold
-        self.executor.allreduce.apply_settings(settings)
+        self.allreduce.apply_settings(settings)
 
     def stats(self):
         """Counters of this rank's negotiation: ``cycles`` run, ``gather_cycles`` that
         gathered every rank's header (some rank had a new name, new metadata or a flag, or
         asked because a tensor announced by bit waited a second: ``stall_gathers`` counts
         this rank's asks), ``received_bytes`` by negotiation."""
-        return dict(self._stats)
+        return dict(self.cycle.stats)
+
+    @property
+    def timeline(self):
+        """The timeline the cycles and the executor record to (None: none)."""
+        return self.executor.timeline
 
     def set_timeline(self, timeline):
         """Replace the timeline (None stops it); the old one is closed."""
         with self._drive_lock:
-            old, self.timeline = self.timeline, timeline
-            self.executor.timeline = timeline
+            old, self.executor.timeline = self.executor.timeline, timeline
         if old is not None:
             old.close()
 
@@ -276,7 +252,8 @@ class Engine:
                 if self._work.wait(interval):
                     self._work.clear()
                     # let tensors submitted together arrive, so they negotiate and fuse as one
-                    delay = self._last_cycle_at + self._cycle_time_s - time.monotonic()
+                    delay = (self._last_cycle_at + self.allreduce.route.cycle_time_ms / 1000.0
+                             - time.monotonic())
                     if delay > 0:
                         time.sleep(delay)
                 elif self._drivers and time.monotonic() < self._next_stall_check:
@@ -306,181 +283,50 @@ class Engine:
         # arrives (measured: 100 us late ranks at 2 ranks, ~50 us more per step)
         thorough = not news and bool(self._pending)
         woken_for = self._wakeups.latest() if thorough else self._wakeups.latest(patience=1)
-        if woken_for > self._cycle or news:
-            self._run_cycle(initiate=woken_for <= self._cycle)
+        if woken_for > self.cycle.number or news:
+            self._run_cycle(initiate=woken_for <= self.cycle.number)
             return True
         return False
 
     def _run_cycle(self, initiate, deadline=None):
-        with self._cycle_activity:
-            return self._cycle_body(initiate, deadline)
-
-    def _cycle_body(self, initiate, deadline):
-        self._cycle += 1
+        """Run the next cycle with what is queued; False if the deadline passed first.
+        ``initiate``: this rank starts it (no peer's wake-up asked for it), so it wakes the
+        peers if they do not take part soon."""
         self._last_cycle_at = time.monotonic()
         wake = None
         if initiate:
-            cycle = self._cycle
+            number = self.cycle.number + 1
 
             def wake():
-                self._wakeups.send(cycle)
+                self._wakeups.send(number)
         with self._queue_lock:
             fresh, self._queue = self._queue, []
             self._async_waiting = False
-        negotiator = self.negotiator
-        by_name = []  # (name, Meta) of what goes by name this cycle; the rest go by bit
-        for request in fresh:
-            request.announced = True
-            if not negotiator.holds(request.name):
-                request.cache_id = negotiator.cache.lookup(request.name, request.meta)
-            if request.cache_id is None:
-                by_name.append((request.name, request.meta))
-            else:
-                self._by_bit[request.name] = request
-        needs_gather = bool(by_name or self._outgoing_flags or self._gather_requested)
-        if self._fold.bytes is not None:
-            folded = self._inline_cycle(needs_gather, deadline, wake)
-            if folded is None:
-                return False
-            if folded:
-                return True
-            wake = None  # the peers have all taken part in this cycle already
-        # every cycle repeats the bits of what is still waiting: the vote has no memory
-        cache_ids = tuple(request.cache_id for request in self._by_bit.values())
-        self._encode_vote(needs_gather, cache_ids)
-        if not transport.wait(self._vote_exchange.start(), deadline, wake):
+        try:
+            with self._cycle_activity:
+                responses = self.cycle.run(fresh, self._take, flags=self._outgoing_flags,
+                                           message=self._outgoing_message, missed=self._missed,
+                                           wake=wake, deadline=deadline)
+        except JobEnded as ended:
+            self._failed_job |= ended.failed
+            self._halt(HorovodInternalError(str(ended)))
+            return True
+        if responses is None:
             return False
-        self._stats["cycles"] += 1
-        self._stats["received_bytes"] += self._agreed.nbytes
-        if vote_needs_gather(self._agreed):
-            responses = self._gathered_cycle(by_name, cache_ids, deadline)
-            if responses is None:
-                return False
-        else:
-            responses = negotiator.cache.agreed_responses(agreed_bits(self._agreed))
-        if self.timeline is not None:
-            self.timeline.cycle(self._cycle)
-        if responses:
-            self._fold.predict(responses)
-            self.executor.execute(responses, self._take, self._missed,
-                                  self.negotiator.cache.id_of)
-        self._cycle_done(responses, lambda: sum(map(_response_bytes, responses)))
-        return True
-
-    def _cycle_done(self, responses, nbytes):
-        """After a cycle's responses ran: tell the autotuner (``nbytes()``: the bytes they
-        moved), and flush the timeline (live: what the cycle recorded is in the file now)."""
         if responses and self.tuner is not None and self.tuner.active:
-            self.tuner.observe(responses, nbytes())
-        if self.timeline is not None:
+            self.tuner.observe(responses, sum(map(_response_bytes, responses)))
+        if self.timeline is not None:  # live: what the cycle recorded is in the file now
             self.timeline.flush()
-
-    def _inline_cycle(self, needs_gather, deadline, wake):
-        """Gather every rank's fold row (``fold.py``): when all hold the same cached
-        allreduce, it is complete in this one exchange. Returns True if it was, False if
-        the cycle must go on to the vote, None if the deadline passed."""
-        waiting = None
-        if len(self._by_bit) == 1 and not needs_gather:
-            (waiting,) = self._by_bit.values()
-        rows = self._fold.rows(waiting)
-        if not transport.wait(self._fold.exchange(), deadline, wake):
-            return None
-        self._stats["inline_cycles"] += 1
-        self._stats["received_bytes"] += rows.nbytes
-        cache_id = self._fold.agreed()
-        if cache_id is None:
-            return False
-        self._stats["inline_hits"] += 1
-        self._stats["cycles"] += 1
-        response = self.negotiator.cache.response(cache_id)
-        data = self._fold.data()
-        if self.timeline is not None:
-            self.timeline.cycle(self._cycle)
-        self.executor.finish_inline(response, self._take(response.name), data)
-        self._cycle_done((response,), lambda: data.shape[1])
         return True
-
-    def _gathered_cycle(self, by_name, cache_ids, deadline):
-        """Gather every rank's header row and notes into the table; return the ready
-        responses (None: the deadline passed). A rank's notes are the pickled pair
-        (its (name, Meta) announcements by name, its outgoing message)."""
-        self._gather_requested = False
-        self._stats["gather_cycles"] += 1
-        own_notes = b""
-        if by_name or self._outgoing_flags:
-            own_notes = pickle.dumps((by_name, self._outgoing_message))
-        self._encode_header(len(own_notes), cache_ids)
-        if not transport.wait(self._comm_negotiate.Iallgather(self._header, self._headers),
-                              deadline=deadline):
-            return None
-        self._stats["received_bytes"] += self._headers.nbytes
-        gathered = None
-        if np.count_nonzero(self._headers[:, NOTES_BYTES]):  # metadata or flags come with notes
-            notes = self._gather_notes(own_notes, deadline)
-            if notes is None:
-                return None
-            self._stats["received_bytes"] += int(self._headers[:, NOTES_BYTES].sum())
-            if np.count_nonzero(self._headers[:, FLAGS]):
-                self._apply_flags(notes)
-                return ()
-            gathered = [rank_notes[0] if rank_notes else None for rank_notes in notes]
-        self.negotiator.absorb_cycle(self._headers, gathered, time.monotonic())
-        for request in self._by_bit.values():
-            self.negotiator.backdate(request.name, request.submitted)
-        self._by_bit.clear()  # the bits are in the table now: matched by name from here on
-        return self.negotiator.ready()
 
     def _missed(self, name):
         if self.on_missed_error is not None:
             self.on_missed_error(name)
 
-    def _encode_vote(self, needs_gather, cache_ids):
-        key = (needs_gather, cache_ids)
-        if key != self._vote_key:  # a steady state repeats one vote
-            encode_vote(self._vote, needs_gather, cache_ids)
-            self._vote_key = key
-
-    def _encode_header(self, notes_bytes, cache_ids):
-        # a steady state repeats one header: then only the cycle number changes
-        key = (notes_bytes, self._outgoing_flags, cache_ids)
-        if key == self._header_key:
-            self._header[CYCLE] = self._cycle
-        else:
-            encode_header(self._header, self._cycle, notes_bytes, self._outgoing_flags, cache_ids)
-            self._header_key = key
-
-    def _gather_notes(self, own_notes, deadline):
-        lengths = self._headers[:, NOTES_BYTES]
-        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
-        offsets = np.zeros(self.size, dtype=np.int64)
-        np.cumsum(lengths[:-1], out=offsets[1:])
-        request = self._comm_negotiate.Iallgatherv(
-            np.frombuffer(own_notes, dtype=np.uint8),
-            [gathered, lengths.tolist(), offsets.tolist(), MPI.BYTE])
-        if not transport.wait(request, deadline=deadline):
-            return None
-        return [pickle.loads(gathered[offsets[rank]:offsets[rank] + lengths[rank]].tobytes())
-                if lengths[rank] else None for rank in range(self.size)]
-
     def _take(self, name):
         """Remove and return this rank's request for ``name`` (None if it has none)."""
-        self._by_bit.pop(name, None)
         with self._queue_lock:
             return self._pending.pop(name, None)
-
-    def _apply_flags(self, notes):
-        reasons = []
-        for rank in range(self.size):
-            flags = int(self._headers[rank, FLAGS])
-            message = notes[rank][1] if notes[rank] else None
-            if flags & FLAG_FAILED:
-                self._failed_job = True
-                reasons.append(f"rank {rank} failed: {message}")
-            elif flags & FLAG_SHUTDOWN and rank != self.rank:
-                reasons.append(f"rank {rank} shut down hororing")
-        if reasons:
-            self._halt(HorovodInternalError("; ".join(reasons) + ". The job cannot continue: "
-                                            "every rank must take part in every collective."))
 
     def _halt(self, error):
         """Stop for good: fail every pending handle with ``error``."""
@@ -489,7 +335,7 @@ class Engine:
                 self._failure = error
             self._stopped = True
             pending, self._pending, self._queue = self._pending, {}, []
-            self._by_bit = {}
+            self.cycle.forget()
         for request in pending.values():
             request.handle.set_error(HorovodInternalError(str(self._failure)))
         self._work.set()
@@ -503,9 +349,8 @@ class Engine:
         self.executor.close()
         if self.tuner is not None:
             self.tuner.close()
-        self._vote_exchange.free()
-        self._fold.free()
-        self._comm_negotiate.Free()
+        self.cycle.free()
+        self._exchange.free()
         if self.timeline is not None:
             self.timeline.close()
 
@@ -515,15 +360,14 @@ class Engine:
             return
         self._next_stall_check = now + _STALL_CHECK_EVERY_S
         if any(now - request.submitted >= _STALL_CHECK_EVERY_S
-               for request in self._by_bit.values()):
+               for request in self.cycle.waiting_by_bit()):
             # announced by bit, it is invisible to the table: a gathered cycle puts it there,
             # so the ranks that never submit it can be named
-            self._gather_requested = True
-            self._stats["stall_gathers"] += 1
+            self.cycle.ask_gather()
             self._run_cycle(initiate=True)
             now = time.monotonic()
         shutdown_after = self.config.stall_shutdown_seconds
-        for name, missing, waited in self.negotiator.stalled(now, self.config.stall_check_seconds):
+        for name, missing, waited in self.cycle.negotiator.stalled(now, self.config.stall_check_seconds):
             kind = "join" if name == JOIN_NAME else name
             message = (f"hororing stall: tensor '{kind}' has been waiting {waited:.0f} s for "
                        f"rank(s) {missing} to submit it. One or more ranks may have called a "

@@ -24,6 +24,7 @@ from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import Adasum, KERNEL_OP
 from .allreduce import AllreducePipeline, complete, finalizer, scaling, wire_bytes, wire_dtype
+from .buckets import fill_buckets
 
 
 class Executor:
@@ -35,7 +36,6 @@ class Executor:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self.config = config
-        self.fusion_threshold = config.fusion_threshold  # the autotuner may change it
         self.timeline = timeline
         layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
         ring = Ring(comm, config.subchunk_bytes(across_nodes=layout[1] > 1))
@@ -61,8 +61,7 @@ class Executor:
         bucket (``bucket_key``), the same on every rank whatever order the cycle listed them
         in, so that tensors laid out by it lie back to back (``Engine.reduction_order``).
         """
-        buckets = {}
-        ordered = []
+        ready = []
         now = time.monotonic()
         for response in responses:
             request = take(response.name)
@@ -75,37 +74,18 @@ class Executor:
                 elif missed is not None:
                     missed(response.name)
                 continue
-            if response.meta.kind != "allreduce":
-                ordered.append((response, request))
-            elif len(responses) == 1:  # nothing to fuse with
-                ordered.append([(response, request)])
-            else:
-                self._bucket(buckets, ordered, response, request)
-        if cache_id is not None:
-            for item in ordered:
-                if isinstance(item, list) and len(item) > 1:
-                    item.sort(key=lambda pair: bucket_key(pair[0].name,
-                                                          cache_id(pair[0].name)))
-        for item in ordered:
-            if isinstance(item, list):
-                with transport.activity(lambda item=item: _describe(item)):
-                    self.allreduce.run(item)
-            else:
-                with transport.activity(lambda item=item: _describe([item])):
-                    self._run_other(*item)
-
-    # ---- allreduce ----------------------------------------------------------------------
-
-    def _bucket(self, buckets, ordered, response, request):
-        meta = response.meta
-        key = (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
-        nbytes = wire_bytes(meta)
-        bucket = buckets.get(key)
-        if bucket is None or bucket[0] + nbytes > self.fusion_threshold:
-            bucket = buckets[key] = [0, []]
-            ordered.append(bucket[1])
-        bucket[0] += nbytes
-        bucket[1].append((response, request))
+            ready.append((response, request))
+        # allreduces fuse; every other collective is a bucket of its own
+        buckets = fill_buckets(ready, _fusion_key, lambda pair: _fused_bytes(pair[0].meta),
+                               self.allreduce.route.fusion_threshold)
+        for bucket in buckets:
+            if cache_id is not None and len(bucket) > 1:
+                bucket.sort(key=lambda pair: bucket_key(pair[0].name, cache_id(pair[0].name)))
+            with transport.activity(lambda bucket=bucket: _describe(bucket)):
+                if bucket[0][0].meta.kind == "allreduce":
+                    self.allreduce.run(bucket)
+                else:
+                    self._run_other(*bucket[0])
 
     # ---- an allreduce folded into the negotiation exchange -----------------------------
 
@@ -149,20 +129,20 @@ class Executor:
     def _fold_plan(self, meta):
         """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop
         repeats one): its wire bytes where the latency path would take it (else None), the
-        wire dtype, the prescale, the reduction and the finalizer. Made again when what
-        routes small sizes changes (the autotuner's threshold, a forced algorithm)."""
-        route = self.allreduce.small_route
+        wire dtype, the prescale, the reduction and the finalizer. Made again when the
+        route changes (the autotuner's threshold, a forced algorithm)."""
+        version = self.allreduce.route.version
         plan = self._fold_plans.get(meta)
-        if plan is None or plan.route != route:
+        if plan is None or plan.version != version:
             if len(self._fold_plans) >= _FOLD_PLANS:
                 self._fold_plans.clear()
             nbytes = self._foldable_bytes(meta)
             if nbytes is None:
-                plan = _FoldPlan(None, None, 1.0, None, None, route)
+                plan = _FoldPlan(None, None, 1.0, None, None, version)
             else:
                 prescale, finalize = scaling(meta, self.size)
                 plan = _FoldPlan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
-                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]], finalize, route)
+                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]], finalize, version)
             self._fold_plans[meta] = plan
         return plan
 
@@ -171,7 +151,7 @@ class Executor:
         if meta.kind != "allreduce" or meta.device != "cpu" or meta.op == Adasum:
             return None
         nbytes = wire_bytes(meta)
-        small = nbytes < self.allreduce.small_bytes
+        small = nbytes < self.allreduce.route.small_bytes
         return nbytes if small and self.allreduce.kind_for(nbytes) == "small" else None
 
     # ---- everything else ----------------------------------------------------------------
@@ -276,7 +256,20 @@ class _FoldPlan(NamedTuple):
     prescale: float
     ufunc: object  # the op's numpy ufunc (reduce_rows)
     finalize: object
-    route: tuple  # AllreducePipeline.small_route when it was made
+    version: int  # the version of the route it was made under (allreduce.Route)
+
+
+def _fusion_key(pair):
+    """Allreduces that may share a bucket: same dtype, op, scale factors, place and wire
+    dtype. Any other collective runs alone (its own key)."""
+    meta = pair[0].meta
+    if meta.kind != "allreduce":
+        return id(pair)
+    return (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
+
+
+def _fused_bytes(meta):
+    return wire_bytes(meta) if meta.kind == "allreduce" else 0
 
 
 def bucket_key(name, cache_id):

@@ -12,8 +12,6 @@ decided from the responses alone, so every rank decides alike.
 
 import numpy as np
 
-from .. import transport
-
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
 
@@ -21,15 +19,15 @@ _HEAD = FIELDS * 8
 class Fold:
     """The fold's state on one rank: whether the next cycle folds, and its buffers."""
 
-    def __init__(self, comm, executor):
-        self._comm = comm  # the negotiation's
-        self.size = comm.Get_size()
+    def __init__(self, exchange, executor):
+        self._exchange_with = exchange  # the negotiation's (exchange.py)
+        self.size = exchange.size
         self._executor = executor
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
         self._last_lone = None
         self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
         self._row = self._fields = None  # this rank's row, and its fields
-        self._exchange = None  # the allgather of the rows (transport.Exchange)
+        self._exchange = None  # the repeated allgather of the rows
 
     def predict(self, responses):
         """Fold the next cycle when this one and the last that ran anything each ran one
@@ -49,7 +47,7 @@ class Fold:
             self._rows = np.empty((self.size, _HEAD + self.bytes), dtype=np.uint8)
             self._row = np.zeros(_HEAD + self.bytes, dtype=np.uint8)
             self._fields = self._row[:_HEAD].view(np.int64)
-            self._exchange = transport.Exchange(self._comm, "allgather", self._row, self._rows)
+            self._exchange = self._exchange_with.repeated("allgather", self._row, self._rows)
         fields = self._fields
         if waiting is not None and self._executor.inline_contribution(waiting,
                                                                         self._row[_HEAD:]):

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from .. import ops
+from ..engine.buckets import fill_buckets
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .bridge import zeros
@@ -303,29 +304,18 @@ def _dense_cpu(param_groups):
 
 
 def _bucket_views(parameters, bucket_bytes):
-    """parameter -> a view of the parameter's shape into a flat gradient bucket.
-
-    The ``parameters`` of each dtype, in their order, packed into flat zero tensors of at
-    most ``bucket_bytes`` (a larger parameter gets one of its own).
-    """
-    by_dtype = {}
-    for parameter in parameters:
-        by_dtype.setdefault(parameter.dtype, []).append(parameter)
+    """parameter -> a view of the parameter's shape into a flat gradient bucket: the
+    ``parameters``, in their order, in the engine's fused buckets of at most
+    ``bucket_bytes`` (``buckets.fill_buckets``), each bucket one flat zero tensor."""
     views = {}
-    for dtype, members in by_dtype.items():
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        bucket = []
-        for parameter in members + [None]:
-            if parameter is None or (bucket and (sum(p.numel() for p in bucket)
-                                                 + parameter.numel()) * itemsize > bucket_bytes):
-                flat = zeros(sum(p.numel() for p in bucket), dtype)
-                offset = 0
-                for member in bucket:
-                    views[member] = flat[offset:offset + member.numel()].view(member.shape)
-                    offset += member.numel()
-                bucket = []
-            if parameter is not None:
-                bucket.append(parameter)
+    for bucket in fill_buckets(parameters, lambda parameter: parameter.dtype,
+                               lambda parameter: parameter.numel() * parameter.element_size(),
+                               bucket_bytes):
+        flat = zeros(sum(parameter.numel() for parameter in bucket), bucket[0].dtype)
+        offset = 0
+        for parameter in bucket:
+            views[parameter] = flat[offset:offset + parameter.numel()].view(parameter.shape)
+            offset += parameter.numel()
     return views
 
 

@@ -297,10 +297,11 @@ _FIXED_BY = {"fusion_threshold": ("fusion_threshold",), "cycle_time_ms": ("cycle
 def attach(engine, comm, config):
     """Give ``engine`` (the job's global engine) an Autotuner started from the settings in
     effect, tuning those not fixed by ``config`` (see the module's docstring)."""
-    pipeline = engine.executor.allreduce
-    subchunk, hierarchical = pipeline.initial_settings()
-    initial = Settings(engine.fusion_threshold, config.cycle_time_ms,
-                       pipeline.small_bytes * comm.Get_size(), subchunk, hierarchical)
+    pipeline = engine.allreduce
+    route = pipeline.route
+    initial = Settings(route.fusion_threshold, route.cycle_time_ms,
+                       route.small_bytes * comm.Get_size(), route.subchunk_bytes,
+                       pipeline.hierarchical_runs())
     fixed = set() if config.autotune_from_set else set(config.explicit)
     tunable = [name for name, fields in _FIXED_BY.items() if not fixed.intersection(fields)]
     tune_hierarchical = ("hierarchical" in pipeline.host.algorithms

@@ -1,0 +1,247 @@
+"""One negotiation cycle, as a plain object: no threads, no locks, no queue.
+
+Cycles are collective. Each starts with a vote: one fixed-size bitwise-AND reduction of one
+bit per already-negotiated tensor this rank has pending, and a field saying whether this
+rank needs more. In the steady state nobody does, and the AND is the ready list: one
+reduction of ~(cache capacity / 8) bytes, whatever the number of ranks. A rank with a new
+name, new metadata or a flag asks for a gathered cycle: every rank's header row and notes
+(the names it announces with their metadata, a failing rank's message) are then gathered
+too, and every rank computes the same ready list from the same table (``negotiation``).
+A lone small allreduce that repeats is folded into the cycle's first exchange (``fold``).
+The ready responses are handed to the executor, in the same order on every rank.
+
+The cycle's peers are reached only through its exchange (``exchange.py``). Who runs a cycle,
+when, and from which thread is the driver's business (``engine.py``); a cycle is told what
+is new, how to take a rank's request by name, and returns what ran.
+"""
+
+import pickle
+import time
+
+import numpy as np
+
+from .. import transport
+from .fold import Fold
+from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, Negotiator, agreed_bits, encode_header,
+                          encode_vote, header_words, vote_needs_gather, vote_words)
+
+FLAG_FAILED = 1
+FLAG_SHUTDOWN = 2
+
+
+class JobEnded(Exception):
+    """A gathered cycle found a rank's failure or another rank's shutdown flag: the job
+    cannot go on. ``failed``: some rank failed (not a clean shutdown)."""
+
+    def __init__(self, message, failed):
+        super().__init__(message)
+        self.failed = failed
+
+
+class Cycle:
+    """The negotiation state of one rank, and one cycle at a time over ``exchange``.
+
+    ``number`` counts the cycles run; ``stats`` the counters ``Engine.stats`` reports.
+    """
+
+    def __init__(self, exchange, executor, cache_capacity):
+        self.size, self.rank = exchange.size, exchange.rank
+        self._exchange = exchange
+        self._executor = executor
+        self.negotiator = Negotiator(self.size, cache_capacity)
+        self.number = 0
+        self._by_bit = {}  # name -> Request announced by its cache bit, not yet run
+        self._gather_asked = False  # a cached announcement waits long: go by name
+        self._header = np.zeros(header_words(cache_capacity), dtype=np.int64)
+        self._headers = np.zeros((self.size, self._header.size), dtype=np.int64)
+        self._header_key = None  # what self._header encodes, less the cycle number
+        self._vote = np.zeros(vote_words(cache_capacity), dtype=np.int64)
+        self._agreed = np.zeros_like(self._vote)
+        self._vote_key = None    # what self._vote encodes
+        self._vote_exchange = exchange.repeated("allreduce", self._vote, self._agreed, op="band")
+        self._fold = Fold(exchange, executor)
+        self.stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
+                      "inline_hits": 0, "received_bytes": 0}
+
+    # ---- what the driver asks of it -----------------------------------------------------
+
+    def run(self, fresh, take, *, flags=0, message=None, missed=None, wake=None,
+            deadline=None):
+        """Run the next cycle on this rank; every rank runs the same cycles in order.
+
+        Args:
+            fresh: the requests submitted since the last cycle, announced in this one.
+            take: ``take(name)`` removes and returns this rank's request for ``name`` (None
+                if it has none).
+            flags: FLAG_FAILED / FLAG_SHUTDOWN, announced with ``message``.
+            missed: told the name of each failed response this rank had no request for.
+            wake: called once if the first exchange has not completed after a brief spin
+                (to wake peers that are not taking part yet).
+            deadline: a ``time.monotonic()`` value to give up at.
+
+        Returns:
+            The responses that ran (maybe none), or None if the deadline passed first.
+
+        Raises:
+            JobEnded: a rank flagged failure, or another rank shut down.
+        """
+        self.number += 1
+        negotiator = self.negotiator
+        by_name = []  # (name, Meta) of what goes by name this cycle; the rest go by bit
+        for request in fresh:
+            request.announced = True
+            if not negotiator.holds(request.name):
+                request.cache_id = negotiator.cache.lookup(request.name, request.meta)
+            if request.cache_id is None:
+                by_name.append((request.name, request.meta))
+            else:
+                self._by_bit[request.name] = request
+        needs_gather = bool(by_name or flags or self._gather_asked)
+
+        def take_own(name):
+            self._by_bit.pop(name, None)
+            return take(name)
+        if self._fold.bytes is not None:
+            folded = self._folded(needs_gather, take_own, deadline, wake)
+            if folded != ():
+                return folded
+            wake = None  # the peers have all taken part in this cycle already
+        # every cycle repeats the bits of what is still waiting: the vote has no memory
+        cache_ids = tuple(request.cache_id for request in self._by_bit.values())
+        self._encode_vote(needs_gather, cache_ids)
+        if not self._wait(self._vote_exchange.start(), deadline, wake):
+            return None
+        self.stats["cycles"] += 1
+        self.stats["received_bytes"] += self._agreed.nbytes
+        if vote_needs_gather(self._agreed):
+            responses = self._gathered(by_name, cache_ids, flags, message, deadline)
+            if responses is None:
+                return None
+        else:
+            responses = negotiator.cache.agreed_responses(agreed_bits(self._agreed))
+        self._mark_timeline()
+        if responses:
+            self._fold.predict(responses)
+            self._executor.execute(responses, take_own, missed, negotiator.cache.id_of)
+        return responses
+
+    def ask_gather(self):
+        """Make the next cycle a gathered one (a tensor announced by its bit has waited
+        long: in the table, the ranks that never submit it can be named)."""
+        self._gather_asked = True
+        self.stats["stall_gathers"] += 1
+
+    def waiting_by_bit(self):
+        """The requests announced by their cache bit that have not run yet."""
+        return self._by_bit.values()
+
+    def forget(self):
+        """Drop the requests announced by bit (the engine has failed them)."""
+        self._by_bit = {}
+
+    def free(self):
+        self._vote_exchange.free()
+        self._fold.free()
+
+    # ---- the cycle's parts ------------------------------------------------------------
+
+    @staticmethod
+    def _wait(request, deadline, wake=None):
+        return transport.wait(request, deadline, wake)
+
+    def _mark_timeline(self):
+        timeline = self._executor.timeline
+        if timeline is not None:
+            timeline.cycle(self.number)
+
+    def _folded(self, needs_gather, take, deadline, wake):
+        """Gather every rank's fold row (``fold.py``): when all hold the same cached
+        allreduce, it is complete in this one exchange. Returns the responses that ran (the
+        folded one), () if the cycle must go on to the vote, None if the deadline passed."""
+        waiting = None
+        if len(self._by_bit) == 1 and not needs_gather:
+            (waiting,) = self._by_bit.values()
+        rows = self._fold.rows(waiting)
+        if not self._wait(self._fold.exchange(), deadline, wake):
+            return None
+        self.stats["inline_cycles"] += 1
+        self.stats["received_bytes"] += rows.nbytes
+        cache_id = self._fold.agreed()
+        if cache_id is None:
+            return ()
+        self.stats["inline_hits"] += 1
+        self.stats["cycles"] += 1
+        response = self.negotiator.cache.response(cache_id)
+        self._mark_timeline()
+        self._executor.finish_inline(response, take(response.name), self._fold.data())
+        return (response,)
+
+    def _gathered(self, by_name, cache_ids, flags, message, deadline):
+        """Gather every rank's header row and notes into the table; return the ready
+        responses (None: the deadline passed). A rank's notes are the pickled pair
+        (its (name, Meta) announcements by name, its outgoing message)."""
+        self._gather_asked = False
+        self.stats["gather_cycles"] += 1
+        own_notes = b""
+        if by_name or flags:
+            own_notes = pickle.dumps((by_name, message))
+        self._encode_header(len(own_notes), flags, cache_ids)
+        if not self._wait(self._exchange.allgather(self._header, self._headers), deadline):
+            return None
+        self.stats["received_bytes"] += self._headers.nbytes
+        gathered = None
+        if np.count_nonzero(self._headers[:, NOTES_BYTES]):  # metadata or flags come with notes
+            notes = self._gather_notes(own_notes, deadline)
+            if notes is None:
+                return None
+            self.stats["received_bytes"] += int(self._headers[:, NOTES_BYTES].sum())
+            if np.count_nonzero(self._headers[:, FLAGS]):
+                self._end_if_flagged(notes)
+                return ()
+            gathered = [rank_notes[0] if rank_notes else None for rank_notes in notes]
+        self.negotiator.absorb_cycle(self._headers, gathered, time.monotonic())
+        for request in self._by_bit.values():
+            self.negotiator.backdate(request.name, request.submitted)
+        self._by_bit.clear()  # the bits are in the table now: matched by name from here on
+        return self.negotiator.ready()
+
+    def _encode_vote(self, needs_gather, cache_ids):
+        key = (needs_gather, cache_ids)
+        if key != self._vote_key:  # a steady state repeats one vote
+            encode_vote(self._vote, needs_gather, cache_ids)
+            self._vote_key = key
+
+    def _encode_header(self, notes_bytes, flags, cache_ids):
+        # a steady state repeats one header: then only the cycle number changes
+        key = (notes_bytes, flags, cache_ids)
+        if key == self._header_key:
+            self._header[CYCLE] = self.number
+        else:
+            encode_header(self._header, self.number, notes_bytes, flags, cache_ids)
+            self._header_key = key
+
+    def _gather_notes(self, own_notes, deadline):
+        lengths = self._headers[:, NOTES_BYTES]
+        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
+        offsets = np.zeros(self.size, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        request = self._exchange.allgatherv(own_notes, gathered, lengths.tolist(),
+                                            offsets.tolist())
+        if not self._wait(request, deadline):
+            return None
+        return [pickle.loads(gathered[offsets[rank]:offsets[rank] + lengths[rank]].tobytes())
+                if lengths[rank] else None for rank in range(self.size)]
+
+    def _end_if_flagged(self, notes):
+        reasons, failed = [], False
+        for rank in range(self.size):
+            flags = int(self._headers[rank, FLAGS])
+            message = notes[rank][1] if notes[rank] else None
+            if flags & FLAG_FAILED:
+                failed = True
+                reasons.append(f"rank {rank} failed: {message}")
+            elif flags & FLAG_SHUTDOWN and rank != self.rank:
+                reasons.append(f"rank {rank} shut down hororing")
+        if reasons:
+            raise JobEnded("; ".join(reasons) + ". The job cannot continue: every rank must "
+                           "take part in every collective.", failed)

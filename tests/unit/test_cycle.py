@@ -1,0 +1,241 @@
+"""The negotiation cycle in one process: several ranks played by threads over an in-process
+exchange, with an executor that records what it is handed. No MPI, no engine thread."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hororing.engine.cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
+from hororing.engine.negotiation import Meta
+from hororing.engine.request import Handle, Request
+from hororing.ops import Sum
+
+
+class _Hub:
+    """What the ranks of one LocalExchange group have posted, by collective number."""
+
+    def __init__(self, size):
+        self.size = size
+        self.lock = threading.Lock()
+        self.posted = {}  # number -> {rank: payload}
+
+
+class _Posted:
+    """One rank's part in one collective: complete when every rank has posted."""
+
+    def __init__(self, hub, number, deliver):
+        self._hub, self._number, self._deliver, self._done = hub, number, deliver, False
+
+    def Test(self):
+        if not self._done:
+            with self._hub.lock:
+                payloads = self._hub.posted[self._number]
+                if len(payloads) == self._hub.size:
+                    self._deliver([payloads[rank] for rank in range(self._hub.size)])
+                    self._done = True
+        return self._done
+
+
+class _Repeated:
+    def __init__(self, exchange, kind, sendbuf, recvbuf, op):
+        self._start = lambda: exchange.post(sendbuf, _deliver_into(kind, recvbuf, op))
+
+    def start(self):
+        return self._start()
+
+    def free(self):
+        pass
+
+
+def _deliver_into(kind, recvbuf, op=None):
+    def deliver(payloads):
+        if kind == "allreduce":
+            assert op == "band"
+            recvbuf[...] = np.bitwise_and.reduce(np.stack(payloads), axis=0)
+        else:
+            recvbuf[...] = np.stack(payloads)
+    return deliver
+
+
+class LocalExchange:
+    """``exchange.MpiExchange``'s calls for one of ``hub.size`` ranks in this process."""
+
+    def __init__(self, hub, rank):
+        self._hub, self.size, self.rank = hub, hub.size, rank
+        self._count = 0
+
+    def post(self, payload, deliver):
+        number, self._count = self._count, self._count + 1
+        with self._hub.lock:
+            self._hub.posted.setdefault(number, {})[self.rank] = np.array(payload, copy=True)
+        return _Posted(self._hub, number, deliver)
+
+    def repeated(self, kind, sendbuf, recvbuf, op=None):
+        return _Repeated(self, kind, sendbuf, recvbuf, op)
+
+    def allgather(self, row, rows):
+        return self.post(row, _deliver_into("allgather", rows))
+
+    def allgatherv(self, own, gathered, lengths, offsets):
+        def deliver(payloads):
+            for rank, payload in enumerate(payloads):
+                gathered[offsets[rank]:offsets[rank] + lengths[rank]] = payload
+        return self.post(np.frombuffer(own, dtype=np.uint8), deliver)
+
+
+class RecordingExecutor:
+    """Completes each request with its name (an error response with its error), and
+    records the names in the order it was handed them."""
+
+    timeline = None
+
+    def __init__(self):
+        self.ran = []
+
+    def execute(self, responses, take, missed=None, cache_id=None):
+        for response in responses:
+            self.ran.append(response.name)
+            request = take(response.name)
+            if request is None:
+                continue
+            if response.error is not None:
+                request.handle.set_error(ValueError(response.error))
+            else:
+                request.handle.set_result(response.name)
+
+    def inline_bytes(self, response):
+        return None
+
+
+class FoldingExecutor(RecordingExecutor):
+    """Folds a one-element float64 Sum allreduce into the exchange, as the latency path would."""
+
+    def inline_bytes(self, response):
+        return 8 if response.error is None and response.meta.kind == "allreduce" else None
+
+    def inline_contribution(self, request, out):
+        out.view(np.float64)[0] = request.tensor[0]
+        return True
+
+    def finish_inline(self, response, request, rows):
+        self.ran.append(response.name)
+        request.handle.set_result(float(rows.view(np.float64).sum()))
+
+    def execute(self, responses, take, missed=None, cache_id=None):
+        for response in responses:
+            self.ran.append(response.name)
+            request = take(response.name)
+            request.handle.set_result(None)  # the vote's path: not what these tests check
+
+
+def _request(name, value=0.0, shape=(1,)):
+    meta = Meta("allreduce", "float64", shape, Sum)
+    return Request(name, meta, np.full(shape, value), None, Handle(name, None))
+
+
+def _play(size, script, executor=RecordingExecutor, cache_capacity=64):
+    """Run ``script(rank, cycle, run)`` on ``size`` threads, one Cycle each, over one
+    LocalExchange group; ``run(fresh)`` runs the next cycle with the requests ``fresh`` and
+    returns its responses' names. Returns the rank's script results, by rank."""
+    hub = _Hub(size)
+    results, errors = [None] * size, []
+
+    def rank_main(rank):
+        pending = {}
+        cycle = Cycle(LocalExchange(hub, rank), executor(), cache_capacity)
+
+        def run(fresh, **kwargs):
+            pending.update((request.name, request) for request in fresh)
+            responses = cycle.run(fresh, lambda name: pending.pop(name, None),
+                                  deadline=time.monotonic() + 30, **kwargs)
+            assert responses is not None, "a peer never took part in the cycle"
+            return [response.name for response in responses]
+        try:
+            results[rank] = script(rank, cycle, run)
+        except BaseException as error:  # reported after join
+            errors.append((rank, error))
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "a rank's cycle never ended"
+    if errors:
+        raise errors[0][1]
+    return results
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_new_names_are_gathered_then_repeated_names_go_by_bit(size):
+    def script(rank, cycle, run):
+        names = [f"grad.{index}" for index in (range(4) if rank % 2 == 0 else reversed(range(4)))]
+        first = run([_request(name) for name in names])
+        gathered = cycle.stats["gather_cycles"]
+        second = run([_request(name) for name in names])
+        return first, second, gathered, cycle.stats["gather_cycles"]
+    results = _play(size, script)
+    for first, second, gathered, gathered_after in results:
+        assert sorted(first) == sorted(second) == [f"grad.{index}" for index in range(4)]
+        assert gathered == 1 and gathered_after == 1  # the second cycle was the vote alone
+    # every rank ran the same responses in the same order
+    assert len({tuple(first) for first, *_ in results}) == 1
+    assert len({tuple(second) for _, second, *_ in results}) == 1
+
+
+def test_a_name_not_every_rank_submitted_waits_for_it():
+    def script(rank, cycle, run):
+        if rank == 0:
+            return run([_request("a"), _request("b")]), run([])
+        return run([_request("a")]), run([_request("b")])
+    for first, second in _play(2, script):
+        assert first == ["a"]
+        assert second == ["b"]
+
+
+def test_a_shape_mismatch_fails_that_tensor_on_every_rank_before_data_moves():
+    handles = {}
+
+    def script(rank, cycle, run):
+        request = _request("w", shape=(3,) if rank == 0 else (4,))
+        handles[rank] = request.handle
+        return run([request])
+    results = _play(2, script)
+    assert results == [["w"], ["w"]]
+    for handle in handles.values():
+        with pytest.raises(ValueError, match="w"):
+            handle.result()
+
+
+def test_a_failure_flag_ends_the_job_on_every_rank_with_its_message():
+    def script(rank, cycle, run):
+        with pytest.raises(JobEnded, match="rank 1 failed: out of memory") as ended:
+            run([], flags=FLAG_FAILED if rank == 1 else 0,
+                message="out of memory" if rank == 1 else None)
+        return ended.value.failed
+    assert _play(3, script) == [True, True, True]
+
+
+def test_a_shutdown_ends_the_job_for_the_other_ranks_only():
+    def script(rank, cycle, run):
+        if rank == 0:
+            return run([], flags=FLAG_SHUTDOWN)
+        with pytest.raises(JobEnded, match="rank 0 shut down") as ended:
+            run([])
+        return ended.value.failed
+    assert _play(2, script) == [[], False]
+
+
+def test_a_repeated_lone_allreduce_folds_into_the_first_exchange():
+    def script(rank, cycle, run):
+        values = []
+        for step in range(6):
+            request = _request("loss", value=rank + step)
+            run([request])
+            values.append(request.handle.result())
+        return values, cycle.stats["inline_hits"]
+    for values, hits in _play(3, script, executor=FoldingExecutor):
+        # the first two cycles go the usual way and tell the fold what repeats; the rest fold
+        assert hits == 4
+        assert values[2:] == [float(sum(rank + step for rank in range(3))) for step in range(2, 6)]
