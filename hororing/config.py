@@ -292,6 +292,12 @@ def _parse(field, names, raw, parse):
                          f"{raw!r} for {field}: {error}") from None
 
 
+def variable_of(field):
+    """The environment variable that sets Config field ``field`` (its Horovod name where it
+    has one): what a launcher sets for its ranks."""
+    return _ENV_FIELDS[field][0][-1]
+
+
 # TensorFlow's inter-op threads, raised by ``import hororing.tensorflow`` before any session
 # exists: a blocking collective in a TF1 graph holds one while it waits for its peers
 # (tensorflow/graph.py), and TensorFlow's default, the number of cores, lets a session.run
@@ -341,6 +347,11 @@ class Launch:
     user_threads: bool = False          # OMP_NUM_THREADS is set: leave thread counts alone
     tf_intra_op_threads_set: bool = False
     allow_singletons: bool = False      # HORORING_ALLOW_SINGLETONS=1
+    legacy_keras: bool = False          # TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras
+    # set by hororun's elastic mode for its ranks (elastic/job.py)
+    elastic_dir: str = ""               # HORORING_ELASTIC_DIR: where commits are kept
+    elastic_launch: int = 0             # HORORING_ELASTIC_LAUNCH: 0, then one per relaunch
+    elastic_timeout_s: float = 600.0    # HOROVOD_ELASTIC_TIMEOUT: hororun's default
 
     @property
     def in_slurm_step(self):
@@ -359,6 +370,7 @@ def launch_environment(environ=None):
             return None
 
     allow = env.get("HORORING_ALLOW_SINGLETONS", "")
+    legacy = env.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
     return Launch(
         launcher_size=number("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"),
         launcher_local_size=number("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -373,6 +385,11 @@ def launch_environment(environ=None):
         tf_intra_op_threads_set="TF_NUM_INTRAOP_THREADS" in env,
         allow_singletons=_parse("allow_singletons", ("HORORING_ALLOW_SINGLETONS",), allow,
                                 _flag),
+        legacy_keras=legacy,
+        elastic_dir=env.get("HORORING_ELASTIC_DIR", ""),
+        elastic_launch=number("HORORING_ELASTIC_LAUNCH") or 0,
+        elastic_timeout_s=_parse("elastic_timeout", ("HOROVOD_ELASTIC_TIMEOUT",),
+                                 env.get("HOROVOD_ELASTIC_TIMEOUT", "600"), float),
     )
 
 

@@ -1,23 +1,22 @@
 """The state of an initialized job (communicators, topology, engine) and init/shutdown.
 
-One default context exists per process, created by ``init()``; nothing else in the
-library keeps mutable module-level state.
+One default context exists per process, created by ``init()`` and held by ``running``;
+nothing else in the library keeps mutable module-level state.
 """
 
 import atexit
-import itertools
 import logging
 import sys
-import threading
 import time
 
 from ._mpi import MPI
 
 from . import gpu, slurm, static_sets, transport
 from .config import Config
-from .engine.engine import FLAG_FAILED, Engine
-from .errors import NotInitializedError
-from .group import Group
+from .engine.engine import Engine
+from .group import Group, stop_engine
+from .process_sets import Registry, global_process_set
+from .running import _State, current, is_initialized
 from .timeline import Timeline
 
 log = logging.getLogger("hororing")
@@ -60,66 +59,12 @@ class Context:
 
             autotune.attach(self.engine, comm, config)
         self.group = Group(0, range(self.size), comm, self.engine)
-        self.groups = {0: self.group}      # process sets this rank belongs to, by id
-        self._set_ranks = {0: list(range(self.size))}  # every registered set, by id
-        self._set_ids = itertools.count(1)
-
-    # ---- process sets (see process_sets.py) ------------------------------------------------
-
-    def set_ranks(self, set_id):
-        """Return the ranks of registered set ``set_id``."""
-        return self._set_ranks[set_id]
-
-    def set_ids(self):
-        return list(self._set_ranks)
-
-    def add_set(self, ranks, existing_ok=False):
-        """Register the set of ``ranks`` on every rank (a collective over the job); its id.
-
-        Raises ValueError for bad or differing ranks, and for ranks that already form a set
-        unless ``existing_ok`` (static sets given twice share one id, as in Horovod).
-        """
-        ranks = list(ranks)
-        bad = [rank for rank in ranks if not 0 <= rank < self.size]
-        if bad or not ranks or len(set(ranks)) != len(ranks):
-            raise ValueError(f"a process set needs distinct ranks in [0, {self.size}), got "
-                             f"{ranks}")
-        everyone = self.comm.allgather(ranks)
-        if any(other != ranks for other in everyone):
-            differing = [rank for rank, other in enumerate(everyone) if other != ranks]
-            raise ValueError(f"add_process_set() was given different ranks on different ranks "
-                             f"(here {ranks}; ranks {differing} passed otherwise); every rank "
-                             f"must add the same set")
-        for set_id, existing in self._set_ranks.items():
-            if existing == ranks:
-                if existing_ok:
-                    return set_id
-                raise ValueError(f"Attempted to add a duplicate process set: ranks {ranks} "
-                                 f"already form process set {set_id}")
-        set_id = next(self._set_ids)
-        member = self.rank in ranks
-        comm = self.comm.Split(color=0 if member else MPI.UNDEFINED, key=self.rank)
-        self._set_ranks[set_id] = ranks
-        if member:
-            self.groups[set_id] = Group(set_id, ranks, comm, Engine(comm, self.config, None))
-        return set_id
-
-    def remove_set(self, set_id):
-        """Unregister set ``set_id`` on every rank: a collective over the job."""
-        if set_id not in self._set_ranks:
-            return False
-        self.comm.Barrier()  # its members have finished its collectives
-        del self._set_ranks[set_id]
-        group = self.groups.pop(set_id, None)
-        if group is not None:
-            _close_group(group)
-        return True
+        self.sets = Registry(comm, config, self.group)  # every process set, by id
 
     def close(self, failure=None):
         """Leave the job: tell the peers (shutdown, or ``failure``, a message) and free MPI state."""
-        for set_id in [set_id for set_id in self.groups if set_id != 0]:
-            _close_group(self.groups.pop(set_id), failure)
-        _stop(self.engine, failure)
+        self.sets.close(failure)
+        stop_engine(self.engine, failure)
         if self.reducer is not None:
             self.reducer.close(failure)  # dedicated servers exit when every worker is done
         self.engine.close()
@@ -127,29 +72,6 @@ class Context:
             self.watchdog.stop()
         for comm in (self.local_comm, self.cross_comm, self.comm):
             comm.Free()
-
-
-def _stop(engine, failure=None):
-    """Tell the engine's peers this rank leaves: a shutdown, or ``failure`` (a message)."""
-    if failure is None:
-        engine.stop()
-    else:
-        engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)
-
-
-def _close_group(group, failure=None):
-    """Leave a process set: stop its engine and free its communicator."""
-    _stop(group.engine, failure)
-    group.engine.close()
-    group.comm.Free()
-
-
-class _State:
-    """Holder of the default context (the one piece of module state)."""
-
-    lock = threading.Lock()
-    context = None
-    hooks_installed = False
 
 
 def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement=None,
@@ -215,7 +137,6 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         else:
             _State.context = Context(user_comm.Dup(), config)
         slurm.set_framework_threads(_State.context.local_size)
-        from .process_sets import global_process_set  # here: process_sets imports this module
         global_process_set.ranks = list(range(_State.context.size))
         global_process_set.mpi_comm = user_comm
         if not _State.hooks_installed:
@@ -231,19 +152,6 @@ def shutdown():
         context, _State.context = _State.context, None
     if context is not None:
         context.close()
-
-
-def is_initialized():
-    """Return True between ``init()`` and ``shutdown()``."""
-    return _State.context is not None
-
-
-def current():
-    """Return the default context or raise the not-initialized error."""
-    context = _State.context
-    if context is None:
-        raise NotInitializedError()
-    return context
 
 
 def size():

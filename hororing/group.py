@@ -2,6 +2,8 @@
 
 import threading
 
+from .engine.engine import FLAG_FAILED
+
 
 class Group:
     """This rank's membership of one process set: its communicator, engine and numbering."""
@@ -58,3 +60,18 @@ class Group:
         with self._names_lock:
             if self._name_counters.get(prefix, 0) <= int(number):
                 self._name_counters[prefix] = int(number) + 1
+
+    def leave(self, failure=None):
+        """Leave the process set: stop its engine (telling its peers: a shutdown, or
+        ``failure``, a message) and free its communicator."""
+        stop_engine(self.engine, failure)
+        self.engine.close()
+        self.comm.Free()
+
+
+def stop_engine(engine, failure=None):
+    """Tell ``engine``'s peers this rank leaves: a shutdown, or ``failure`` (a message)."""
+    if failure is None:
+        engine.stop()
+    else:
+        engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)

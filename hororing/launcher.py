@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 from . import slurm
+from .config import launch_environment, variable_of
 
 MPICH, OPEN_MPI = "MPICH", "Open MPI"
 
@@ -207,7 +208,7 @@ def _parser():
     elastic.add_argument("--slots", "--slots-per-host", dest="slots", type=int, default=1,
                          help="slots of a discovered host whose line names none (default: 1)")
     elastic.add_argument("--elastic-timeout", type=float,
-                         default=float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600")),
+                         default=launch_environment().elastic_timeout_s,
                          help="seconds to wait for --min-np slots (default: 600)")
     elastic.add_argument("--reset-limit", type=int,
                          help="relaunches allowed, for faults and host changes (default: none)")
@@ -278,25 +279,23 @@ def _run_with_srun(args, mpiexec):
     return run_and_explain(command, job_environment(args))
 
 
-# hororun's options that become the job's environment variables (horovodrun's names)
-_ENVIRONMENT_OPTIONS = {"start_timeout": "HORORING_START_TIMEOUT",
-                        "autotune_log_file": "HOROVOD_AUTOTUNE_LOG",
-                        "autotune_warmup_samples": "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-                        "autotune_steps_per_sample": "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
-                        "autotune_bayes_opt_max_samples": "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-                        "autotune_gaussian_process_noise":
-                            "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}
+# hororun's options that become the job's environment variables: option -> Config field
+_ENVIRONMENT_OPTIONS = {"start_timeout": "start_timeout_s", "autotune_log_file": "autotune_log",
+                        "autotune_warmup_samples": "autotune_warmup_samples",
+                        "autotune_steps_per_sample": "autotune_steps_per_sample",
+                        "autotune_bayes_opt_max_samples": "autotune_bayes_opt_max_samples",
+                        "autotune_gaussian_process_noise": "autotune_gaussian_process_noise"}
 
 
 def job_environment(args):
     """This process's environment, with the variables hororun's options set."""
     env = dict(os.environ)
-    for option, variable in _ENVIRONMENT_OPTIONS.items():
+    for option, field in _ENVIRONMENT_OPTIONS.items():
         value = getattr(args, option, None)
         if value is not None:
-            env[variable] = str(value)
+            env[variable_of(field)] = str(value)
     if getattr(args, "autotune", False):
-        env["HOROVOD_AUTOTUNE"] = "1"
+        env[variable_of("autotune")] = "1"
     return env
 
 

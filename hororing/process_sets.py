@@ -6,15 +6,22 @@ run independently of each other. Sets come from ``init(process_sets=[...])`` (st
 from ``add_process_set`` after init when ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` (dynamic).
 Every rank of the job must add and remove the same sets in the same order.
 
+The job's sets live in its context's ``Registry`` (``current().sets``): every set's ranks
+by id, and this rank's ``Group`` for each set it belongs to.
+
 Example:
     >>> even = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
     >>> if hvd.rank() % 2 == 0:
     ...     hvd.allreduce(x, process_set=even)
 """
 
+import itertools
 import sys
 
-from .context import current
+from ._mpi import MPI
+from .engine.engine import Engine
+from .group import Group
+from .running import current
 
 
 def _is_comm(value):
@@ -55,7 +62,7 @@ class ProcessSet:
         """Return the number of ranks in the set, or None if it is not registered."""
         if self.process_set_id is None:
             return None
-        return len(current().set_ranks(self.process_set_id))
+        return len(current().sets.ranks(self.process_set_id))
 
     def rank(self):
         """Return this rank's index within the set (None if unregistered or not a member).
@@ -64,7 +71,7 @@ class ProcessSet:
         """
         if self.process_set_id is None:
             return None
-        ranks = current().set_ranks(self.process_set_id)
+        ranks = current().sets.ranks(self.process_set_id)
         me = current().rank
         return ranks.index(me) if me in ranks else None
 
@@ -107,7 +114,7 @@ def add_process_set(process_set):
         raise NotImplementedError("Dynamically adding process sets defined by an MPI communicator "
                                   "is not implemented. Please build the process set via a list of "
                                   "ranks.")
-    process_set.process_set_id = context.add_set(process_set.ranks)
+    process_set.process_set_id = context.sets.add(process_set.ranks)
     return process_set
 
 
@@ -125,7 +132,7 @@ def remove_process_set(process_set):
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0:
         return False
-    removed = context.remove_set(set_id)
+    removed = context.sets.remove(set_id)
     process_set._invalidate()
     return removed
 
@@ -140,10 +147,10 @@ def group_of(process_set):
     if process_set is None or process_set is global_process_set:
         return context.group
     set_id = registered_id(process_set)
-    group = context.groups.get(set_id)
+    group = context.sets.groups.get(set_id)
     if group is None:
         raise ValueError(f"rank {context.rank} is not a member of process set {set_id} (ranks "
-                         f"{context.set_ranks(set_id)}); only its members may call its "
+                         f"{context.sets.ranks(set_id)}); only its members may call its "
                          f"collectives")
     return group
 
@@ -163,7 +170,7 @@ def registered_id(process_set):
     if set_id is None:
         raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...)"
                          f" or hvd.add_process_set() first")
-    if set_id not in current().set_ids():
+    if set_id not in current().sets.ids():
         raise ValueError(f"process set {set_id} has been removed or was never added")
     return set_id
 
@@ -175,5 +182,73 @@ global_process_set.process_set_id = 0
 
 def registered_sets():
     """Every registered process set's ranks, by id (the global set is 0)."""
-    context = current()
-    return {set_id: list(context.set_ranks(set_id)) for set_id in context.set_ids()}
+    sets = current().sets
+    return {set_id: list(sets.ranks(set_id)) for set_id in sets.ids()}
+
+
+class Registry:
+    """Every registered process set of the job, by id (the global set is 0), and this rank's
+    Group for each set it belongs to (``groups``). Adding and removing are collectives over
+    the job's communicator."""
+
+    def __init__(self, comm, config, global_group):
+        self._comm = comm
+        self._config = config
+        self._rank, self._size = comm.Get_rank(), comm.Get_size()
+        self.groups = {0: global_group}           # the sets this rank belongs to, by id
+        self._ranks = {0: list(range(self._size))}  # every registered set's ranks, by id
+        self._ids = itertools.count(1)
+
+    def ranks(self, set_id):
+        """The ranks of registered set ``set_id`` (KeyError if none)."""
+        return self._ranks[set_id]
+
+    def ids(self):
+        return list(self._ranks)
+
+    def add(self, ranks, existing_ok=False):
+        """Register the set of ``ranks`` on every rank (a collective over the job); its id.
+
+        Raises ValueError for bad or differing ranks, and for ranks that already form a set
+        unless ``existing_ok`` (static sets given twice share one id, as in Horovod).
+        """
+        ranks = list(ranks)
+        bad = [rank for rank in ranks if not 0 <= rank < self._size]
+        if bad or not ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(f"a process set needs distinct ranks in [0, {self._size}), got "
+                             f"{ranks}")
+        everyone = self._comm.allgather(ranks)
+        if any(other != ranks for other in everyone):
+            differing = [rank for rank, other in enumerate(everyone) if other != ranks]
+            raise ValueError(f"add_process_set() was given different ranks on different ranks "
+                             f"(here {ranks}; ranks {differing} passed otherwise); every rank "
+                             f"must add the same set")
+        for set_id, existing in self._ranks.items():
+            if existing == ranks:
+                if existing_ok:
+                    return set_id
+                raise ValueError(f"Attempted to add a duplicate process set: ranks {ranks} "
+                                 f"already form process set {set_id}")
+        set_id = next(self._ids)
+        member = self._rank in ranks
+        comm = self._comm.Split(color=0 if member else MPI.UNDEFINED, key=self._rank)
+        self._ranks[set_id] = ranks
+        if member:
+            self.groups[set_id] = Group(set_id, ranks, comm, Engine(comm, self._config, None))
+        return set_id
+
+    def remove(self, set_id):
+        """Unregister set ``set_id`` on every rank: a collective over the job."""
+        if set_id not in self._ranks:
+            return False
+        self._comm.Barrier()  # its members have finished its collectives
+        del self._ranks[set_id]
+        group = self.groups.pop(set_id, None)
+        if group is not None:
+            group.leave()
+        return True
+
+    def close(self, failure=None):
+        """Leave every set but the global one (the context closes that)."""
+        for set_id in [set_id for set_id in self.groups if set_id != 0]:
+            self.groups.pop(set_id).leave(failure)

@@ -10,6 +10,7 @@ each once, and only the ranks whose own list repeats one raise, as Horovod does.
 import logging
 
 from ._mpi import MPI
+from .process_sets import ProcessSet
 
 log = logging.getLogger("hororing")
 
@@ -30,7 +31,7 @@ def check(process_sets):
         raise TypeError(f"init(process_sets=...) takes a list of hvd.ProcessSet, got "
                         f"{type(process_sets).__name__}")
     for process_set in process_sets:
-        if not hasattr(process_set, "process_set_id") or not hasattr(process_set, "mpi_comm"):
+        if not isinstance(process_set, ProcessSet):
             raise TypeError(f"init(process_sets=...) takes hvd.ProcessSet objects, got "
                             f"{type(process_set).__name__}")
 
@@ -137,12 +138,12 @@ def _register(process_sets, context):
         if process_set.process_set_id == 0:
             continue  # the global set is always there
         if process_set.ranks is not None:
-            process_set.process_set_id = context.add_set(process_set.ranks, existing_ok=True)
+            process_set.process_set_id = context.sets.add(process_set.ranks, existing_ok=True)
             continue
         comm = process_set.mpi_comm
         mine = comm.allgather(context.rank) if comm != MPI.COMM_NULL else None
         mine = sorted(mine) if mine is not None else None
         for ranks in sorted({tuple(ranks) for ranks in context.comm.allgather(mine) if ranks}):
-            set_id = context.add_set(ranks, existing_ok=True)
+            set_id = context.sets.add(ranks, existing_ok=True)
             if mine is not None and list(ranks) == mine:
                 process_set.process_set_id, process_set.ranks = set_id, mine

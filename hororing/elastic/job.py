@@ -10,9 +10,10 @@ handler, so an early notice is lost rather than fatal; hororun repeats it until 
 answers.
 """
 
-import os
 import signal
 import threading
+
+from ..config import launch_environment
 
 DIR_ENV = "HORORING_ELASTIC_DIR"
 LAUNCH_ENV = "HORORING_ELASTIC_LAUNCH"
@@ -26,7 +27,7 @@ ACKNOWLEDGEMENT = b"hororing.elastic: hosts changed;"
 
 def directory():
     """The job's elastic directory on this host, or None outside hororun's elastic mode."""
-    return os.environ.get(DIR_ENV) or None
+    return launch_environment().elastic_dir or None
 
 
 def supervised():
@@ -35,10 +36,7 @@ def supervised():
 
 def launch():
     """0 for the job's first launch, n for its n-th relaunch."""
-    try:
-        return int(os.environ.get(LAUNCH_ENV, "0"))
-    except ValueError:
-        return 0
+    return launch_environment().elastic_launch
 
 
 class _Notices:

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 
+from ..config import variable_of
 from .output import copy_lines
 
 # the lines by which the ranks (hororing.runner.task) hand back results and errors
@@ -73,7 +74,7 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
     command = [executable or sys.executable, "-m", "hororing.runner.task"]
     environment = dict(os.environ if env is None else env)
     if start_timeout is not None:
-        environment["HORORING_START_TIMEOUT"] = str(start_timeout)
+        environment[variable_of("start_timeout_s")] = str(start_timeout)
     # the ranks import what the caller can (a function of an imported module is pickled by
     # reference), so they get the caller's import path first
     paths = [os.path.abspath(entry or os.curdir) for entry in sys.path]

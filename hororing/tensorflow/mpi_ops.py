@@ -349,7 +349,7 @@ def barrier(process_set=global_process_set):
 
 def size_op(process_set_id=0, name=None):
     """An int32 tensor holding the number of ranks (of the process set with this id)."""
-    return _query(lambda: len(current().set_ranks(process_set_id)), name or "size_op")
+    return _query(lambda: len(current().sets.ranks(process_set_id)), name or "size_op")
 
 
 def rank_op(name=None):
@@ -369,7 +369,7 @@ def local_rank_op(name=None):
 
 def process_set_included_op(process_set_id=0, name=None):
     """An int32 tensor: 1 if this process belongs to the process set with this id, else 0."""
-    return _query(lambda: int(current().rank in current().set_ranks(process_set_id)),
+    return _query(lambda: int(current().rank in current().sets.ranks(process_set_id)),
                   name or "process_set_included_op")
 
 

@@ -239,7 +239,7 @@ def test_a_duplicate_in_one_ranks_own_view_raises_there_and_the_others_go_on(cap
         expected = {0: list(range(size)), 1: evens, 2: odds}
         if size > 2:
             expected[3] = [0]
-        assert {set_id: current().set_ranks(set_id) for set_id in current().set_ids()} == expected
+        assert {set_id: current().sets.ranks(set_id) for set_id in current().sets.ids()} == expected
         mine = sets[0]
         assert mine.ranks == (evens if rank % 2 == 0 else odds)
         total = hvd.allreduce(np.full(3, rank + 1.0), op=hvd.Sum, process_set=mine)
@@ -258,13 +258,13 @@ def test_lists_that_differ_in_kind_across_ranks_are_refused_on_every_rank():
     # rank 0 gives its first set by ranks, the others by a communicator: the registration's
     # collectives would part ways, so every rank refuses before any set is registered
     split = world.Split(color=0 if world.rank == 0 else 1, key=world.rank)
-    before = current().set_ids()
+    before = current().sets.ids()
     try:
         first = hvd.ProcessSet([0]) if world.rank == 0 else hvd.ProcessSet(split)
         with pytest.raises(ValueError, match=r"different process_sets\[0\] on different ranks "
                                              r"\(\{0: 'ranks \[0\]', 1: 'a communicator'"):
             hvd.init(process_sets=[first])
-        assert current().set_ids() == before
+        assert current().sets.ids() == before
         assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [float(hvd.size())] * 2
     finally:
         split.Free()

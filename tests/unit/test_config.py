@@ -153,3 +153,21 @@ def test_readme_lists_every_environment_variable_config_reads():
     missing = [names[-1] for names in (names for names, _ in _ENV_FIELDS.values())
                if not any(f"`{name}`" in table for name in names)]
     assert not missing, f"README's environment variable table misses {missing}"
+    # and the variables config.py reads outside Config (launch facts, user switches)
+    import re
+    source = (pathlib.Path(__file__).resolve().parents[2] / "hororing" / "config.py").read_text()
+    named = set(re.findall(r'"((?:HOROVOD|HORORING)_[A-Z_]+[A-Z])"', source))
+    missing = sorted(name for name in named if f"`{name}`" not in table)
+    assert not missing, f"README's environment variable table misses {missing}"
+
+
+def test_config_is_the_one_module_that_reads_environment_variables():
+    """Every environment variable hororing reads is read in config.py (a launcher may copy
+    the whole environment for its children, but names no variable of its own)."""
+    import pathlib
+    import re
+    package = pathlib.Path(__file__).resolve().parents[2] / "hororing"
+    reads = re.compile(r"os\.environ(\.get\(|\.setdefault\(|\[)|os\.getenv\(")
+    readers = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                     if path.name != "config.py" and reads.search(path.read_text()))
+    assert readers == [], f"modules that read environment variables themselves: {readers}"

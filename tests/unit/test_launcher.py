@@ -32,7 +32,7 @@ def test_mpich_gets_a_hydra_host_file(tmp_path):
     assert command[:3] == ["mpiexec", "-n", "4"] and command[-2:] == ["python", "t.py"]
     hostfile = command[command.index("-f") + 1]
     assert open(hostfile).read() == "a:2\nb:2\n"
-    assert env["HORORING_START_TIMEOUT"] == "30.0"
+    assert env["HOROVOD_START_TIMEOUT"] == "30.0"
 
 
 def test_open_mpi_gets_hosts_and_oversubscribe_when_ranks_exceed_slots(tmp_path, monkeypatch):

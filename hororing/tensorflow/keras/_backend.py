@@ -4,11 +4,11 @@ TensorFlow's switch ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` the tf-keras pa
 Keras 2 line); the callbacks and ``load_model`` then follow it, as ``tf.keras`` does.
 """
 
-import os
+from ...config import launch_environment
 
 
 def legacy_keras_requested():
-    return os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+    return launch_environment().legacy_keras
 
 
 if legacy_keras_requested():
