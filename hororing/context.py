@@ -16,7 +16,7 @@ from .config import Config
 from .engine.engine import Engine
 from .group import Group, stop_engine
 from .process_sets import Registry, global_process_set
-from .running import _State, current, is_initialized
+from .running import _State, current, is_initialized  # the last two: hororing.context's API
 from .timeline import Timeline
 
 log = logging.getLogger("hororing")

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import collectives as core
-from .. import ops
+from .. import grad_rules, ops
 from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of, registered_sets
@@ -205,13 +205,10 @@ def _allgather_grad(inputs, upstream, process_set):
         gradients, local_rows = arrays[:count], arrays[count:]
         reduced = core.grouped_allreduce(gradients, name=_sub(base, "reduce"), op=ops.Average,
                                          process_set=process_set)
-        counts = core.allgather(np.concatenate(local_rows).astype(np.int64),
-                                name=_sub(base, "rows"), process_set=process_set)
-        counts = counts.reshape(group_of(process_set).size, count)
-        me = group_of(process_set).rank
-        starts = counts[:me].sum(axis=0)
+        own = np.concatenate(local_rows).tolist()
+        starts = grad_rules.own_row_starts(own, process_set, name=_sub(base, "rows"))
         return [gradient[start:start + rows_here]
-                for gradient, start, rows_here in zip(reduced, starts, counts[me])]
+                for gradient, start, rows_here in zip(reduced, starts, own)]
     dtypes = [dy.dtype for dy in upstream]
     results = collective("allgather_grad", upstream + rows, run, dtypes, label)
     for result, x in zip(results, inputs):
@@ -235,7 +232,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
         def grad(upstream):
             reduced = _allreduce(upstream, ops.Average, 1.0, 1.0, None, process_set)
-            return reduced if current().rank == root_rank else reduced * 0
+            return reduced if grad_rules.keeps_broadcast_gradient(root_rank) else reduced * 0
         return result, grad
     return restore(forward(tensor), dtype)
 
@@ -313,9 +310,8 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
         results = _rows_vary(collective(_kind, xs, run, [x.dtype for x in xs], label), xs)
 
         def grad(*upstream):
-            scale = prescale_factor * postscale_factor
-            if op == ops.Sum:
-                scale *= group_of(process_set).size
+            scale = grad_rules.reducescatter_gradient_scale(op, prescale_factor,
+                                                            postscale_factor, process_set)
             return grouped_allgather([dy * tf.cast(scale, dy.dtype) for dy in upstream],
                                      process_set=process_set)
         return results, grad

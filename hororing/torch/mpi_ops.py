@@ -4,13 +4,11 @@ How tensors reach the engine and come back is ``bridge.py``. Every verb takes ``
 (``hvd.global_process_set`` by default); ``root_rank`` is in ``hvd.rank()`` numbering.
 """
 
-import numpy as np
 import torch
 
 from .. import collectives as core
-from .. import ops
+from .. import grad_rules, ops
 from ..compression import wire_of
-from ..context import current
 from ..process_sets import global_process_set, group_of
 from ..validate import ALLREDUCE_OPS, resolve_op
 from .bridge import TorchHandle, as_numpy, group_finish, in_place, synchronize, to_torch
@@ -36,9 +34,14 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
                      inplace, blocking=False):
     """Submit an allreduce; ``blocking``: the caller synchronizes at once and drives the
     engine itself (the background thread is not woken for it)."""
-    def submit(array):
-        return core._allreduce(array, average, name, op, prescale_factor, postscale_factor,
-                               process_set, inplace=inplace, blocking=blocking)
+    return _started(tensor, inplace, lambda array: core._allreduce(
+        array, average, name, op, prescale_factor, postscale_factor, process_set,
+        inplace=inplace, blocking=blocking))
+
+
+def _started(tensor, inplace, submit):
+    """The handle of ``submit(array)`` on ``tensor``'s data: its result lands in ``tensor``
+    (``inplace``) or in a new tensor like it."""
     if inplace:
         return in_place(tensor, submit)
     return TorchHandle(submit(as_numpy(tensor)), lambda result: to_torch(result, tensor))
@@ -113,11 +116,9 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def _member_handles(tensors, name, process_set, start):
     """``start(tensor, member_name)`` for each tensor of a grouped allreduce, with the
-    members named ``<name>.<index>`` (a generated name when ``name`` is None)."""
-    group = group_of(process_set)
-    base = name or group.auto_name("grouped_allreduce")
-    with group.engine.batch():  # announced together on every rank (see core._grouped)
-        return [start(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors)]
+    members named ``<name>.<index>`` (a generated name when ``name`` is None), announced
+    together as the core's grouped verbs are."""
+    return core._grouped("grouped_allreduce", tensors, name, process_set, start).handles
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -194,13 +195,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 def _broadcast_now(tensor, root_rank, name, process_set, inplace):
     """A blocking broadcast, driven by the caller (see ``_start_allreduce``)."""
-    def submit(array):
-        return core._broadcast(array, root_rank, name, process_set, inplace=inplace,
-                               blocking=True)
-    if inplace:
-        return synchronize(in_place(tensor, submit))
-    return synchronize(TorchHandle(submit(as_numpy(tensor)),
-                                   lambda result: to_torch(result, tensor)))
+    return synchronize(_started(tensor, inplace, lambda array: core._broadcast(
+        array, root_rank, name, process_set, inplace=inplace, blocking=True)))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -337,12 +333,10 @@ class _GroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, None, *grads)
 
 
-def _own_rows(grad, rows, process_set):
-    """This rank's ``rows`` of the averaged ``grad`` of an allgather's output."""
-    group = group_of(process_set)
-    counts = core.allgather(np.array([rows], dtype=np.int64), process_set=process_set)
-    offset = int(counts[:group.rank].sum())
-    return grad.narrow(0, offset, rows)
+def _own_rows(grads, rows, process_set):
+    """This rank's ``rows`` of each averaged gradient of an allgather's outputs."""
+    starts = grad_rules.own_row_starts(rows, process_set)
+    return [grad.narrow(0, start, count) for grad, start, count in zip(grads, starts, rows)]
 
 
 class _Allgather(torch.autograd.Function):
@@ -356,7 +350,7 @@ class _Allgather(torch.autograd.Function):
     def backward(ctx, grad_output):
         averaged = synchronize(allreduce_async(grad_output.contiguous(), None, None, ops.Average,
                                                process_set=ctx.process_set))
-        return _own_rows(averaged, ctx.rows, ctx.process_set), None, None
+        return _own_rows([averaged], [ctx.rows], ctx.process_set)[0], None, None
 
 
 class _GroupedAllgather(torch.autograd.Function):
@@ -370,8 +364,7 @@ class _GroupedAllgather(torch.autograd.Function):
         averaged = synchronize(grouped_allreduce_async(
             [grad.contiguous() for grad in grad_outputs], None, None, ops.Average,
             process_set=ctx.process_set))
-        return (None, None, *(_own_rows(grad, rows, ctx.process_set)
-                              for grad, rows in zip(averaged, ctx.rows)))
+        return (None, None, *_own_rows(averaged, ctx.rows, ctx.process_set))
 
 
 class _Broadcast(torch.autograd.Function):
@@ -386,7 +379,7 @@ class _Broadcast(torch.autograd.Function):
         averaged = synchronize(_start_allreduce(grad_output.contiguous(), None, None,
                                                 ops.Average, 1.0, 1.0, ctx.process_set,
                                                 inplace=False, blocking=True))
-        if current().rank != ctx.root_rank:
+        if not grad_rules.keeps_broadcast_gradient(ctx.root_rank):
             averaged.zero_()
         return averaged, None, None, None
 
@@ -410,10 +403,8 @@ class _Alltoall(torch.autograd.Function):
 
 
 def _reducescatter_grad_scale(ctx):
-    scale = ctx.prescale * ctx.postscale
-    if ctx.op == ops.Sum:
-        scale *= group_of(ctx.process_set).size
-    return scale
+    return grad_rules.reducescatter_gradient_scale(ctx.op, ctx.prescale, ctx.postscale,
+                                                   ctx.process_set)
 
 
 class _Reducescatter(torch.autograd.Function):

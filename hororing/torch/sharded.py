@@ -158,6 +158,8 @@ class ShardedOptimizer(WrappingOptimizer):
                              f"op={op}")
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
+        # checked only: backward passes accumulate in the gradient vector, and step()
+        # reduces whatever has accumulated
         if backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be > 0, got "
                              f"{backward_passes_per_step}")
@@ -182,7 +184,6 @@ class ShardedOptimizer(WrappingOptimizer):
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = gradient_predivide_factor
-        self._passes = backward_passes_per_step
         self._original = optimizer
         self._originals = originals
         rank, size = self._group.rank, self._group.size
@@ -237,7 +238,7 @@ class ShardedOptimizer(WrappingOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        flats = []
+        stepped = []
         with transport.activity("sharded optimizer step"):
             for slices in self._slices:
                 for piece in slices:
@@ -250,9 +251,9 @@ class ShardedOptimizer(WrappingOptimizer):
                                if self._op == ops.Average else self._postscale)
                     for part, (low, high) in zip(piece.parts, piece.part_bounds):
                         part.grad = flat[low:high]
-                    flats.append((piece, flat))
+                    stepped.append(piece)
             self._optimizer.step()
-            for piece, _ in flats:  # each rank's updated slice, into every rank's vector
+            for piece in stepped:  # each rank's updated slice, into every rank's vector
                 self._comm.Allgatherv(MPI.IN_PLACE, [piece.values.numpy().view(np.uint8),
                                                      (piece.byte_counts, piece.byte_offsets),
                                                      MPI.BYTE])
