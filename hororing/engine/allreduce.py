@@ -246,6 +246,11 @@ def wire_bytes(meta):
     return math.prod(meta.shape) * wire_dtype(meta.dtype, meta.wire).itemsize
 
 
+def moved_bytes(responses):
+    """The bytes a cycle's ``responses`` moved (what the autotuner scores by)."""
+    return sum(wire_bytes(response.meta) for response in responses if response.meta.dtype)
+
+
 @functools.lru_cache(maxsize=1024)  # a training loop repeats the same few tensors
 def scaling(meta, contributors):
     """The factor applied before the reduction, and the finalizer applied after it."""

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .. import transport
+from .executor import bucket_key
 from .fold import Fold
 from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, Negotiator, agreed_bits, encode_header,
                           encode_vote, header_words, vote_needs_gather, vote_words)
@@ -41,7 +42,11 @@ class JobEnded(Exception):
 class Cycle:
     """The negotiation state of one rank, and one cycle at a time over ``exchange``.
 
-    ``number`` counts the cycles run; ``stats`` the counters ``Engine.stats`` reports.
+    ``number`` counts the cycles run. ``stats``: ``cycles`` run, ``gather_cycles`` that
+    gathered every rank's header (some rank had a new name, new metadata or a flag, or asked
+    because a tensor announced by bit waited a second: ``stall_gathers`` counts this rank's
+    asks), ``inline_cycles`` that began with the fold's exchange and ``inline_hits`` that
+    completed in it, ``received_bytes`` by negotiation.
     """
 
     def __init__(self, exchange, executor, cache_capacity):
@@ -124,6 +129,14 @@ class Cycle:
             self._fold.predict(responses)
             self._executor.execute(responses, take_own, missed, negotiator.cache.id_of)
         return responses
+
+    def reduction_order(self, names):
+        """``names`` in the order a fused bucket holds them: cached names by their cache id,
+        then names the cache has no room for by name (the executor sorts each bucket so,
+        whatever order the cycle's responses came in). What the caller lays memory out by,
+        so that a fused bucket is back to back (``buffers.HostBuffers.span``)."""
+        id_of = self.negotiator.cache.id_of
+        return sorted(names, key=lambda name: bucket_key(name, id_of(name)))
 
     def ask_gather(self):
         """Make the next cycle a gathered one (a tensor announced by its bit has waited

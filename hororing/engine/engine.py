@@ -19,17 +19,18 @@ background thread also runs the stall checks.
 """
 
 import contextlib
+import functools
 import logging
 import threading
 import time
 
 from .. import transport
 from ..errors import HorovodInternalError
-from .allreduce import wire_bytes
+from .allreduce import moved_bytes
 from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
 from .exchange import MpiExchange
-from .executor import Executor, bucket_key
-from .negotiation import JOIN_NAME
+from . import stalls
+from .executor import Executor
 from .wakeups import Wakeups
 
 log = logging.getLogger("hororing")
@@ -39,11 +40,6 @@ __all__ = ["Engine", "FLAG_FAILED", "FLAG_SHUTDOWN"]
 # before its rank asks for a gathered cycle (so the stall warning can name who is missing).
 # Not a speed setting: one pass over the pending requests a second costs nothing measurable.
 _STALL_CHECK_EVERY_S = 1.0
-
-
-def _response_bytes(response):
-    meta = response.meta
-    return wire_bytes(meta) if meta.dtype else 0
 
 
 class Engine:
@@ -180,12 +176,8 @@ class Engine:
         return handle.result()
 
     def reduction_order(self, names):
-        """``names`` in the order a fused bucket holds them: cached names by their cache id,
-        then names the cache has no room for by name (the executor sorts each bucket so,
-        whatever order the cycle's responses came in). What the caller lays memory out by,
-        so that a fused bucket is back to back (``buffers.HostBuffers.span``)."""
-        id_of = self.cycle.negotiator.cache.id_of
-        return sorted(names, key=lambda name: bucket_key(name, id_of(name)))
+        """``names`` in the order a fused bucket holds them (``Cycle.reduction_order``)."""
+        return self.cycle.reduction_order(names)
 
     @property
     def fusion_threshold(self):
@@ -199,10 +191,7 @@ class Engine:
         self.allreduce.apply_settings(settings)
 
     def stats(self):
-        """Counters of this rank's negotiation: ``cycles`` run, ``gather_cycles`` that
-        gathered every rank's header (some rank had a new name, new metadata or a flag, or
-        asked because a tensor announced by bit waited a second: ``stall_gathers`` counts
-        this rank's asks), ``received_bytes`` by negotiation."""
+        """Counters of this rank's negotiation (``Cycle.stats``)."""
         return dict(self.cycle.stats)
 
     @property
@@ -293,12 +282,7 @@ class Engine:
         ``initiate``: this rank starts it (no peer's wake-up asked for it), so it wakes the
         peers if they do not take part soon."""
         self._last_cycle_at = time.monotonic()
-        wake = None
-        if initiate:
-            number = self.cycle.number + 1
-
-            def wake():
-                self._wakeups.send(number)
+        wake = functools.partial(self._wakeups.send, self.cycle.number + 1) if initiate else None
         with self._queue_lock:
             fresh, self._queue = self._queue, []
             self._async_waiting = False
@@ -314,7 +298,7 @@ class Engine:
         if responses is None:
             return False
         if responses and self.tuner is not None and self.tuner.active:
-            self.tuner.observe(responses, sum(map(_response_bytes, responses)))
+            self.tuner.observe(responses, moved_bytes(responses))
         if self.timeline is not None:  # live: what the cycle recorded is in the file now
             self.timeline.flush()
         return True
@@ -366,15 +350,5 @@ class Engine:
             self.cycle.ask_gather()
             self._run_cycle(initiate=True)
             now = time.monotonic()
-        shutdown_after = self.config.stall_shutdown_seconds
-        for name, missing, waited in self.cycle.negotiator.stalled(now, self.config.stall_check_seconds):
-            kind = "join" if name == JOIN_NAME else name
-            message = (f"hororing stall: tensor '{kind}' has been waiting {waited:.0f} s for "
-                       f"rank(s) {missing} to submit it. One or more ranks may have called a "
-                       f"different collective, or none; every rank must call the same "
-                       f"collectives in the same order.")
-            if self.rank == 0 or self.rank in missing:
-                log.warning(message)
-            if shutdown_after > 0 and waited >= shutdown_after:
-                transport.end_job(f"[rank {self.rank}] {message} Ending the job: stalled longer "
-                                  f"than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown_after:g}.")
+        stalls.report(self.cycle.negotiator, self.rank, now, self.config.stall_check_seconds,
+                      self.config.stall_shutdown_seconds)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops import op_name
+from .mismatch import mismatch
 
 JOIN_NAME = "__join__"
 UNCACHED_KINDS = ("join",)
@@ -256,64 +256,6 @@ class _SameForEveryRank(dict):
 
     def __missing__(self, rank):
         return self._meta
-
-
-def mismatch(name, metas):
-    """Return Horovod's message for the first disagreement among ``metas``, or None."""
-    ranks = sorted(metas)
-    first_rank = ranks[0]
-    first = metas[first_rank]
-    for rank in ranks[1:]:
-        message = _compare(first, metas[rank])
-        if message is not None:
-            return f"{message} (tensor '{name}': rank {first_rank} vs rank {rank})"
-    return None
-
-
-def _compare(a, b):
-    kind = a.kind.upper()
-    if a.kind != b.kind:
-        return (f"Mismatched MPI operations: One rank did an {kind}, but another rank did an "
-                f"{b.kind.upper()}.")
-    if a.dtype != b.dtype:
-        return f"Mismatched data types: One rank had type {a.dtype}, but another rank had type {b.dtype}."
-    if a.wire != b.wire:
-        return (f"Mismatched {kind} compression: One rank sent {_wire_name(a)} on the wire, "
-                f"but another rank sent {_wire_name(b)}. Use the same compression= on "
-                f"every rank.")
-    if a.device != b.device:
-        return (f"Mismatched {kind} CPU/GPU device selection: One rank specified device {a.device}, "
-                f"but another rank specified device {b.device}.")
-    if a.kind in ("allgather", "alltoall"):
-        if len(a.shape) != len(b.shape):
-            return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of rank "
-                    f"{len(a.shape)}, but another rank sent a tensor of rank {len(b.shape)}.")
-        for dim in range(1, len(a.shape)):
-            if a.shape[dim] != b.shape[dim]:
-                return (f"Mismatched {kind} tensor shapes: One rank sent a tensor with dimension "
-                        f"{dim} equal to {a.shape[dim]}, but another rank sent a tensor with "
-                        f"dimension {dim} equal to {b.shape[dim]}.")
-    elif a.shape != b.shape:
-        return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape "
-                f"{list(a.shape)}, but another rank sent a tensor of shape {list(b.shape)}.")
-    if a.op != b.op:
-        return (f"Mismatched {kind} reduction operations: One rank specified {op_name(a.op)}, "
-                f"but another rank specified {op_name(b.op)}.")
-    if a.root != b.root and a.kind == "broadcast":
-        return (f"Mismatched {kind} root ranks: One rank specified root rank {a.root}, but another "
-                f"rank specified root rank {b.root}.")
-    if a.prescale != b.prescale:
-        return (f"Mismatched prescale factors: One rank sent factor {a.prescale}, but another rank "
-                f"sent factor {b.prescale}.")
-    if a.postscale != b.postscale:
-        return (f"Mismatched postscale factors: One rank sent factor {a.postscale}, but another "
-                f"rank sent factor {b.postscale}.")
-    return None
-
-
-def _wire_name(meta):
-    # without compression, float16 travels (and is summed) as float32
-    return meta.wire or ("float32" if meta.dtype == "float16" else meta.dtype)
 
 
 HEADER_FIELDS = 3  # the header's fields, then its cache bits:

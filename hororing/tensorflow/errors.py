@@ -13,32 +13,37 @@ import tensorflow as tf
 from ..errors import HorovodInternalError, PreconditionError
 
 
-class FailedPrecondition(tf.errors.FailedPreconditionError, PreconditionError):
+class _FromMessage:
+    """A TensorFlow error made from its message alone (TensorFlow's take a node and an op)."""
+
+    _tf_error = None  # the TensorFlow error class it is
+
+    def __init__(self, message):
+        self._tf_error.__init__(self, None, None, message)
+
+
+class FailedPrecondition(_FromMessage, tf.errors.FailedPreconditionError, PreconditionError):
     """The ranks disagree about a collective (its shape, dtype, op, root or kind)."""
 
-    def __init__(self, message):
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+    _tf_error = tf.errors.FailedPreconditionError
 
 
-class InvalidValue(tf.errors.InvalidArgumentError, ValueError):
+class InvalidValue(_FromMessage, tf.errors.InvalidArgumentError, ValueError):
     """An argument the collective found wrong when it ran (a ValueError)."""
 
-    def __init__(self, message):
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+    _tf_error = tf.errors.InvalidArgumentError
 
 
-class InvalidType(tf.errors.InvalidArgumentError, TypeError):
+class InvalidType(_FromMessage, tf.errors.InvalidArgumentError, TypeError):
     """An argument of the wrong type found when the collective ran (a TypeError)."""
 
-    def __init__(self, message):
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+    _tf_error = tf.errors.InvalidArgumentError
 
 
-class Unknown(tf.errors.UnknownError, HorovodInternalError):
+class Unknown(_FromMessage, tf.errors.UnknownError, HorovodInternalError):
     """The collective failed for another reason: a failed peer, a shutdown, a stall."""
 
-    def __init__(self, message):
-        tf.errors.UnknownError.__init__(self, None, None, message)
+    _tf_error = tf.errors.UnknownError
 
 
 def as_tf_error(error):
