@@ -102,19 +102,15 @@ class Cycle:
             else:
                 self._by_bit[request.name] = request
         needs_gather = bool(by_name or flags or self._gather_asked)
-
-        def take_own(name):
-            self._by_bit.pop(name, None)
-            return take(name)
         if self._fold.bytes is not None:
-            folded = self._folded(needs_gather, take_own, deadline, wake)
+            folded = self._folded(needs_gather, take, deadline, wake)
             if folded != ():
                 return folded
             wake = None  # the peers have all taken part in this cycle already
         # every cycle repeats the bits of what is still waiting: the vote has no memory
         cache_ids = tuple(request.cache_id for request in self._by_bit.values())
         self._encode_vote(needs_gather, cache_ids)
-        if not self._wait(self._vote_exchange.start(), deadline, wake):
+        if not transport.wait(self._vote_exchange.start(), deadline, wake):
             return None
         self.stats["cycles"] += 1
         self.stats["received_bytes"] += self._agreed.nbytes
@@ -124,10 +120,13 @@ class Cycle:
                 return None
         else:
             responses = negotiator.cache.agreed_responses(agreed_bits(self._agreed))
-        self._mark_timeline()
+        if self._executor.timeline is not None:
+            self._executor.timeline.cycle(self.number)
         if responses:
             self._fold.predict(responses)
-            self._executor.execute(responses, take_own, missed, negotiator.cache.id_of)
+            for response in responses:
+                self._by_bit.pop(response.name, None)
+            self._executor.execute(responses, take, missed, negotiator.cache.id_of)
         return responses
 
     def reduction_order(self, names):
@@ -158,15 +157,6 @@ class Cycle:
 
     # ---- the cycle's parts ------------------------------------------------------------
 
-    @staticmethod
-    def _wait(request, deadline, wake=None):
-        return transport.wait(request, deadline, wake)
-
-    def _mark_timeline(self):
-        timeline = self._executor.timeline
-        if timeline is not None:
-            timeline.cycle(self.number)
-
     def _folded(self, needs_gather, take, deadline, wake):
         """Gather every rank's fold row (``fold.py``): when all hold the same cached
         allreduce, it is complete in this one exchange. Returns the responses that ran (the
@@ -175,7 +165,7 @@ class Cycle:
         if len(self._by_bit) == 1 and not needs_gather:
             (waiting,) = self._by_bit.values()
         rows = self._fold.rows(waiting)
-        if not self._wait(self._fold.exchange(), deadline, wake):
+        if not transport.wait(self._fold.exchange(), deadline, wake):
             return None
         self.stats["inline_cycles"] += 1
         self.stats["received_bytes"] += rows.nbytes
@@ -185,7 +175,9 @@ class Cycle:
         self.stats["inline_hits"] += 1
         self.stats["cycles"] += 1
         response = self.negotiator.cache.response(cache_id)
-        self._mark_timeline()
+        if self._executor.timeline is not None:
+            self._executor.timeline.cycle(self.number)
+        self._by_bit.pop(response.name, None)
         self._executor.finish_inline(response, take(response.name), self._fold.data())
         return (response,)
 
@@ -199,7 +191,7 @@ class Cycle:
         if by_name or flags:
             own_notes = pickle.dumps((by_name, message))
         self._encode_header(len(own_notes), flags, cache_ids)
-        if not self._wait(self._exchange.allgather(self._header, self._headers), deadline):
+        if not transport.wait(self._exchange.allgather(self._header, self._headers), deadline):
             return None
         self.stats["received_bytes"] += self._headers.nbytes
         gathered = None
@@ -240,7 +232,7 @@ class Cycle:
         np.cumsum(lengths[:-1], out=offsets[1:])
         request = self._exchange.allgatherv(own_notes, gathered, lengths.tolist(),
                                             offsets.tolist())
-        if not self._wait(request, deadline):
+        if not transport.wait(request, deadline):
             return None
         return [pickle.loads(gathered[offsets[rank]:offsets[rank] + lengths[rank]].tobytes())
                 if lengths[rank] else None for rank in range(self.size)]

@@ -299,8 +299,8 @@ class Engine:
             return False
         if responses and self.tuner is not None and self.tuner.active:
             self.tuner.observe(responses, moved_bytes(responses))
-        if self.timeline is not None:  # live: what the cycle recorded is in the file now
-            self.timeline.flush()
+        if self.executor.timeline is not None:  # live: what the cycle recorded is in the file
+            self.executor.timeline.flush()
         return True
 
     def _missed(self, name):

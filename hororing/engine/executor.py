@@ -76,8 +76,8 @@ class Executor:
                 continue
             ready.append((response, request))
         # allreduces fuse; every other collective is a bucket of its own
-        buckets = fill_buckets(ready, _fusion_key, lambda pair: _fused_bytes(pair[0].meta),
-                               self.allreduce.route.fusion_threshold)
+        buckets = [ready] if len(ready) == 1 else fill_buckets(
+            ready, _fusion_key, _fused_bytes, self.allreduce.route.fusion_threshold)
         for bucket in buckets:
             if cache_id is not None and len(bucket) > 1:
                 bucket.sort(key=lambda pair: bucket_key(pair[0].name, cache_id(pair[0].name)))
@@ -268,7 +268,8 @@ def _fusion_key(pair):
     return (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
 
 
-def _fused_bytes(meta):
+def _fused_bytes(pair):
+    meta = pair[0].meta
     return wire_bytes(meta) if meta.kind == "allreduce" else 0
 
 
