@@ -128,11 +128,14 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 postscale_factor, process_set))
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Start reducing a sparse COO tensor by allgathering its indices and values.
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set, *,
+                           prescale_factor=1.0, postscale_factor=1.0):
+    """Start reducing a sparse COO tensor by allgathering its indices and values (the ranks'
+    nonzero rows differ in number).
 
     The handle (``synchronize(handle)`` or ``handle()``) gives the summed sparse tensor,
-    divided by the set's size for Average. Only Sum and Average apply.
+    divided by the set's size for Average. Only Sum and Average apply; the values are
+    multiplied by ``prescale_factor`` before they travel, by ``postscale_factor`` after.
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError(f"sparse_allreduce_async takes a sparse COO torch.Tensor, got "
@@ -141,13 +144,18 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     group = group_of(process_set)
     coalesced = tensor.coalesce()
     base = name or group.auto_name("sparse_allreduce")
-    values = allgather_async(coalesced.values().contiguous(), f"{base}.values", process_set)
+    own_values = coalesced.values().contiguous()
+    if prescale_factor != 1.0:
+        own_values = own_values * prescale_factor
+    values = allgather_async(own_values, f"{base}.values", process_set)
     indices = allgather_async(coalesced.indices().t().contiguous(), f"{base}.indices", process_set)
     both = core.group_handles([values.inner, indices.inner])
 
     def finish(results):
         gathered_values = values.finish(results[0])
         gathered_indices = indices.finish(results[1])
+        if postscale_factor != 1.0:
+            gathered_values = gathered_values * postscale_factor
         if op == ops.Average:
             gathered_values = gathered_values / group.size
         # every rank's indices were coalesced and in range: valid by construction

@@ -19,7 +19,6 @@ is copied into its view once and ``.grad`` is pointed at the view again.
 
 import contextlib
 import warnings
-from typing import NamedTuple
 
 import torch
 
@@ -189,8 +188,8 @@ class _DistributedOptimizer(WrappingOptimizer):
                         else view.zero_()
                 self._start(parameter)
         for parameter, (handle, ctx, payload, was_sparse) in self._handles.items():
-            if isinstance(handle, _SparseHandles):
-                parameter.grad = self._sparse_result(handle, parameter)
+            if payload is _SPARSE:  # sparse_allreduce_async: the summed sparse gradient
+                parameter.grad = mpi_ops.synchronize(handle)
                 continue
             mpi_ops.synchronize(handle)
             if payload is not parameter.grad:
@@ -256,8 +255,13 @@ class _DistributedOptimizer(WrappingOptimizer):
     def _start(self, parameter):
         grad = parameter.grad
         if grad.is_sparse and not self._sparse_as_dense:
-            self._handles[parameter] = (self._start_sparse(grad, self._names[parameter]), None,
-                                        None, True)
+            if self._op not in (ops.Average, ops.Sum):
+                raise ValueError(f"sparse gradients are reduced with Sum or Average, got "
+                                 f"op={self._op}; pass sparse_as_dense=True for other ops")
+            handle = mpi_ops.sparse_allreduce_async(
+                grad, self._names[parameter], self._op, self.process_set,
+                prescale_factor=self._prescale, postscale_factor=self._postscale)
+            self._handles[parameter] = (handle, None, _SPARSE, True)
             return
         was_sparse = grad.is_sparse
         if was_sparse:
@@ -270,29 +274,6 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._handles[parameter] = (handle, ctx, payload, was_sparse)
 
 
-    def _start_sparse(self, grad, name):
-        # the ranks' nonzero rows differ in number: allgather them, then sum as sparse
-        grad = grad.coalesce()
-        values = grad.values().contiguous() * self._prescale
-        indices = grad.indices().t().contiguous()
-        return _SparseHandles(
-            mpi_ops.allgather_async(values, name=name + ".sparse_values",
-                                    process_set=self.process_set),
-            mpi_ops.allgather_async(indices, name=name + ".sparse_indices",
-                                    process_set=self.process_set),
-            grad.shape)
-
-    def _sparse_result(self, handles, parameter):
-        values = mpi_ops.synchronize(handles.values) * self._postscale
-        indices = mpi_ops.synchronize(handles.indices)
-        if self._op == ops.Average:
-            values = values / self._group.size
-        elif self._op != ops.Sum:
-            raise ValueError(f"sparse gradients are reduced with Sum or Average, got op={self._op};"
-                             f" pass sparse_as_dense=True for other ops")
-        # the indices are the ranks' own coalesced indices: valid by construction
-        return torch.sparse_coo_tensor(indices.t(), values, handles.shape, dtype=parameter.dtype,
-                                       check_invariants=False).coalesce()
 
 
 def _dense_cpu(param_groups):
@@ -319,10 +300,7 @@ def _bucket_views(parameters, bucket_bytes):
     return views
 
 
-class _SparseHandles(NamedTuple):
-    values: object
-    indices: object
-    shape: torch.Size
+_SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_handles)
 
 
 def _parameter_names(optimizer, named_parameters):

@@ -277,8 +277,8 @@ def test_torch_bad_input():
         hvd.synchronize(None)
 
 
-@pytest.mark.parametrize("sparse_as_dense", [False, True])
-def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
+@pytest.mark.parametrize("sparse_as_dense,predivide", [(False, 1.0), (True, 1.0), (False, 4.0)])
+def test_sparse_embedding_gradients_are_averaged(sparse_as_dense, predivide):
     def rows_of(rank):
         return torch.tensor([rank % 5, (3 * rank + 1) % 5, 4, rank % 5])
 
@@ -290,7 +290,8 @@ def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
         embedding.weight.copy_(torch.arange(15, dtype=torch.float32).reshape(5, 3))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0),
                                          named_parameters=embedding.named_parameters(),
-                                         sparse_as_dense=sparse_as_dense)
+                                         sparse_as_dense=sparse_as_dense,
+                                         gradient_predivide_factor=predivide)
     loss_of(embedding, hvd.rank()).backward()
     optimizer.synchronize()
     grad = embedding.weight.grad
@@ -306,6 +307,18 @@ def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
     torch.testing.assert_close(grad.to_dense(), expected / hvd.size())
     with optimizer.skip_synchronize():
         optimizer.step()
+
+
+def test_a_sparse_gradient_with_an_op_other_than_sum_or_average_names_sparse_as_dense():
+    embedding = torch.nn.Embedding(5, 3, sparse=True)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0),
+                                         named_parameters=embedding.named_parameters(),
+                                         op=hvd.Adasum)
+    if hvd.size() == 1:
+        pytest.skip("one rank reduces nothing")
+    with pytest.raises(ValueError, match="sparse_as_dense=True"):
+        embedding(torch.tensor([0, 1])).sum().backward()
+    optimizer._handles.clear()
 
 
 def expected_average_gradients(passes=1):
