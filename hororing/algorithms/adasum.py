@@ -24,11 +24,12 @@ import numpy as np
 
 from .. import transport
 from .._mpi import MPI
+from .base import Algorithm
 
 TAG = 7
 
 
-class Adasum:
+class Adasum(Algorithm):
     """Adasum allreduce on one communicator. Collective to construct."""
 
     contributors = 1  # nothing to divide by: Adasum is its own scaling

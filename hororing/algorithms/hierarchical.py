@@ -21,6 +21,7 @@ host, or, under MPICH's ``MPIR_CVAR_NUM_CLIQUES``, one simulated node.
 from .._mpi import MPI
 
 from .. import transport
+from .base import Algorithm
 from .plan import chunk_bounds
 from .ring import Ring
 
@@ -36,7 +37,7 @@ def node_layout(comm):
     return local, nodes, smallest
 
 
-class Hierarchical:
+class Hierarchical(Algorithm):
     """Executes hierarchical allreduces on one communicator (see the module docstring).
 
     Collective to construct: every rank of ``comm`` builds one at the same time.
@@ -58,6 +59,9 @@ class Hierarchical:
             if self.cross != MPI.COMM_NULL else None
 
     out_of_place = True
+
+    def rings(self):
+        return (self.local_ring,) + ((self.cross_ring,) if self.cross_ring is not None else ())
 
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
         """Reduce the flat ``buffer`` over all ranks (arguments as ``Ring.allreduce``): out of

@@ -22,10 +22,11 @@ import numpy as np
 from ..kernels import reduce_into
 
 from .. import transport
+from .base import Algorithm
 from .plan import chunk_bounds, ring_schedule
 
 
-class Ring:
+class Ring(Algorithm):
     """Executes ring collectives on one communicator, reusing its scratch buffers."""
 
     def __init__(self, comm, subchunk_bytes, device=None):
@@ -49,6 +50,9 @@ class Ring:
             if self.size > 1 else []
 
     out_of_place = True  # allreduce and reducescatter take ``source``
+
+    def rings(self):
+        return (self,)
 
     def allreduce(self, buffer, op, finalize=None, segments=None, stage=None, source=None):
         """Reduce the flat ``buffer`` over all ranks: in place, or from ``source`` into it.

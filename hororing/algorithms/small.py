@@ -9,6 +9,7 @@ and combined there by the reduce kernel, row after row.
 import numpy as np
 
 from ..kernels import REDUCE_UFUNCS, reduce_into
+from .base import Algorithm
 from .ring import copy_flat
 
 
@@ -27,7 +28,7 @@ def reduce_rows(ufunc, rows, out):
         ufunc.reduce(rows, axis=0, out=out)
 
 
-class GatherReduce:
+class GatherReduce(Algorithm):
     """Allreduce of small flat buffers by allgather and a local, rank-ordered reduction."""
 
     def __init__(self, comm, device=None):

@@ -14,10 +14,11 @@ per ring piece (1 MiB) would cost more than the bytes. MPI only ever sees host m
 
 import numpy as np
 
+from .base import Algorithm
 from .plan import chunk_bounds
 
 
-class StagedRing:
+class StagedRing(Algorithm):
     """``allreduce`` on a numba.cuda device buffer with the host ``ring``."""
 
     def __init__(self, ring, copy_bytes):

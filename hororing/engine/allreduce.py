@@ -31,7 +31,6 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..algorithms.ring import Ring
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import Adasum, Average, KERNEL_OP, Sum
 from .buffers import HostBuffers
@@ -140,10 +139,7 @@ class AllreducePipeline:
             algorithms.update({f"device {kind}": algorithm for kind, algorithm
                                in self._device.algorithms.items()})
         for algorithm in algorithms.values():
-            for ring in (algorithm, getattr(algorithm, "local_ring", None),
-                         getattr(algorithm, "cross_ring", None)):
-                if isinstance(ring, Ring):
-                    yield ring
+            yield from algorithm.rings()
 
     def hierarchical_runs(self):
         """Whether the hierarchical allreduce runs where sizes call for it."""
@@ -204,7 +200,7 @@ class AllreducePipeline:
                         in zip(items, ranges)]
         prescale, finalize = scaling(meta, algorithm.contributors)
         if source is not None and (prescale != 1.0
-                                   or not getattr(algorithm, "out_of_place", False)):
+                                   or not algorithm.out_of_place):
             place.copy(buffer, source)  # the input is never scaled where it lies
             source = None
         scale_into(buffer, prescale)

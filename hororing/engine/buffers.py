@@ -23,6 +23,7 @@ import threading
 
 import numpy as np
 
+from ..algorithms.base import Algorithm
 from ..transport import byte_view
 
 
@@ -160,7 +161,7 @@ class _Memory:
                                     "typestr": typestr, "version": 3}
 
 
-class HostRoundTrip:
+class HostRoundTrip(Algorithm):
     """A host algorithm run on a device buffer through a host copy of it (for an MPI that is
     not CUDA-aware, and for the parameter servers, which reduce on the host)."""
 

@@ -232,10 +232,8 @@ class Executor:
 
     def close(self):
         """Free the algorithms' communicators and the data communicator."""
-        algorithms = self.allreduce.host.algorithms
-        for kind in ("hierarchical", "adasum"):
-            if kind in algorithms:
-                algorithms[kind].free()
+        for algorithm in self.allreduce.host.algorithms.values():
+            algorithm.free()
         self.comm.Free()
 
     def _span(self, items, activity, started):

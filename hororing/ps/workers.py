@@ -18,13 +18,14 @@ Each owns its communicator (the PS one) and frees it in ``close``.
 import numpy as np
 
 from .. import transport
+from ..algorithms.base import Algorithm
 from .asynchronous import AsyncClient
 from .placement import Placement, bucket_plan
 from .protocol import (TAG_DATA, TAG_FAILED, TAG_PUSH, TAG_RESULT, TAG_SHUTDOWN, push_header,
                        reduce_in_worker_order)
 
 
-class ServerClient:
+class ServerClient(Algorithm):
     """A worker's side of PS mode with dedicated servers (ranks ``servers`` of ``comm``)."""
 
     def __init__(self, comm, servers, placement, workers, replicas):
@@ -77,7 +78,7 @@ class ServerClient:
         self.comm.Free()
 
 
-class Colocated:
+class Colocated(Algorithm):
     """Every rank a worker and a server shard: pushes and replies are rank-to-rank messages."""
 
     def __init__(self, comm, placement):
