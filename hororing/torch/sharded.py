@@ -15,16 +15,12 @@ exact for optimizers whose step is elementwise per parameter; the others are ref
 
 import inspect
 
-import numpy as np
 import torch
 
 from .. import ops, transport
-from .._mpi import MPI
-from ..algorithms.plan import chunk_bounds
-from ..algorithms.ring import Ring
 from ..context import current
-from ..kernels import scale_into
 from ..process_sets import global_process_set, group_of
+from ..zero import Halves, Layout
 from . import mpi_ops
 from .bridge import zeros
 from .compression import Compression
@@ -54,11 +50,8 @@ class _Slice:
     def __init__(self, parameters, rank, size):
         self.parameters = parameters
         self.numel = sum(parameter.numel() for parameter in parameters)
-        self.bounds = tuple(chunk_bounds(self.numel, size))  # as reducescatter splits
-        self.start, self.stop = self.bounds[rank]
-        self.byte_counts = [(stop - start) * parameters[0].element_size()
-                            for start, stop in self.bounds]
-        self.byte_offsets = [start * parameters[0].element_size() for start, _ in self.bounds]
+        self.layout = Layout(self.numel, parameters[0].element_size(), rank, size)
+        self.start, self.stop = self.layout.start, self.layout.stop
         # The parameters move into one flat vector (each parameter's data a view into it):
         # the wrapped optimizer steps leaf tensors over this rank's slice of that vector, so
         # the step updates the model in place, and the allgather fills the rest in place.
@@ -187,10 +180,8 @@ class ShardedOptimizer(WrappingOptimizer):
         self._original = optimizer
         self._originals = originals
         rank, size = self._group.rank, self._group.size
-        # the step's two halves run on a communicator of their own: the library's ring's
-        # scatter-reduce into each rank's slice, MPI's allgather of the updated slices
-        self._comm = self._group.comm.Dup()
-        self._ring = Ring(self._comm, current().config.subchunk_bytes(across_nodes=False))
+        # the step's two halves (zero.py), on a communicator of their own
+        self._halves = Halves(self._group, current().config.subchunk_bytes(across_nodes=False))
         self._slices = []  # per group: [_Slice per dtype]
         groups = []
         for group in optimizer.param_groups:
@@ -222,15 +213,9 @@ class ShardedOptimizer(WrappingOptimizer):
 
     def _check_same_layout(self):
         """Every rank must shard the same parameters: compared before any data moves."""
-        mine = [[(str(piece.values.dtype), piece.numel) for piece in slices]
-                for slices in self._slices]
-        layouts = self._comm.allgather(mine)
-        for rank, theirs in enumerate(layouts):
-            if theirs != mine:
-                raise ValueError(
-                    f"sharded=True: rank {rank}'s parameters (per group: dtype, elements) are "
-                    f"{theirs}, this rank's {mine}; every rank must wrap the same model's "
-                    f"parameters in the same groups")
+        self._halves.check_same([[(str(piece.values.dtype), piece.numel) for piece in slices]
+                                 for slices in self._slices],
+                                "parameters (per group: dtype, elements)")
 
     def step(self, closure=None):
         """Reduce-scatter the gradients, step this rank's slices, allgather the parameters."""
@@ -243,20 +228,14 @@ class ShardedOptimizer(WrappingOptimizer):
             for slices in self._slices:
                 for piece in slices:
                     flat = piece.flat_gradient()
-                    array = flat.numpy()
-                    scale_into(array, self._prescale)
-                    self._ring.reducescatter(array, "sum", piece.bounds)
-                    mine = array[piece.start:piece.stop]
-                    scale_into(mine, self._postscale / self._group.size
-                               if self._op == ops.Average else self._postscale)
+                    self._halves.reduce(flat.numpy(), piece.layout, self._op, self._prescale,
+                                        self._postscale)
                     for part, (low, high) in zip(piece.parts, piece.part_bounds):
                         part.grad = flat[low:high]
                     stepped.append(piece)
             self._optimizer.step()
             for piece in stepped:  # each rank's updated slice, into every rank's vector
-                self._comm.Allgatherv(MPI.IN_PLACE, [piece.values.numpy().view(np.uint8),
-                                                     (piece.byte_counts, piece.byte_offsets),
-                                                     MPI.BYTE])
+                self._halves.gather(piece.values.numpy(), piece.layout)
                 for part in piece.parts:
                     part.grad = None
                 for parameter in piece.parameters:  # their views are partial sums now

@@ -1,0 +1,68 @@
+"""The two halves of a sharded optimizer step (ZeRO stage 1), on flat numpy vectors.
+
+A ring allreduce is a scatter-reduce followed by an allgather. A sharded optimizer keeps a
+group's parameters of one dtype as one flat vector, split over the set's ranks as
+``reducescatter`` splits (``Layout``). Each step, ``Halves.reduce`` scatter-reduces the flat
+gradient vector so this rank holds the reduced gradient of its slice; the optimizer steps
+that slice; ``Halves.gather`` allgathers the updated slices into every rank's vector, in
+place. The bindings (``torch/sharded.py``, ``optim.py``) keep the vectors and the wrapped
+optimizer; this module moves the bytes.
+"""
+
+import numpy as np
+
+from . import ops
+from ._mpi import MPI
+from .algorithms.plan import chunk_bounds
+from .algorithms.ring import Ring
+from .kernels import scale_into
+
+
+class Layout:
+    """How a flat vector of ``numel`` elements of ``itemsize`` bytes is split over ``size``
+    ranks; ``start:stop`` is rank ``rank``'s slice."""
+
+    def __init__(self, numel, itemsize, rank, size):
+        self.numel = numel
+        self.bounds = tuple(chunk_bounds(numel, size))  # the first numel % size one longer
+        self.start, self.stop = self.bounds[rank]
+        self.byte_counts = [(stop - start) * itemsize for start, stop in self.bounds]
+        self.byte_offsets = [start * itemsize for start, _ in self.bounds]
+
+
+class Halves:
+    """A process set's sharded steps: the library's ring scatter-reduces, MPI allgathers,
+    on a communicator of their own (made collectively over the set's ``group``)."""
+
+    def __init__(self, group, subchunk_bytes):
+        self.rank, self.size = group.rank, group.size
+        self._comm = group.comm.Dup()
+        self._ring = Ring(self._comm, subchunk_bytes)
+
+    def check_same(self, mine, what):
+        """Raise ValueError on every rank unless every rank's ``mine`` (a description of its
+        vectors, e.g. their dtypes and lengths) is the same: before any data moves."""
+        for rank, theirs in enumerate(self._comm.allgather(mine)):
+            if theirs != mine:
+                raise ValueError(f"sharded optimizer: rank {rank}'s {what} are {theirs}, this "
+                                 f"rank's {mine}; every rank must wrap the same model's "
+                                 f"parameters in the same groups")
+
+    def reduce(self, gradients, layout, op=ops.Average, prescale=1.0, postscale=1.0):
+        """Scatter-reduce the flat ``gradients`` (summed in their dtype); return this rank's
+        slice of it, scaled: ``prescale`` before, ``postscale`` after, and for Average
+        divided by the ranks. The rest of ``gradients`` holds partial sums afterwards."""
+        scale_into(gradients, prescale)
+        self._ring.reducescatter(gradients, "sum", layout.bounds)
+        mine = gradients[layout.start:layout.stop]
+        scale_into(mine, postscale / self.size if op == ops.Average else postscale)
+        return mine
+
+    def gather(self, values, layout):
+        """Fill the flat ``values`` with every rank's slice of it (this rank's in place)."""
+        self._comm.Allgatherv(MPI.IN_PLACE, [values.view(np.uint8),
+                                             (layout.byte_counts, layout.byte_offsets),
+                                             MPI.BYTE])
+
+    def free(self):
+        self._comm.Free()
