@@ -19,6 +19,9 @@ reduces them where they lie (no copy into a fusion buffer, none back). Write gra
 through the dict (``grads[name][...] = g``), as the protocol says: an array taken from it
 before the first step is no longer the one reduced. An entry replaced by a new array is still
 reduced, through the fusion buffer.
+
+``DistributedOptimizer(optimizer, sharded=True)`` shards the optimizer's state instead
+(``ShardedOptimizer``, ZeRO stage 1): each rank steps its slice of the parameters only.
 """
 
 import numpy as np
@@ -27,6 +30,7 @@ from . import collectives, ops
 from .compression import Compression
 from .context import current
 from .engine.buckets import fill_buckets
+from .zero import Halves, Layout
 
 
 class SGD:
@@ -45,6 +49,7 @@ class SGD:
         self.grads = {name: np.zeros_like(value) for name, value in params.items()}
         self.lr = lr
         self.momentum = momentum
+        self.defaults = {"lr": lr, "momentum": momentum}  # what a sharded copy is built with
         self._velocity = {name: np.zeros_like(value) for name, value in params.items()}
 
     def step(self):
@@ -65,11 +70,19 @@ class DistributedOptimizer:
             ``Compression.none`` and ``Compression.fp16``.
         backward_passes_per_step: local backward passes summed per allreduce and step.
         op: Average (default), Sum or Adasum.
+        sharded: shard the optimizer's state over the ranks (``ShardedOptimizer``).
 
     Every rank must call ``step()`` the same number of times.
     """
 
-    def __init__(self, optimizer, compression=None, backward_passes_per_step=1, op=ops.Average):
+    def __new__(cls, optimizer, compression=None, backward_passes_per_step=1, op=ops.Average,
+                sharded=False):
+        if sharded:
+            return ShardedOptimizer(optimizer, compression, backward_passes_per_step, op)
+        return super().__new__(cls)
+
+    def __init__(self, optimizer, compression=None, backward_passes_per_step=1, op=ops.Average,
+                 sharded=False):
         for attribute in ("params", "grads", "step"):
             if not hasattr(optimizer, attribute):
                 raise TypeError(f"optimizer must have .params, .grads and .step() (see "
@@ -151,6 +164,136 @@ class DistributedOptimizer:
         handle = collectives.compressed_allreduce_async_(payload, self.compression,
                                                          name=f"grad.{name}", op=self.op)
         self._handles[name] = (handle, payload, ctx)
+
+
+class ShardedOptimizer:
+    """``DistributedOptimizer(optimizer, sharded=True)``: each rank keeps optimizer state for
+    its slice of the parameters only (ZeRO stage 1, ``zero.py``).
+
+    The parameters of each dtype are one flat vector split over the ranks; the wrapped
+    optimizer is rebuilt, as ``type(optimizer)(slice_params, **optimizer.defaults)``, over
+    this rank's slice of each (one entry per dtype, named ``"shard.<dtype>"``), so its state
+    exists for that slice only. ``grads`` are views into one flat gradient vector per dtype:
+    write them through the dict (``grads[name][...] = g``), as the protocol says. ``step()``
+    scatter-reduces the gradients, steps the slice, allgathers the updated slices and writes
+    them into ``params`` (the caller's arrays, in place). After a step, ``grads`` outside this
+    rank's slice hold partial sums.
+
+    The wrapped optimizer must have ``defaults`` (its constructor's keyword arguments, as
+    ``SGD`` here) and a step that treats each element on its own (SGD, momentum, Adam...):
+    stepped on a slice, any other would compute something else.
+    """
+
+    def __init__(self, optimizer, compression=None, backward_passes_per_step=1,
+                 op=ops.Average):
+        for attribute in ("params", "grads", "step", "defaults"):
+            if not hasattr(optimizer, attribute):
+                raise TypeError(f"sharded=True rebuilds the optimizer over this rank's slice: it "
+                                f"needs .params, .grads, .step() and .defaults (its constructor's "
+                                f"keyword arguments); {type(optimizer).__name__} lacks "
+                                f".{attribute}")
+        if _compressor(compression) is not Compression.none:
+            raise ValueError("sharded=True does not compress gradients; pass compression=None")
+        if op not in (ops.Average, ops.Sum):
+            raise ValueError(f"sharded=True reduces gradients with Average or Sum, got "
+                             f"{ops.op_name(op)}")
+        if backward_passes_per_step <= 0:
+            raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+        self.optimizer_class = type(optimizer)
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self._params = optimizer.params
+        context = current()
+        group = context.group
+        by_dtype = {}
+        for name, param in self._params.items():
+            if type(param) is not np.ndarray or param.dtype not in (np.float32, np.float64):
+                raise ValueError(f"sharded=True takes float32 and float64 numpy parameters; "
+                                 f"'{name}' is {getattr(param, 'dtype', type(param).__name__)}")
+            if not param.flags.c_contiguous:
+                raise ValueError(f"sharded=True updates parameters in place and needs them "
+                                 f"C-contiguous; '{name}' is not (np.ascontiguousarray it first)")
+            by_dtype.setdefault(param.dtype, []).append(name)
+        self._vectors = []  # (dtype, names, Layout, values, gradients)
+        self._grads = {}
+        shard_params = {}
+        for dtype, names in by_dtype.items():
+            numel = sum(self._params[name].size for name in names)
+            layout = Layout(numel, dtype.itemsize, group.rank, group.size)
+            values = np.empty(numel, dtype=dtype)
+            gradients = np.zeros(numel, dtype=dtype)
+            offset = 0
+            for name in names:
+                size = self._params[name].size
+                values[offset:offset + size] = self._params[name].reshape(-1)
+                self._grads[name] = gradients[offset:offset + size].reshape(
+                    self._params[name].shape)
+                offset += size
+            self._vectors.append((dtype, names, layout, values, gradients))
+            shard_params[f"shard.{dtype.name}"] = values[layout.start:layout.stop]
+        self._halves = Halves(group, context.config.subchunk_bytes(across_nodes=False))
+        self._halves.check_same([(dtype.name, layout.numel) for dtype, _, layout, _, _
+                                 in self._vectors], "parameters (dtype, elements)")
+        self.optimizer = self.optimizer_class(shard_params, **optimizer.defaults)
+        for (dtype, _, layout, _, gradients) in self._vectors:
+            self.optimizer.grads[f"shard.{dtype.name}"] = gradients[layout.start:layout.stop]
+        self._passes = 0
+        self._accumulated = None
+
+    @property
+    def params(self):
+        """The caller's parameter arrays (updated in place by ``step``)."""
+        return self._params
+
+    @property
+    def grads(self):
+        """name -> this step's gradient, a view into its dtype's flat gradient vector."""
+        return self._grads
+
+    def grad_ready(self, name):
+        """Accepted for DistributedOptimizer's protocol: the gradients are reduced together
+        inside ``step()``."""
+
+    def step(self):
+        """Count a backward pass; on the step's last, reduce-scatter the gradients, step this
+        rank's slices and allgather the parameters. Returns True when it stepped."""
+        self._passes += 1
+        if self._passes < self.backward_passes_per_step:
+            if self._accumulated is None:
+                self._accumulated = [gradients.copy() for *_, gradients in self._vectors]
+            else:
+                for total, (*_, gradients) in zip(self._accumulated, self._vectors):
+                    total += gradients
+            return False
+        self._passes = 0
+        for index, (dtype, names, layout, values, gradients) in enumerate(self._vectors):
+            if self._accumulated is not None:
+                gradients += self._accumulated[index]
+            # this rank's slice starts from the parameters as they are now (the caller may
+            # have assigned them, e.g. from a checkpoint)
+            _pack_slice(self._params, names, values, layout)
+            self._halves.reduce(gradients, layout, self.op)
+        self._accumulated = None
+        self.optimizer.step()
+        for dtype, names, layout, values, _ in self._vectors:
+            self._halves.gather(values, layout)
+            offset = 0
+            for name in names:
+                param = self._params[name]
+                param.reshape(-1)[...] = values[offset:offset + param.size]
+                offset += param.size
+        return True
+
+
+def _pack_slice(params, names, values, layout):
+    """Copy the parameters' elements in ``layout``'s own slice into the flat ``values``."""
+    offset = 0
+    for name in names:
+        flat = params[name].reshape(-1)
+        low, high = max(offset, layout.start), min(offset + flat.size, layout.stop)
+        if low < high:
+            values[low:high] = flat[low - offset:high - offset]
+        offset += flat.size
 
 
 def _into_buckets(grads, order, bucket_bytes):

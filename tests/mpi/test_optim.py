@@ -104,3 +104,91 @@ def test_after_the_first_step_gradients_live_in_one_bucket_in_the_engines_order(
               for name in order]
     sizes = [optimizer.grads[name[len("grad."):]].nbytes for name in order]
     assert starts == [starts[0] + sum(sizes[:index]) for index in range(len(order))]
+
+
+# ---- sharded=True ---------------------------------------------------------------------------
+
+def sharded_params():
+    # sizes not divisible by most rank counts, two dtypes, one parameter smaller than the ranks
+    return {"w": np.linspace(-1.0, 1.0, 15).reshape(5, 3), "b": np.arange(7, dtype=np.float32),
+            "c": np.array([0.5])}
+
+
+def sharded_grads(rank, step):
+    return {name: rank_input(rank, value.shape, value.dtype.name, seed=10 * step + index)
+            for index, (name, value) in enumerate(sharded_params().items())}
+
+
+def reference_momentum_sgd(steps, lr, momentum, passes=1):
+    """The unsharded step, computed here: every rank's gradients averaged, momentum SGD."""
+    params = {name: value.astype(np.float64) for name, value in sharded_params().items()}
+    velocity = {name: np.zeros_like(value) for name, value in params.items()}
+    for step in range(steps):
+        for name in params:
+            grad = np.mean([sum(sharded_grads(rank, step * passes + p)[name].astype(np.float64)
+                                for p in range(passes)) for rank in range(hvd.size())], axis=0)
+            velocity[name] = momentum * velocity[name] + grad
+            params[name] = params[name] - lr * velocity[name]
+    return params
+
+
+def assert_same_on_every_rank(params):
+    for name, value in params.items():
+        everyone = hvd.allgather(value.reshape(1, -1), name=f"check.{name}")
+        for row in everyone:
+            assert row.tobytes() == value.reshape(-1).tobytes(), name
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_sharded_momentum_sgd_steps_as_the_unsharded_average(passes):
+    params = sharded_params()
+    optimizer = hvd.DistributedOptimizer(hvd.SGD(params, lr=0.1, momentum=0.9), sharded=True,
+                                         backward_passes_per_step=passes)
+    assert isinstance(optimizer, hvd.optim.ShardedOptimizer)
+    for step in range(3 * passes):
+        for name, grad in sharded_grads(hvd.rank(), step).items():
+            optimizer.grads[name][...] = grad
+        optimizer.grad_ready("w")
+        assert optimizer.step() == ((step + 1) % passes == 0)
+    assert optimizer.params is params  # the caller's arrays, updated in place
+    expected = reference_momentum_sgd(3, 0.1, 0.9, passes)
+    for name, value in params.items():
+        tolerance = 1e-5 if value.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(value, expected[name], rtol=tolerance, atol=tolerance)
+    assert_same_on_every_rank(params)
+
+
+def test_sharded_state_covers_this_ranks_slice_only():
+    params = sharded_params()
+    optimizer = hvd.DistributedOptimizer(hvd.SGD(params, lr=0.1, momentum=0.9), sharded=True)
+    state = {name: velocity.size for name, velocity in optimizer.optimizer._velocity.items()}
+    for dtype in ("float64", "float32"):
+        total = sum(value.size for value in sharded_params().values() if value.dtype == dtype)
+        sizes = hvd.allgather(np.array([state[f"shard.{dtype}"]]), name=f"state.{dtype}")
+        assert sizes.sum() == total
+        assert sizes.max() - sizes.min() <= 1  # split as reducescatter splits
+
+
+def test_sharded_refuses_what_it_cannot_do():
+    class NoDefaults:
+        params, grads = {"w": np.zeros(3)}, {"w": np.zeros(3)}
+
+        def step(self):
+            pass
+    with pytest.raises(TypeError, match="defaults"):
+        hvd.DistributedOptimizer(NoDefaults(), sharded=True)
+    with pytest.raises(ValueError, match="Average or Sum"):
+        hvd.DistributedOptimizer(hvd.SGD(sharded_params(), lr=0.1), sharded=True, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="compress"):
+        hvd.DistributedOptimizer(hvd.SGD(sharded_params(), lr=0.1), sharded=True,
+                                 compression="fp16")
+    with pytest.raises(ValueError, match="C-contiguous"):
+        hvd.DistributedOptimizer(hvd.SGD({"w": np.zeros((3, 4)).T}, lr=0.1), sharded=True)
+
+
+def test_sharded_parameters_that_differ_across_ranks_fail_on_every_rank():
+    if hvd.size() == 1:
+        pytest.skip("a mismatch needs two ranks")
+    params = {"w": np.zeros(4 + (hvd.rank() == 1))}
+    with pytest.raises(ValueError, match="every rank must wrap the same model"):
+        hvd.DistributedOptimizer(hvd.SGD(params, lr=0.1), sharded=True)
