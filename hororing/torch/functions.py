@@ -50,6 +50,13 @@ def broadcast_optimizer_state(optimizer, root_rank):
         ValueError: for torch.optim.LBFGS, whose state cannot be broadcast this way, and for
             parameters of a lazy module that no forward pass has initialized yet.
     """
+    if getattr(optimizer, "shards_state", False):
+        # each rank holds a slice: the full state is gathered (collective) and root's is
+        # sharded again on every rank
+        state = objects.broadcast_object(optimizer.gather_state_dict(), root_rank,
+                                         name="optimizer_state")
+        optimizer.load_state_dict(state)
+        return
     inner = getattr(optimizer, "_optimizer", optimizer)
     if isinstance(inner, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")

@@ -136,6 +136,8 @@ class ShardedOptimizer(WrappingOptimizer):
     wrapped optimizer's own format, and ``load_state_dict`` takes one (saved sharded or not).
     """
 
+    shards_state = True  # each rank's state is a slice (broadcast_optimizer_state asks)
+
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
                  process_set=global_process_set):
@@ -270,6 +272,10 @@ class ShardedOptimizer(WrappingOptimizer):
     def state_dict(self):
         """The full state, as the wrapped optimizer's own ``state_dict()`` gives it (every
         rank gathers every slice: collective, every rank must call it)."""
+        return self.gather_state_dict()
+
+    def gather_state_dict(self):
+        """``state_dict()`` of ``DistributedOptimizer(sharded=True)``, on every rank."""
         inner = self._optimizer.state_dict()
         full_state = {}
         index_of = {parameter: index for index, parameter in enumerate(self._originals)}
@@ -371,7 +377,7 @@ class ZeroRedundancyOptimizer(ShardedOptimizer):
 
     def consolidate_state_dict(self, to=0):
         """Gather the full state onto rank ``to`` (collective: every rank calls it)."""
-        full = ShardedOptimizer.state_dict(self)
+        full = self.gather_state_dict()
         self._consolidated = full if self._group.rank == to else None
         self._consolidated_to = to
 

@@ -194,3 +194,26 @@ def test_gradients_accumulated_over_backward_passes(set_to_none):
                                 set_to_none=set_to_none)
     expected, _ = reference_run(torch.optim.SGD, options, steps=3, passes=2)
     assert_matches(parameters, expected)
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["sharded", "ZeroRedundancyOptimizer"])
+def test_broadcast_optimizer_state_keeps_a_sharded_state_and_training_continues(zero):
+    make = None
+    if zero:
+        def make(parameters):
+            return hvd.ZeroRedundancyOptimizer(groups_of(parameters), torch.optim.Adam, lr=0.01)
+    parameters, optimizer = sharded_run(torch.optim.Adam, {"lr": 0.01}, steps=2, make=make)
+    before = optimizer.gather_state_dict()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=hvd.size() - 1)
+    after = optimizer.gather_state_dict()
+    for index, state in before["state"].items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(after["state"][index][key]),
+                               torch.as_tensor(value)), (index, key)
+    for step in (2, 3):
+        optimizer.zero_grad()
+        loss_of(parameters, hvd.rank(), step).backward()
+        optimizer.step()
+    _, reference = reference_run(torch.optim.Adam, {"lr": 0.01}, steps=4)
+    assert_matches(parameters, reference.param_groups[0]["params"] +
+                   reference.param_groups[1]["params"])
