@@ -26,10 +26,10 @@ import time
 
 from .. import transport
 from ..errors import HorovodInternalError
+from . import stalls
 from .allreduce import moved_bytes
 from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
 from .exchange import MpiExchange
-from . import stalls
 from .executor import Executor
 from .wakeups import Wakeups
 
