@@ -16,7 +16,8 @@ resident set size.
 (the order rotates), each rank on its own batch; a step is zero_grad, forward, backward,
 step. Variants: ``unsharded`` (hvd.DistributedOptimizer(Adam)), ``sharded`` (the same with
 sharded=True), ``torch-zero`` (torch's ZeroRedundancyOptimizer(Adam) with its model in
-DistributedDataParallel over gloo). The table gives the median step over the steps, on the
+DistributedDataParallel over gloo), ``fsdp2`` (torch's ``fully_shard`` on every layer and on
+the model, Adam on the sharded parameters, over gloo). The table gives the median step over the steps, on the
 slowest rank, and each variant's time over the sharded one's.
 """
 
@@ -36,9 +37,8 @@ from benchinfo import machine_info, machine_line, setup_torch_distributed
 COMM = MPI.COMM_WORLD
 
 
-def build(params, width=None):
-    """Square float32 layers adding up to about ``params`` parameters."""
-    width = width or 4096
+def build(params, width):
+    """Square float32 layers of ``width`` adding up to about ``params`` parameters."""
     layers = max(1, round(params / (width * width + width)))
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     return model, width
@@ -51,7 +51,7 @@ def state_bytes(optimizer):
 
 def memory(args):
     torch.manual_seed(0)
-    model, width = build(args.params)
+    model, width = build(args.params, args.width)
     adam = torch.optim.Adam(model.parameters(), lr=1e-4)
     optimizer = hvd.DistributedOptimizer(adam, named_parameters=model.named_parameters(),
                                          sharded=args.variant == "sharded")
@@ -92,6 +92,9 @@ def timing(args):
         model = torch.nn.parallel.DistributedDataParallel(model)
         variants["torch-zero"] = (model, ZeroRedundancyOptimizer(
             model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4))
+        fsdp = fsdp2(args)
+        if fsdp is not None:
+            variants["fsdp2"] = fsdp
     names = list(variants)
     times = {name: [] for name in names}
     generator = torch.Generator().manual_seed(hvd.rank())
@@ -110,7 +113,7 @@ def timing(args):
                 times[name].append(elapsed)
     # every variant trained the same steps from the same start: the same parameters
     reference = [parameter.detach() for parameter in variants["unsharded"][0].parameters()]
-    differences = {name: max(float((parameter.detach() - ref).abs().max()) for parameter, ref in
+    differences = {name: max(float((_full(parameter) - ref).abs().max()) for parameter, ref in
                              zip(variants[name][0].parameters(), reference)) for name in names}
     medians = {name: float(np.median(values)) * 1e3 for name, values in times.items()}
     if hvd.rank() == 0:
@@ -126,6 +129,31 @@ def timing(args):
                           "machine": machine_info()}))
 
 
+def fsdp2(args):
+    """torch's FSDP2 (``fully_shard`` on each layer and the model, over gloo on the CPU) with
+    Adam, or None where this torch cannot run it (the reason printed on rank 0)."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (hvd.size(),))
+        torch.manual_seed(0)
+        model, _ = build(args.params, args.width)
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+    except (ImportError, RuntimeError, ValueError, NotImplementedError) as error:
+        if hvd.rank() == 0:
+            print(f"# fsdp2 left out: {type(error).__name__}: {error}")
+        return None
+
+
+def _full(parameter):
+    """A parameter's whole value (FSDP2's are sharded DTensors: gathered, a collective)."""
+    parameter = parameter.detach()
+    return parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("measure", choices=["memory", "time"])
@@ -133,12 +161,15 @@ def parse_args():
                         help="memory: the optimizer to measure (one per job)")
     parser.add_argument("--params", type=float, default=None,
                         help="parameters (default: 100e6 for memory, 8e6 for time)")
-    parser.add_argument("--width", type=int, default=1024, help="time: layer width")
+    parser.add_argument("--width", type=int, default=None,
+                        help="layer width (default: 4096 for memory, 1024 for time)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     if args.params is None:
         args.params = 100e6 if args.measure == "memory" else 8e6
+    if args.width is None:
+        args.width = 4096 if args.measure == "memory" else 1024
     return args
 
 
