@@ -48,14 +48,17 @@ class Halves:
                                  f"rank's {mine}; every rank must wrap the same model's "
                                  f"parameters in the same groups")
 
-    def reduce(self, gradients, layout, op=ops.Average, prescale=1.0, postscale=1.0):
+    def reduce(self, gradients, layout, op=ops.Average, prescale=1.0, postscale=1.0,
+               divide_first=False):
         """Scatter-reduce the flat ``gradients`` (summed in their dtype); return this rank's
         slice of it, scaled: ``prescale`` before, ``postscale`` after, and for Average
-        divided by the ranks. The rest of ``gradients`` holds partial sums afterwards."""
-        scale_into(gradients, prescale)
+        divided by the ranks (before the sum with ``divide_first``, for a 16-bit payload).
+        The rest of ``gradients`` holds partial sums afterwards."""
+        average = op == ops.Average
+        scale_into(gradients, prescale / self.size if average and divide_first else prescale)
         self._ring.reducescatter(gradients, "sum", layout.bounds)
         mine = gradients[layout.start:layout.stop]
-        scale_into(mine, postscale / self.size if op == ops.Average else postscale)
+        scale_into(mine, postscale / self.size if average and not divide_first else postscale)
         return mine
 
     def gather(self, values, layout):

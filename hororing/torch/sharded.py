@@ -112,6 +112,7 @@ class _Slice:
 
 
 _DTYPES = (torch.float32, torch.float64)  # summed in their own dtype on the ring
+_COMPRESSIONS = (Compression.none, Compression.fp16, Compression.bf16)
 # The elements of one leaf the wrapped optimizer steps (see _Slice): 4 Mi (16 MiB of float32),
 # the size of a large layer, so a step's temporaries stay a layer's size.
 _PART = 1 << 22
@@ -145,9 +146,11 @@ class ShardedOptimizer(WrappingOptimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
         check_elementwise(type(optimizer))
-        if compression is not None and compression is not Compression.none:
-            raise ValueError("sharded=True does not compress gradients yet; pass "
-                             "compression=hvd.Compression.none")
+        compression = compression or Compression.none
+        if compression not in _COMPRESSIONS:
+            raise ValueError(f"sharded=True compresses gradients with hvd.Compression.none, "
+                             f".fp16 or .bf16 (elementwise casts: each rank decompresses its "
+                             f"own slice); got {compression!r}")
         if op not in (ops.Average, ops.Sum):
             raise ValueError(f"sharded=True reduces gradients with Average or Sum, got "
                              f"op={op}")
@@ -177,6 +180,7 @@ class ShardedOptimizer(WrappingOptimizer):
         self.process_set = process_set
         self._group = group_of(process_set)
         self._op = op
+        self._compression = compression
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = gradient_predivide_factor
         self._original = optimizer
@@ -230,8 +234,7 @@ class ShardedOptimizer(WrappingOptimizer):
             for slices in self._slices:
                 for piece in slices:
                     flat = piece.flat_gradient()
-                    self._halves.reduce(flat.numpy(), piece.layout, self._op, self._prescale,
-                                        self._postscale)
+                    self._reduce(flat, piece.layout)
                     for part, (low, high) in zip(piece.parts, piece.part_bounds):
                         part.grad = flat[low:high]
                     stepped.append(piece)
@@ -243,6 +246,26 @@ class ShardedOptimizer(WrappingOptimizer):
                 for parameter in piece.parameters:  # their views are partial sums now
                     parameter.grad = None
         return loss
+
+    def _reduce(self, flat, layout):
+        """Scatter-reduce the flat gradient vector; this rank's slice of it ends reduced.
+
+        Compressed, the payload ``compression.compress`` makes of the vector travels instead
+        (bfloat16, which numpy lacks, carried as float32), as the unsharded optimizer sends
+        it: a 16-bit wire sum is divided by the ranks before it (it could overflow where the
+        average would not); this rank's slice is then decompressed into the vector. Alone,
+        nothing is sent and nothing is compressed, as with the unsharded optimizer.
+        """
+        if self._compression is Compression.none or self._halves.size == 1:
+            self._halves.reduce(flat.numpy(), layout, self._op, self._prescale, self._postscale)
+            return
+        payload, ctx = self._compression.compress(flat)
+        carried = payload.float() if payload.dtype == torch.bfloat16 else payload
+        mine = self._halves.reduce(carried.numpy(), layout, self._op, self._prescale,
+                                   self._postscale,
+                                   divide_first=bool(self._compression.wire))
+        flat[layout.start:layout.stop] = self._compression.decompress(
+            torch.from_numpy(mine).to(payload.dtype), ctx)
 
     def zero_grad(self, set_to_none=True):
         """Clear the model's gradients (and the slices' reduced ones)."""

@@ -165,16 +165,65 @@ def test_zero_redundancy_optimizer_trains_and_consolidates_on_one_rank():
             optimizer.state_dict()
 
 
-def test_optimizers_that_need_whole_tensors_and_compression_are_refused():
+def test_optimizers_that_need_whole_tensors_and_other_compressors_are_refused():
     parameters = make_parameters()
     with pytest.raises(ValueError, match="LBFGS is not one of them"):
         hvd.DistributedOptimizer(torch.optim.LBFGS(parameters[:2]), sharded=True)
-    with pytest.raises(ValueError, match="compression"):
+    class TopK(hvd.Compression.none):  # a compressor of the user's own: not elementwise
+        pass
+    with pytest.raises(ValueError, match="compresses gradients with"):
         hvd.DistributedOptimizer(torch.optim.SGD(parameters[:2], lr=0.1), sharded=True,
-                                 compression=hvd.Compression.fp16)
+                                 compression=TopK)
     with pytest.raises(ValueError, match="Average or Sum"):
         hvd.DistributedOptimizer(torch.optim.SGD(parameters[:2], lr=0.1), sharded=True,
                                  op=hvd.Adasum)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_compressed_gradients_step_as_the_unsharded_optimizer_compresses_them(compression):
+    """The payload of each flat gradient vector travels as the unsharded optimizer sends it
+    (float16: divided by the ranks, then summed in float16; bfloat16: rounded, summed in
+    float32, rounded again); each rank decompresses its slice."""
+    compressor = getattr(hvd.Compression, compression)
+    options = {"lr": 0.1, "momentum": 0.9}
+
+    def make(parameters):
+        return hvd.DistributedOptimizer(torch.optim.SGD(groups_of(parameters), **options),
+                                        sharded=True, compression=compressor)
+    parameters, _ = sharded_run(None, None, make=make)
+    expected = make_parameters()
+    unsharded = hvd.DistributedOptimizer(
+        torch.optim.SGD(groups_of(expected), **options), compression=compressor,
+        named_parameters=[(f"unsharded.{compression}.{index}", parameter)
+                          for index, parameter in enumerate(expected)])
+    for step in range(STEPS):
+        unsharded.zero_grad()
+        loss_of(expected, hvd.rank(), step).backward()
+        unsharded.step()
+    uncompressed, _ = reference_run(torch.optim.SGD, options)
+    for parameter, reference, plain in zip(parameters, expected, uncompressed):
+        mine, theirs = parameter.detach().numpy(), reference.detach().numpy()
+        assert_identical_on_every_rank(mine)
+        if hvd.size() <= 2 or compression == "bf16":
+            # one addition per element, or float32 sums that differ in their last bits only
+            # (bfloat16 then rounds them alike): the unsharded optimizer's result
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-6)
+        else:  # float16 sums in another order: an ulp of float16 per step at most
+            np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-3)
+    # the gradients were rounded: bfloat16's rounding shows against the uncompressed run
+    if compression == "bf16" and hvd.size() > 1:
+        assert max(float((p - q).abs().max()) for p, q in zip(parameters, uncompressed)) > 1e-5
+
+
+def test_float16_payloads_are_averaged_before_they_are_summed():
+    """Gradients of 40000 on every rank: their float16 sum overflows (float16 ends at 65504),
+    their average does not; the unsharded optimizer divides first too."""
+    parameter = torch.nn.Parameter(torch.zeros(7))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD([parameter], lr=1e-5), sharded=True,
+                                         compression=hvd.Compression.fp16)
+    (40000.0 * parameter.sum()).backward()
+    optimizer.step()
+    np.testing.assert_allclose(parameter.detach().numpy(), np.full(7, -0.4), rtol=1e-3)
 
 
 def test_ranks_that_wrap_different_parameters_are_refused_on_every_rank():
