@@ -15,7 +15,7 @@ from . import ops
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds
 from .algorithms.ring import Ring
-from .kernels import scale_into
+from .kernels import divide_into, round_to_fp16, scale_into
 
 
 class Layout:
@@ -49,16 +49,23 @@ class Halves:
                                  f"parameters in the same groups")
 
     def reduce(self, gradients, layout, op=ops.Average, prescale=1.0, postscale=1.0,
-               divide_first=False):
+               divide_first=False, round_half=False):
         """Scatter-reduce the flat ``gradients`` (summed in their dtype); return this rank's
-        slice of it, scaled: ``prescale`` before, ``postscale`` after, and for Average
-        divided by the ranks (before the sum with ``divide_first``, for a 16-bit payload).
+        slice of it, scaled as the engine scales an allreduce: ``prescale`` before,
+        ``postscale`` after, and for Average divided by the ranks (before the sum with
+        ``divide_first``, for a 16-bit payload). ``round_half``: the float32 sum of float16
+        gradients is rounded to float16 before the division, where Horovod's float16 sum is.
         The rest of ``gradients`` holds partial sums afterwards."""
         average = op == ops.Average
         scale_into(gradients, prescale / self.size if average and divide_first else prescale)
         self._ring.reducescatter(gradients, "sum", layout.bounds)
         mine = gradients[layout.start:layout.stop]
-        scale_into(mine, postscale / self.size if average and not divide_first else postscale)
+        if round_half:
+            round_to_fp16(mine)
+        if average and not divide_first and postscale == 1.0:
+            divide_into(mine, self.size)
+        else:
+            scale_into(mine, postscale / self.size if average and not divide_first else postscale)
         return mine
 
     def gather(self, values, layout):

@@ -111,7 +111,9 @@ class _Slice:
         return parts
 
 
-_DTYPES = (torch.float32, torch.float64)  # summed in their own dtype on the ring
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# 16-bit gradients are summed in float32 on the ring, as the engine sums them, and rounded back
+_CARRIED = (torch.float16, torch.bfloat16)
 _COMPRESSIONS = (Compression.none, Compression.fp16, Compression.bf16)
 # The elements of one leaf the wrapped optimizer steps (see _Slice): 4 Mi (16 MiB of float32),
 # the size of a large layer, so a step's temporaries stay a layer's size.
@@ -172,8 +174,8 @@ class ShardedOptimizer(WrappingOptimizer):
                 raise ValueError("sharded=True takes dense CPU parameters for now; found one on "
                                  f"{parameter.device} ({parameter.layout})")
             if parameter.requires_grad and parameter.dtype not in _DTYPES:
-                raise ValueError(f"sharded=True takes float32 and float64 parameters for now; "
-                                 f"found {parameter.dtype}")
+                raise ValueError(f"sharded=True takes floating point parameters (float16, "
+                                 f"bfloat16, float32, float64); found {parameter.dtype}")
         if process_set is not None and not process_set.included():
             raise ValueError("sharded=True on a rank outside the optimizer's process_set: every "
                              "rank that steps it must be in the set")
@@ -240,7 +242,7 @@ class ShardedOptimizer(WrappingOptimizer):
                     stepped.append(piece)
             self._optimizer.step()
             for piece in stepped:  # each rank's updated slice, into every rank's vector
-                self._halves.gather(piece.values.numpy(), piece.layout)
+                self._halves.gather(piece.values.view(torch.uint8).numpy(), piece.layout)
                 for part in piece.parts:
                     part.grad = None
                 for parameter in piece.parameters:  # their views are partial sums now
@@ -250,6 +252,7 @@ class ShardedOptimizer(WrappingOptimizer):
     def _reduce(self, flat, layout):
         """Scatter-reduce the flat gradient vector; this rank's slice of it ends reduced.
 
+        A float16 or bfloat16 vector is summed as float32 and its slice rounded back.
         Compressed, the payload ``compression.compress`` makes of the vector travels instead
         (bfloat16, which numpy lacks, carried as float32), as the unsharded optimizer sends
         it: a 16-bit wire sum is divided by the ranks before it (it could overflow where the
@@ -257,7 +260,13 @@ class ShardedOptimizer(WrappingOptimizer):
         nothing is sent and nothing is compressed, as with the unsharded optimizer.
         """
         if self._compression is Compression.none or self._halves.size == 1:
-            self._halves.reduce(flat.numpy(), layout, self._op, self._prescale, self._postscale)
+            if flat.dtype not in _CARRIED:
+                self._halves.reduce(flat.numpy(), layout, self._op, self._prescale,
+                                    self._postscale)
+                return
+            mine = self._halves.reduce(flat.float().numpy(), layout, self._op, self._prescale,
+                                       self._postscale, round_half=flat.dtype == torch.float16)
+            flat[layout.start:layout.stop] = torch.from_numpy(mine)
             return
         payload, ctx = self._compression.compress(flat)
         carried = payload.float() if payload.dtype == torch.bfloat16 else payload
