@@ -42,6 +42,7 @@ def reference(tmp_path_factory):
                                   capture_output=True, text=True, timeout=TIMEOUT)
         assert finished.returncode == 0, finished.stderr[-3000:]
         found[ranks] = json.loads(out.read_text())["params"]
+        found[ranks, "momentum"] = json.loads(out.read_text())["momentum"]
     return found
 
 
@@ -103,7 +104,7 @@ def wait_for_progress(path, step, process, limit=TIMEOUT):
     raise AssertionError(f"the job did not reach step {step}")
 
 
-def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags):
+def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=()):
     hosts, progress = tmp_path / "hosts", tmp_path / "progress"
     hosts.write_text(first_hosts)
     script = tmp_path / "discover.sh"
@@ -112,7 +113,7 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags):
     out = tmp_path / "result.json"
     command = hororun(*flags, "--host-discovery-script", str(script), "--discovery-interval",
                       "0.2", "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out", str(out),
-                      "--progress", str(progress), "--step-sleep", "0.05")
+                      "--progress", str(progress), "--step-sleep", "0.05", *job_args)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:
         try:
@@ -151,6 +152,27 @@ def test_more_slots_discovered_grow_the_job_up_to_max_np(tmp_path, reference):
     assert result["size"] == 3 and result["launch"] == 1
     np.testing.assert_allclose(np.concatenate(result["params"]),
                                np.concatenate(reference[2]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("before,after,flags,ranks", [
+    ("localhost:1\n127.0.0.1:2\n", "127.0.0.1:2\n", ["-np", "3", "--min-np", "1"], 2),
+    ("localhost:2\n", "localhost:2\n127.0.0.1:4\n", ["-np", "2", "--min-np", "2", "--max-np", "3"],
+     3)], ids=["shrink", "grow"])
+def test_a_sharded_optimizer_state_is_laid_out_again_when_the_job_changes_size(
+        tmp_path, reference, before, after, flags, ranks):
+    # each rank holds its slice of the momentum; a commit holds it whole (state_dict
+    # gathers), and the launch at the new size shards it again for its ranks
+    finished, result = run_with_changing_hosts(tmp_path, before, after, flags,
+                                               job_args=["--sharded"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert any("stopped at commit" in line for line in events(finished)), events(finished)
+    assert result["size"] == ranks and result["launch"] == 1 and result["step"] == 30
+    started = 5 - ranks  # the size it started at
+    np.testing.assert_allclose(np.concatenate(result["params"]),
+                               np.concatenate(reference[started]), rtol=1e-5)
+    np.testing.assert_allclose(np.concatenate(result["momentum"]),
+                               np.concatenate(reference[started, "momentum"]), rtol=1e-4,
+                               atol=1e-6)
 
 
 def test_a_job_that_fails_before_every_commit_is_not_relaunched_forever(tmp_path):

@@ -28,6 +28,9 @@ parser.add_argument("--raise-every-launch", action="store_true",
                     help="--raise applies to every launch, whatever its L")
 parser.add_argument("--out", required=True)
 parser.add_argument("--progress", default=None, help="rank 0 writes 'launch size step' here")
+parser.add_argument("--sharded", action="store_true",
+                    help="DistributedOptimizer(sharded=True): each rank holds a slice of the "
+                         "momentum, laid out again for the job's size at every launch")
 args = parser.parse_args()
 
 LAUNCH = int(os.environ.get("HORORING_ELASTIC_LAUNCH", "0"))
@@ -62,7 +65,8 @@ hvd.init()
 torch.manual_seed(1234)
 model = torch.nn.Linear(8, 1)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                     named_parameters=model.named_parameters())
+                                     named_parameters=model.named_parameters(),
+                                     sharded=args.sharded)
 w_true = torch.arange(1.0, 9.0).reshape(8, 1)
 extra = {}
 bomb_at = None
@@ -101,13 +105,16 @@ def train(state):
             with open(args.progress + ".tmp", "w") as file:
                 file.write(f"{LAUNCH} {hvd.size()} {state.step}\n")
             os.replace(args.progress + ".tmp", args.progress)
-    return [p.detach().numpy().ravel().tolist() for p in model.parameters()]
+    # the momentum, whole (a sharded optimizer's state_dict gathers it: every rank calls it)
+    momentum = [value["momentum_buffer"].numpy().ravel().tolist()
+                for value in optimizer.state_dict()["state"].values()]
+    return [p.detach().numpy().ravel().tolist() for p in model.parameters()], momentum
 
 
-params = train(state)
+params, momentum = train(state)
 every = hvd.allgather_object(params)
 assert all(other == params for other in every), "ranks disagree on the parameters"
 if hvd.rank() == 0:
     with open(args.out, "w") as file:
-        json.dump({"params": params, "size": hvd.size(), "launch": LAUNCH,
-                   "step": state.step}, file)
+        json.dump({"params": params, "momentum": momentum, "size": hvd.size(),
+                   "launch": LAUNCH, "step": state.step}, file)
