@@ -15,7 +15,9 @@ from . import ops
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds
 from .algorithms.ring import Ring
-from .kernels import divide_into, round_to_fp16, scale_into
+from .engine.allreduce import scaling
+from .engine.negotiation import Meta
+from .kernels import scale_into
 
 
 class Layout:
@@ -49,23 +51,21 @@ class Halves:
                                  f"parameters in the same groups")
 
     def reduce(self, gradients, layout, op=ops.Average, prescale=1.0, postscale=1.0,
-               divide_first=False, round_half=False):
+               dtype=None, wire=""):
         """Scatter-reduce the flat ``gradients`` (summed in their dtype); return this rank's
-        slice of it, scaled as the engine scales an allreduce: ``prescale`` before,
-        ``postscale`` after, and for Average divided by the ranks (before the sum with
-        ``divide_first``, for a 16-bit payload). ``round_half``: the float32 sum of float16
-        gradients is rounded to float16 before the division, where Horovod's float16 sum is.
-        The rest of ``gradients`` holds partial sums afterwards."""
-        average = op == ops.Average
-        scale_into(gradients, prescale / self.size if average and divide_first else prescale)
+        slice of it, scaled as the engine scales an allreduce of ``dtype`` (default: the
+        vector's) sent as ``wire`` (``engine.allreduce.scaling``: ``prescale`` before,
+        ``postscale`` after, Average's division by the ranks after the sum, or before it for
+        a 16-bit wire; a float16 tensor's float32 sum rounded to float16 first). The rest of
+        ``gradients`` holds partial sums afterwards."""
+        factor, finalize = scaling(Meta("allreduce", dtype=dtype or gradients.dtype.name, op=op,
+                                        prescale=prescale, postscale=postscale, wire=wire),
+                                   self.size)
+        scale_into(gradients, factor)
         self._ring.reducescatter(gradients, "sum", layout.bounds)
         mine = gradients[layout.start:layout.stop]
-        if round_half:
-            round_to_fp16(mine)
-        if average and not divide_first and postscale == 1.0:
-            divide_into(mine, self.size)
-        else:
-            scale_into(mine, postscale / self.size if average and not divide_first else postscale)
+        if finalize is not None:
+            finalize(mine)
         return mine
 
     def gather(self, values, layout):

@@ -17,8 +17,8 @@ resident set size.
 step. Variants: ``unsharded`` (hvd.DistributedOptimizer(Adam)), ``sharded`` (the same with
 sharded=True), ``torch-zero`` (torch's ZeroRedundancyOptimizer(Adam) with its model in
 DistributedDataParallel over gloo), ``fsdp2`` (torch's ``fully_shard`` on every layer and on
-the model, Adam on the sharded parameters, over gloo). The table gives the median step over the steps, on the
-slowest rank, and each variant's time over the sharded one's.
+the model, Adam on the sharded parameters, over gloo). The table gives the median step over
+the steps, on the slowest rank, and each variant's time over the sharded one's.
 """
 
 import argparse

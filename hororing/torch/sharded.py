@@ -259,22 +259,16 @@ class ShardedOptimizer(WrappingOptimizer):
         average would not); this rank's slice is then decompressed into the vector. Alone,
         nothing is sent and nothing is compressed, as with the unsharded optimizer.
         """
-        if self._compression is Compression.none or self._halves.size == 1:
-            if flat.dtype not in _CARRIED:
-                self._halves.reduce(flat.numpy(), layout, self._op, self._prescale,
-                                    self._postscale)
-                return
-            mine = self._halves.reduce(flat.float().numpy(), layout, self._op, self._prescale,
-                                       self._postscale, round_half=flat.dtype == torch.float16)
-            flat[layout.start:layout.stop] = torch.from_numpy(mine)
-            return
-        payload, ctx = self._compression.compress(flat)
-        carried = payload.float() if payload.dtype == torch.bfloat16 else payload
+        compressing = self._compression is not Compression.none and self._halves.size > 1
+        payload, ctx = self._compression.compress(flat) if compressing else (flat, None)
+        wire = self._compression.wire if compressing else ""
+        carried = payload.float() if payload.dtype in _CARRIED and not wire else payload
         mine = self._halves.reduce(carried.numpy(), layout, self._op, self._prescale,
-                                   self._postscale,
-                                   divide_first=bool(self._compression.wire))
-        flat[layout.start:layout.stop] = self._compression.decompress(
-            torch.from_numpy(mine).to(payload.dtype), ctx)
+                                   self._postscale, wire=wire,
+                                   dtype="float16" if payload.dtype == torch.float16 else None)
+        if carried is not flat:  # this rank's slice back into the vector, in its dtype
+            reduced = torch.from_numpy(mine).to(payload.dtype)
+            flat[layout.start:layout.stop] = self._compression.decompress(reduced, ctx)
 
     def zero_grad(self, set_to_none=True):
         """Clear the model's gradients (and the slices' reduced ones)."""
