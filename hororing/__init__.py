@@ -10,7 +10,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
                           grouped_allreduce_async, grouped_allreduce_async_,
                           grouped_reducescatter, grouped_reducescatter_async, join, poll,
-                          reducescatter, reducescatter_async, synchronize)
+                          reducescatter, reducescatter_async, reducescatter_async_, synchronize)
 from . import data
 from . import elastic
 from .ps.optimizer import AsyncPSOptimizer
@@ -38,6 +38,7 @@ __all__ = [
     "cross_size", "data", "elastic", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
     "local_size",
-    "poll", "ps_stats", "rank", "reducescatter", "reducescatter_async", "run", "shutdown", "size", "start_timeline",
+    "poll", "ps_stats", "rank", "reducescatter", "reducescatter_async",
+    "reducescatter_async_", "run", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize",
 ]

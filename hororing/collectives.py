@@ -270,6 +270,33 @@ def reducescatter_async(tensor, name=None, op=ops.Average, process_set=None, pre
                    postscale=check_factor(postscale_factor, "postscale_factor"))
 
 
+def reducescatter_async_(tensor, name=None, op=ops.Average, process_set=None,
+                         prescale_factor=1.0, postscale_factor=1.0, wire=""):
+    """Start a reducescatter that works in ``tensor`` itself (hororing's own verb; Horovod
+    has no in-place reducescatter). ``synchronize`` returns this rank's rows as a view into
+    ``tensor``; its other rows hold partial sums by then. No copy of the tensor is made
+    where it is C-contiguous and travels in its own dtype (float16 is summed in float32
+    through a copy, as an allreduce sums it).
+
+    Args:
+        wire: the dtype name the tensor travels and is summed in when the sender chose it
+            (``hororing.compression.wire_of``): a float16 payload summed as float16, with
+            Average's division before the sum, as ``compressed_allreduce_async_`` does.
+    """
+    op = resolve_op(op, allowed=(ops.Average, ops.Sum))
+    if not isinstance(tensor, np.ndarray) or not tensor.flags.c_contiguous:
+        raise TypeError(f"reducescatter_async_ works in a C-contiguous numpy array, got "
+                        f"{type(tensor).__name__}"
+                        f"{'' if not isinstance(tensor, np.ndarray) else ' (not contiguous)'}; "
+                        f"use reducescatter_async, which copies")
+    if wire and (not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire)):
+        raise TypeError(f"reducescatter_async_ with wire={wire!r} takes a {wire} numpy array, "
+                        f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
+    return _submit("reducescatter", tensor, name, group_of(process_set), inplace=True,
+                   min_ndim=1, op=op, prescale=check_factor(prescale_factor, "prescale_factor"),
+                   postscale=check_factor(postscale_factor, "postscale_factor"), wire=wire)
+
+
 def grouped_reducescatter(tensors, name=None, op=ops.Average, process_set=None,
                           prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatter a list of arrays together; return the list of this rank's blocks."""

@@ -23,7 +23,7 @@ from ..algorithms.small import REDUCE_BY_NAME, GatherReduce, reduce_rows
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import Adasum, KERNEL_OP
-from .allreduce import AllreducePipeline, complete, finalizer, scaling, wire_bytes, wire_dtype
+from .allreduce import AllreducePipeline, complete, scaling, wire_bytes, wire_dtype
 from .buckets import fill_buckets
 
 
@@ -220,14 +220,24 @@ class Executor:
         row_elems = math.prod(rest)
         row_bounds = chunk_bounds(meta.shape[0], self.size)
         bounds = [(start * row_elems, stop * row_elems) for start, stop in row_bounds]
-        buffer = place.new(math.prod(meta.shape), wire_dtype(meta.dtype))
-        pack([request.tensor], buffer)  # casts float16 up to its float32 wire dtype
-        scale_into(buffer, meta.prescale)
-        place.algorithms["ring"].reducescatter(buffer, KERNEL_OP[meta.op], bounds,
-                                               finalizer(meta, self.size))
         rows = row_bounds[self.rank][1] - row_bounds[self.rank][0]
+        start, stop = bounds[self.rank]
+        dtype = wire_dtype(meta.dtype, meta.wire)
+        # in place (reducescatter_async_), a tensor that travels in its own dtype is reduced
+        # where it lies and its rows are the result; anything else goes through a copy
+        in_place = request.output is request.tensor and request.tensor.dtype == dtype
+        if in_place:
+            buffer = request.tensor.reshape(request.tensor.size)
+        else:
+            buffer = place.new(math.prod(meta.shape), dtype)
+            pack([request.tensor], buffer)  # casts float16 up to its float32 wire dtype
+        prescale, finalize = scaling(meta, self.size)
+        scale_into(buffer, prescale)
+        place.algorithms["ring"].reducescatter(buffer, KERNEL_OP[meta.op], bounds, finalize)
+        if in_place:
+            return buffer[start:stop].reshape((rows,) + rest)
         output = place.new((rows,) + rest, meta.dtype)
-        unpack(buffer, [bounds[self.rank]], [output])
+        unpack(buffer, [(start, stop)], [output])
         return output
 
     def close(self):

@@ -93,6 +93,47 @@ def test_reducescatter_of_the_same_element_count_split_by_other_rows():
         assert_close(result, full[start:start + base + (1 if rank < extra else 0)])
 
 
+@pytest.mark.parametrize("count", [1, 10, 1001])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["Sum", "Average"])
+def test_reducescatter_in_place_reduces_where_the_tensor_lies(count, op):
+    """hororing's in-place reducescatter: this rank's rows come back as a view into its own
+    tensor, with the values of the copying reducescatter; prescale before, postscale after."""
+    size, rank = hvd.size(), hvd.rank()
+    mine = rank_input(rank, (count,), "float64", seed=count)
+    handle = hvd.reducescatter_async_(mine, name=f"rs_.{count}.{op}", op=op,
+                                      prescale_factor=0.5, postscale_factor=3.0)
+    result = hvd.synchronize(handle)
+    full = reference_allreduce(all_inputs(size, (count,), "float64", count), op, 0.5, 3.0)
+    base, extra = divmod(count, size)
+    start = rank * base + min(rank, extra)
+    assert np.shares_memory(result, mine) or result.size == 0
+    assert_close(result, full[start:start + base + (1 if rank < extra else 0)])
+
+
+def test_reducescatter_in_place_of_float16():
+    """Summed in float32 through a copy, as a float16 allreduce is; with wire="float16" (a
+    compressed payload) summed in float16 where it lies, Average dividing first: 40000 from
+    every rank overflows float16 summed (it ends at 65504), not averaged."""
+    size, rank = hvd.size(), hvd.rank()
+    plain = np.full(7, 1000.0 + rank, dtype=np.float16)
+    result = hvd.synchronize(hvd.reducescatter_async_(plain, name="rs_.half", op=hvd.Sum))
+    base, extra = divmod(7, size)
+    rows = base + (1 if rank < extra else 0)
+    np.testing.assert_array_equal(result, np.full(rows, sum(1000.0 + r for r in range(size)),
+                                                  dtype=np.float16))
+    wired = np.full(7, 40000.0, dtype=np.float16)
+    result = hvd.synchronize(hvd.reducescatter_async_(wired, name="rs_.wire", wire="float16"))
+    assert np.shares_memory(result, wired) or result.size == 0
+    np.testing.assert_array_equal(result, np.full(rows, 40000.0, dtype=np.float16))
+
+
+def test_reducescatter_in_place_refuses_what_it_cannot_reduce_in_place():
+    with pytest.raises(TypeError, match="C-contiguous numpy array"):
+        hvd.reducescatter_async_(np.zeros((4, 4))[:, 1], name="rs_.strided")
+    with pytest.raises(TypeError, match="takes a float16 numpy array"):
+        hvd.reducescatter_async_(np.zeros(4, dtype=np.float32), name="rs_.w", wire="float16")
+
+
 def test_barrier_and_join_return_the_last_rank_everywhere():
     hvd.barrier()
     # rank r has r + 1 batches; joined ranks contribute zeros and Average still divides by size
