@@ -11,7 +11,7 @@ optimizer; this module moves the bytes.
 
 import numpy as np
 
-from . import ops
+from . import ops, transport
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds
 from .algorithms.ring import Ring
@@ -30,6 +30,22 @@ class Layout:
         self.start, self.stop = self.bounds[rank]
         self.byte_counts = [(stop - start) * itemsize for start, stop in self.bounds]
         self.byte_offsets = [start * itemsize for start, _ in self.bounds]
+
+
+class Buckets:
+    """A flat vector cut into buckets at the element offsets ``cuts``, each bucket split over
+    the ranks as ``reducescatter`` splits it (``Layout``): a rank's slice of the vector is its
+    chunk of every bucket, ``owned`` (one absolute ``(start, stop)`` range per bucket, empty
+    where a bucket has fewer elements than ranks). Each bucket is reduce-scattered on its own,
+    as soon as its gradients are ready, and still every rank steps 1/n of it."""
+
+    def __init__(self, numel, itemsize, rank, size, cuts=()):
+        edges = [0, *cuts, numel]
+        self.numel, self.itemsize = numel, itemsize
+        self.ranges = list(zip(edges[:-1], edges[1:]))
+        self.layouts = [Layout(high - low, itemsize, rank, size) for low, high in self.ranges]
+        self.owned = [(low + layout.start, low + layout.stop)
+                      for (low, _), layout in zip(self.ranges, self.layouts)]
 
 
 class Halves:
@@ -73,6 +89,15 @@ class Halves:
         self._comm.Allgatherv(MPI.IN_PLACE, [values.view(np.uint8),
                                              (layout.byte_counts, layout.byte_offsets),
                                              MPI.BYTE])
+
+    def gather_buckets(self, values, buckets):
+        """``gather`` for each bucket of ``buckets`` (a ``Buckets``) in the flat ``values``
+        (its bytes: a uint8 array), the buckets' allgathers in flight together."""
+        itemsize = buckets.itemsize
+        transport.wait_all([self._comm.Iallgatherv(
+            MPI.IN_PLACE, [values[low * itemsize:high * itemsize],
+                           (layout.byte_counts, layout.byte_offsets), MPI.BYTE])
+            for (low, high), layout in zip(buckets.ranges, buckets.layouts)])
 
     def free(self):
         self._comm.Free()

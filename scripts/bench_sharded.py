@@ -4,18 +4,20 @@
 Run under MPI:
 
   mpiexec -n 2 python scripts/bench_sharded.py memory --variant sharded
+  mpiexec -n 2 python scripts/bench_sharded.py memory --variant sharded2
   mpiexec -n 2 python scripts/bench_sharded.py memory --variant unsharded
   mpiexec -n 2 python scripts/bench_sharded.py time
 
 ``memory`` builds an MLP of --params parameters (float32, square layers), takes two Adam
 steps with one variant (one per job, so each job's peak RSS is its own) and prints per rank
-the optimizer-state bytes (the optimizer's state tensors, read after the steps) and the peak
-resident set size.
+the optimizer-state bytes (the optimizer's state tensors, read after the steps), the gradient
+bytes held after the step (the model's ``.grad``; a sharded optimizer's own gradient
+vectors) and the peak resident set size.
 
 ``time`` trains one smaller MLP per variant in the same processes, taking turns step by step
 (the order rotates), each rank on its own batch; a step is zero_grad, forward, backward,
 step. Variants: ``unsharded`` (hvd.DistributedOptimizer(Adam)), ``sharded`` (the same with
-sharded=True), ``torch-zero`` (torch's ZeroRedundancyOptimizer(Adam) with its model in
+sharded=True), ``sharded2`` (sharded=2: the gradients sharded too), ``torch-zero`` (torch's ZeroRedundancyOptimizer(Adam) with its model in
 DistributedDataParallel over gloo), ``fsdp2`` (torch's ``fully_shard`` on every layer and on
 the model, Adam on the sharded parameters, over gloo). The table gives the median step over
 the steps, on the slowest rank, and each variant's time over the sharded one's.
@@ -49,12 +51,23 @@ def state_bytes(optimizer):
                for value in state.values() if torch.is_tensor(value))
 
 
+SHARDED = {"unsharded": False, "sharded": True, "sharded2": 2}  # DistributedOptimizer's sharded=
+
+
+def gradient_bytes(model, optimizer):
+    """The gradient memory held: a sharded optimizer's own vectors, else the model's .grad."""
+    if hasattr(optimizer, "held_gradient_bytes"):
+        return optimizer.held_gradient_bytes()
+    return sum(parameter.grad.nbytes for parameter in model.parameters()
+               if parameter.grad is not None)
+
+
 def memory(args):
     torch.manual_seed(0)
     model, width = build(args.params, args.width)
     adam = torch.optim.Adam(model.parameters(), lr=1e-4)
     optimizer = hvd.DistributedOptimizer(adam, named_parameters=model.named_parameters(),
-                                         sharded=args.variant == "sharded")
+                                         sharded=SHARDED[args.variant])
     data = torch.randn(args.batch_size, width,
                        generator=torch.Generator().manual_seed(hvd.rank()))
     for _ in range(2):
@@ -62,9 +75,11 @@ def memory(args):
         model(data).pow(2).mean().backward()
         optimizer.step()
     held = state_bytes(optimizer)
+    gradients = gradient_bytes(model, optimizer)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     parameters = sum(parameter.numel() for parameter in model.parameters())
-    rows = COMM.gather({"rank": hvd.rank(), "state_bytes": held, "peak_rss_bytes": peak}, root=0)
+    rows = COMM.gather({"rank": hvd.rank(), "state_bytes": held, "gradient_bytes": gradients,
+                        "peak_rss_bytes": peak}, root=0)
     if hvd.rank() == 0:
         result = {"measure": "memory", "variant": args.variant, "ranks": hvd.size(),
                   "parameters": parameters, "rows": rows, "machine": machine_info()}
@@ -72,6 +87,7 @@ def memory(args):
         print(f"# {parameters / 1e6:.1f} M parameters, Adam, {args.variant}, {hvd.size()} ranks")
         for row in rows:
             print(f"rank {row['rank']}: optimizer state {row['state_bytes'] / 2**20:.1f} MiB, "
+                  f"gradients held {row['gradient_bytes'] / 2**20:.1f} MiB, "
                   f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB")
         print(json.dumps(result))
 
@@ -79,12 +95,12 @@ def memory(args):
 def timing(args):
     size = hvd.size()
     variants = {}
-    for name in ("unsharded", "sharded"):
+    for name in args.variants:
         torch.manual_seed(0)
         model, width = build(args.params, args.width)
         adam = torch.optim.Adam(model.parameters(), lr=1e-4)
         variants[name] = (model, hvd.DistributedOptimizer(
-            adam, named_parameters=model.named_parameters(), sharded=name == "sharded"))
+            adam, named_parameters=model.named_parameters(), sharded=SHARDED[name]))
     if size > 1 and setup_torch_distributed(COMM):
         from torch.distributed.optim import ZeroRedundancyOptimizer
         torch.manual_seed(0)
@@ -157,8 +173,11 @@ def _full(parameter):
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("measure", choices=["memory", "time"])
-    parser.add_argument("--variant", choices=["sharded", "unsharded"], default="sharded",
+    parser.add_argument("--variant", choices=list(SHARDED), default="sharded",
                         help="memory: the optimizer to measure (one per job)")
+    parser.add_argument("--variants", nargs="+", choices=list(SHARDED), default=list(SHARDED),
+                        help="time: hororing's optimizers to train side by side (unsharded and "
+                             "sharded always; torch's follow where torch.distributed runs)")
     parser.add_argument("--params", type=float, default=None,
                         help="parameters (default: 100e6 for memory, 8e6 for time)")
     parser.add_argument("--width", type=int, default=None,
@@ -170,6 +189,8 @@ def parse_args():
         args.params = 100e6 if args.measure == "memory" else 8e6
     if args.width is None:
         args.width = 4096 if args.measure == "memory" else 1024
+    args.variants = ["unsharded", "sharded"] + [name for name in args.variants
+                                                if name not in ("unsharded", "sharded")]
     return args
 
 

@@ -55,10 +55,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (divided by size for Average), which moves only the rows that changed.
         process_set: average over this ``hvd.ProcessSet`` only; on ranks outside it the
             optimizer steps with local gradients.
-        sharded: keep the optimizer's state sharded across the ranks (ZeRO stage 1,
-            ``hororing/torch/sharded.py``): each rank steps its 1/n of the parameters
-            between the reduce-scatter of the gradients and the allgather of the parameters.
-            Elementwise optimizers only (SGD, Adam, AdamW, RMSprop, Adagrad, ...).
+        sharded: True (or 1): keep the optimizer's state sharded across the ranks (ZeRO
+            stage 1, ``hororing/torch/sharded.py``): each rank steps its 1/n of the
+            parameters between the reduce-scatter of the gradients (started per bucket
+            during backward) and the allgather of the parameters. 2: the gradients too
+            (ZeRO stage 2): a bucket's gradient memory is let go once it is reduced, and
+            each rank keeps its 1/n of the reduced gradients. Elementwise optimizers only
+            (SGD, Adam, AdamW, RMSprop, Adagrad, ...).
 
     Returns:
         a torch.optim.Optimizer.
@@ -69,7 +72,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if sharded:
         return ShardedOptimizer(optimizer, named_parameters, compression,
                                 backward_passes_per_step, op, gradient_predivide_factor,
-                                process_set)
+                                process_set,
+                                stage=2 if sharded == 2 else 1 if sharded in (True, 1) else sharded)
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                  op, gradient_predivide_factor, groups, sparse_as_dense,
                                  process_set)

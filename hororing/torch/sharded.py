@@ -1,4 +1,4 @@
-"""Sharded optimizer state (ZeRO stage 1) on the ring's two halves.
+"""Sharded optimizer state (ZeRO stages 1 and 2) on the ring's two halves.
 
 A ring allreduce is a reduce-scatter followed by an allgather. Between the two halves each
 rank holds the averaged gradient of 1/n of the parameters: it steps the optimizer on that
@@ -6,21 +6,36 @@ slice only, and the allgather then spreads the updated parameters instead of the
 The bytes on the wire are an allreduce's; the optimizer's state (Adam: two values per
 parameter) and its compute are divided by n.
 
-Each parameter group's parameters that need gradients are, per dtype, one flat vector,
-split as ``reducescatter`` splits (the first ``numel % n`` ranks one element more). The
-wrapped optimizer is rebuilt over this rank's slices (leaf tensors viewing the slice, the
+Each parameter group's parameters that need gradients are, per dtype, one flat vector, cut
+into buckets of whole parameters (at most ``_BUCKET_BYTES``, a larger parameter alone); each
+bucket is split as ``reducescatter`` splits (the first ``numel % n`` ranks one element more),
+and a rank's slice is its chunk of every bucket. A bucket's reduce-scatter starts in the
+engine (``reducescatter_async_``, in the bucket's own gradient vector, named) as soon as
+backward has accumulated the last of its parameters' gradients, so it overlaps the rest of
+backward; ``step()`` waits for them, steps, and allgathers the parameters bucket by bucket.
+Stage 2 (``sharded=2``) lets a bucket's gradient vector go once its reduction is collected
+(reused by the next bucket), so between steps a rank holds its 1/n of the gradients.
+
+The wrapped optimizer is rebuilt over this rank's chunks (leaf tensors viewing them, the
 group's hyperparameters kept), so ``optimizer.state`` holds this rank's slices only. That is
 exact for optimizers whose step is elementwise per parameter; the others are refused.
 """
 
+import collections
+import contextlib
+import functools
 import inspect
+import itertools
+import math
 
+import numpy as np
 import torch
 
-from .. import ops, transport
+from .. import collectives, ops, transport
 from ..context import current
+from ..engine.buckets import fill_buckets
 from ..process_sets import global_process_set, group_of
-from ..zero import Halves, Layout
+from ..zero import Buckets, Halves
 from . import mpi_ops
 from .bridge import zeros
 from .compression import Compression
@@ -44,53 +59,154 @@ def check_elementwise(optimizer_class):
             f"not one of them. Use DistributedOptimizer without sharded=True for it.")
 
 
+class _Bucket:
+    """A run of a slice's parameters, back to back in its flat vectors, whose gradients are
+    reduce-scattered together as soon as the last of them is ready (during backward)."""
+
+    def __init__(self, index, parameters, low, high, layout, offset):
+        self.index = index
+        self.parameters = parameters
+        self.low, self.high = low, high
+        self.layout = layout  # zero.Layout of the bucket: this rank's chunk of it
+        self.offset = offset  # where this rank's chunk lies in the slice's reduced vector
+        self.gradients = None  # the bucket's flat gradient vector, while it is held
+        self._vector = None  # what ``gradients`` views (a pool's vector)
+        self.views = {}  # parameter -> its .grad's view into ``gradients``
+        self.passes = {}  # parameter -> backward passes accumulated this step
+        self.launched = None  # (handle, payload dtype, compression ctx) while in flight
+        self.collected = False  # reduced this step (until the step's synchronize ends)
+
+    def hold(self, count, dtype, pool):
+        """Take a gradient vector (a stage-2 bucket has none between steps): one from
+        ``pool`` (vectors let go by buckets whose reduction is done, each as long as the
+        largest bucket), else a new one."""
+        if self.gradients is None:
+            self._vector = pool.take(count, dtype)
+            self.gradients = self._vector[:count]
+            offset = 0
+            for parameter in self.parameters:
+                size = parameter.numel()
+                self.views[parameter] = self.gradients[offset:offset + size].view_as(parameter)
+                offset += size
+
+    def release(self, pool):
+        pool.give(self._vector)
+        self._vector = self.gradients = None
+        self.views = {}
+
+
+class _Pool:
+    """Gradient vectors for a stage-2 slice's buckets, reused from bucket to bucket: a bucket
+    takes one at its first gradient and gives it back once its reduction is collected, so
+    the vectors in use are as many as buckets are in flight at once (not one per bucket).
+    Between steps the pool keeps ``_KEEP`` of them (the next step's first buckets pay for no
+    fresh pages) and lets the rest go. ``count``: every vector's length (the largest
+    bucket's); None: a vector per bucket, held for good (stage 1)."""
+
+    def __init__(self, count):
+        self.count = count
+        self.free = []
+        self.made = []
+
+    def take(self, count, dtype):
+        """A vector of at least ``count`` elements."""
+        if self.free:
+            return self.free.pop()
+        vector = zeros(count if self.count is None else self.count, dtype)
+        self.made.append(vector)
+        return vector
+
+    def give(self, vector):
+        if self.count is not None:
+            self.free.append(vector)
+
+    def trim(self):
+        """Let all but ``_KEEP`` free vectors go (between steps)."""
+        while len(self.free) > _KEEP:
+            vector = self.free.pop()
+            self.made = [made for made in self.made if made is not vector]
+
+    def held_bytes(self):
+        return sum(vector.nbytes for vector in self.made)
+
+
 class _Slice:
     """One group's parameters of one dtype, as one flat vector: this rank's slice of it."""
 
-    def __init__(self, parameters, rank, size):
+    def __init__(self, parameters, rank, size, bucket_bytes, stage):
         self.parameters = parameters
         self.numel = sum(parameter.numel() for parameter in parameters)
-        self.layout = Layout(self.numel, parameters[0].element_size(), rank, size)
-        self.start, self.stop = self.layout.start, self.layout.stop
-        # The parameters move into one flat vector (each parameter's data a view into it):
-        # the wrapped optimizer steps leaf tensors over this rank's slice of that vector, so
-        # the step updates the model in place, and the allgather fills the rest in place.
-        # The gradients live in another flat vector (each .grad a view into it, as DDP's
-        # gradient_as_bucket_view), which the step scatter-reduces in place.
         dtype = parameters[0].dtype
+        self.dtype = dtype
+        itemsize = parameters[0].element_size()
+        # buckets of whole parameters, at most bucket_bytes each (a larger one alone)
+        runs = fill_buckets(parameters, lambda parameter: 0,
+                            lambda parameter: parameter.numel() * itemsize, bucket_bytes)
+        counts = [sum(parameter.numel() for parameter in run) for run in runs]
+        cuts = np.cumsum(counts)[:-1].tolist()
+        self.buckets_layout = Buckets(self.numel, itemsize, rank, size, cuts)
+        # The parameters move into one flat vector (each parameter's data a view into it):
+        # the wrapped optimizer steps leaf tensors over this rank's chunks of that vector, so
+        # the step updates the model in place, and the allgathers fill the rest in place.
         self.values = zeros(self.numel, dtype)
-        self.gradients = zeros(self.numel, dtype)
-        self.views = {}
-        offset = 0
         with torch.no_grad():
+            offset = 0
             for parameter in parameters:
                 count = parameter.numel()
                 data = self.values[offset:offset + count].view_as(parameter)
                 data.copy_(parameter.detach())
                 parameter.data = data
-                self.views[parameter] = self.gradients[offset:offset + count].view_as(parameter)
                 offset += count
-        # the slice in parts of at most _PART elements, each its own leaf for the optimizer:
-        # torch's CPU optimizers step tensor by tensor with temporaries of the tensor's size,
-        # so one leaf over the whole slice would raise the step's peak memory by the slice
-        cuts = list(range(self.start, self.stop, _PART)) + [self.stop]
-        self.part_bounds = list(zip(cuts[:-1], cuts[1:])) or [(self.start, self.stop)]
+        # this rank's reduced gradient: its chunk of every bucket, back to back
+        owned = self.buckets_layout.owned
+        self.reduced = zeros(sum(stop - start for start, stop in owned), dtype)
+        largest = max(high - low for low, high in self.buckets_layout.ranges)
+        self.pool = _Pool(None if stage == 1 else largest)
+        self.buckets, self.bucket_of, position = [], {}, 0
+        for index, (run, (low, high), layout) in enumerate(zip(
+                runs, self.buckets_layout.ranges, self.buckets_layout.layouts)):
+            bucket = _Bucket(index, run, low, high, layout, position)
+            position += layout.stop - layout.start
+            self.buckets.append(bucket)
+            for parameter in run:
+                self.bucket_of[parameter] = bucket
+            if stage == 1:  # held for good: each step's gradients land in the same memory
+                bucket.hold(high - low, dtype, self.pool)
+        # this rank's chunks in parts of at most _PART elements, each its own leaf for the
+        # optimizer: torch's CPU optimizers step tensor by tensor with temporaries of the
+        # tensor's size, so one leaf over a whole chunk would raise the step's peak memory
+        self.part_bounds, self.part_grads = [], []
+        for bucket, (start, stop) in zip(self.buckets, owned):
+            for low in range(start, stop, _PART):
+                high = min(low + _PART, stop)
+                self.part_bounds.append((low, high))
+                reduced_at = bucket.offset + low - start
+                self.part_grads.append(self.reduced[reduced_at:reduced_at + high - low])
+        if not self.part_bounds:  # a rank that owns nothing steps one empty leaf
+            self.part_bounds.append((owned[0][0], owned[0][0]))
+            self.part_grads.append(self.reduced[:0])
         self.parts = [torch.nn.Parameter(self.values[low:high])
                       for low, high in self.part_bounds]
 
     def into_view(self, parameter):
-        """Point ``parameter.grad`` at its view, copying a gradient autograd made anew
-        (after ``zero_grad(set_to_none=True)``) into it; later passes accumulate there."""
-        grad, view = parameter.grad, self.views[parameter]
+        """Point ``parameter.grad`` at its view in its bucket, copying a gradient autograd
+        made anew (after ``zero_grad(set_to_none=True)``) into it; later passes accumulate
+        there. Returns the parameter's bucket."""
+        bucket = self.bucket_of[parameter]
+        bucket.hold(bucket.high - bucket.low, self.dtype, self.pool)
+        grad, view = parameter.grad, bucket.views[parameter]
         if grad is not None and grad.layout == torch.strided and \
                 grad.data_ptr() != view.data_ptr():
             view.copy_(grad)
             parameter.grad = view
+        return bucket
 
-    def flat_gradient(self):
-        """Every parameter's gradient, flat and in order (zeros where there is none: every
-        rank must contribute, as DistributedOptimizer does for an unused parameter)."""
-        for parameter, view in self.views.items():
+    def fill(self, bucket):
+        """The bucket's gradient vector with every parameter's gradient (zeros where there is
+        none: every rank must contribute, as DistributedOptimizer does for an unused
+        parameter)."""
+        bucket.hold(bucket.high - bucket.low, self.dtype, self.pool)
+        for parameter, view in bucket.views.items():
             grad = parameter.grad
             if grad is None:
                 view.zero_()
@@ -99,7 +215,7 @@ class _Slice:
                                  "is sparse (use DistributedOptimizer without sharded=True)")
             elif grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
-        return self.gradients
+        return bucket.gradients
 
     def split(self, flat):
         """``flat`` (this group's full vector) as one tensor per parameter, shaped like it."""
@@ -110,11 +226,29 @@ class _Slice:
             offset += count
         return parts
 
+    def in_vector_order(self, gathered, size):
+        """Every rank's chunks, gathered rank after rank (each rank's in bucket order), put
+        back in the order of the flat vector."""
+        full = torch.empty(self.numel, dtype=gathered.dtype)
+        position = 0
+        for rank in range(size):
+            for (low, _), layout in zip(self.buckets_layout.ranges, self.buckets_layout.layouts):
+                start, stop = layout.bounds[rank]
+                full[low + start:low + stop] = gathered[position:position + stop - start]
+                position += stop - start
+        return full
+
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# 16-bit gradients are summed in float32 on the ring, as the engine sums them, and rounded back
-_CARRIED = (torch.float16, torch.bfloat16)
 _COMPRESSIONS = (Compression.none, Compression.fp16, Compression.bf16)
+# The most gradient bytes reduce-scattered together: a bucket's reduce-scatter starts once
+# its last parameter's gradient is ready, so smaller buckets start sooner during backward and
+# larger ones pay the fixed cost of a collective less often (torch DDP's default is 25 MiB).
+_BUCKET_BYTES = 16 << 20
+_INSTANCES = itertools.count()
+# Stage 2 keeps this many bucket-sized gradient vectors between steps (per slice), reused by
+# the next step's first buckets; more are made while more buckets are in flight at once.
+_KEEP = 2
 # The elements of one leaf the wrapped optimizer steps (see _Slice): 4 Mi (16 MiB of float32),
 # the size of a large layer, so a step's temporaries stay a layer's size.
 _PART = 1 << 22
@@ -130,11 +264,13 @@ class ShardedOptimizer(WrappingOptimizer):
     """``DistributedOptimizer(optimizer, sharded=True)``: see the module's docstring.
 
     ``param_groups`` are the rebuilt optimizer's (a group's ``params`` are this rank's
-    slices, its hyperparameters the original group's: LR schedulers work on them). Between
-    backward and ``step()`` each ``.grad`` is a view into its group's flat gradient vector
-    (clip or read it there, e.g. with ``clip_grad_norm_``); ``step()`` reduces that vector in
-    place and leaves every ``.grad`` None. Each parameter's data is a view into its group's flat
-    parameter vector from construction on (the step updates it in place).
+    slices, its hyperparameters the original group's: LR schedulers work on them). During
+    backward each ``.grad`` is a view into its bucket's gradient vector, and once the
+    bucket's last gradient is in, the bucket is reduced and the model's ``.grad`` are set to
+    None: the gradient then exists only as each rank's reduced slice. Clip it with
+    ``clip_grad_norm_`` (after backward, before ``step()``), not through the model's
+    ``.grad``. Each parameter's data is a view into its group's flat parameter vector from
+    construction on (the step updates it in place).
     ``state`` holds this rank's slices; ``state_dict()`` gathers the full state in the
     wrapped optimizer's own format, and ``load_state_dict`` takes one (saved sharded or not).
     """
@@ -143,7 +279,12 @@ class ShardedOptimizer(WrappingOptimizer):
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
-                 process_set=global_process_set):
+                 process_set=global_process_set, stage=1, bucket_bytes=None):
+        if stage not in (1, 2) or isinstance(stage, float):
+            raise ValueError(f"sharded= takes True or 1 (optimizer state sharded) or 2 (the "
+                             f"gradients too, once reduced), got {stage!r}")
+        if bucket_bytes is not None and (not isinstance(bucket_bytes, int) or bucket_bytes <= 0):
+            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
@@ -158,8 +299,6 @@ class ShardedOptimizer(WrappingOptimizer):
                              f"op={op}")
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
-        # checked only: backward passes accumulate in the gradient vector, and step()
-        # reduces whatever has accumulated
         if backward_passes_per_step <= 0:
             raise ValueError(f"backward_passes_per_step must be > 0, got "
                              f"{backward_passes_per_step}")
@@ -187,9 +326,17 @@ class ShardedOptimizer(WrappingOptimizer):
         self._postscale = gradient_predivide_factor
         self._original = optimizer
         self._originals = originals
+        self.stage = stage
+        self._passes = backward_passes_per_step
+        self._synchronized = False  # this step's reduce-scatters are done
+        self._in_flight = collections.deque()  # (slice, bucket) launched, not collected
+        self._reducing = False  # a reduce-scatter was launched since the last synchronize
         rank, size = self._group.rank, self._group.size
-        # the step's two halves (zero.py), on a communicator of their own
+        # the allgather of the parameters (zero.py), on a communicator of its own; the
+        # reduce-scatters go through the engine (named, so ranks may launch them in any order)
         self._halves = Halves(self._group, current().config.subchunk_bytes(across_nodes=False))
+        self._prefix = f"sharded{next(_INSTANCES)}"  # constructed in one order on every rank
+        bucket_bytes = bucket_bytes or _BUCKET_BYTES
         self._slices = []  # per group: [_Slice per dtype]
         groups = []
         for group in optimizer.param_groups:
@@ -197,16 +344,18 @@ class ShardedOptimizer(WrappingOptimizer):
             by_dtype = {}
             for parameter in trained:
                 by_dtype.setdefault(parameter.dtype, []).append(parameter)
-            slices = [_Slice(members, rank, size) for members in by_dtype.values()]
+            slices = [_Slice(members, rank, size, bucket_bytes, stage)
+                      for members in by_dtype.values()]
             self._slices.append(slices)
             hyper = {key: value for key, value in group.items() if key != "params"}
             groups.append({**hyper, "params": [part for piece in slices
                                                for part in piece.parts]})
         # the same class and defaults over this rank's slices: its state exists for them only
         self._check_same_layout()
-        self._hooks = [parameter.register_post_accumulate_grad_hook(piece.into_view)
-                       for slices in self._slices for piece in slices
-                       for parameter in piece.parameters]
+        self._hooks = [parameter.register_post_accumulate_grad_hook(
+            functools.partial(self._accumulated, group_index, piece))
+            for group_index, slices in enumerate(self._slices) for piece in slices
+            for parameter in piece.parameters]
         accepted = inspect.signature(type(optimizer)).parameters
         self._wrap(type(optimizer)(groups, **{
             key: value for key, value in optimizer.defaults.items() if key in accepted}))
@@ -214,64 +363,165 @@ class ShardedOptimizer(WrappingOptimizer):
             self.load_state_dict(optimizer.state_dict())
 
     def __repr__(self):
-        return f"DistributedOptimizer({self._original!r}, sharded=True)"
+        return f"DistributedOptimizer({self._original!r}, sharded={self.stage})"
 
     def _label(self, group_index, piece, what):
-        return f"sharded.{group_index}.{str(piece.values.dtype).split('.')[-1]}.{what}"
+        return f"{self._prefix}.{group_index}.{str(piece.dtype).split('.')[-1]}.{what}"
 
     def _check_same_layout(self):
         """Every rank must shard the same parameters: compared before any data moves."""
-        self._halves.check_same([[(str(piece.values.dtype), piece.numel) for piece in slices]
-                                 for slices in self._slices],
-                                "parameters (per group: dtype, elements)")
+        self._halves.check_same([[(str(piece.dtype), piece.numel, piece.buckets_layout.ranges)
+                                  for piece in slices] for slices in self._slices],
+                                "parameters (per group: dtype, elements, buckets)")
+
+    # ---- the first half: reduce-scatters launched as gradients become ready -----------------
+
+    def _accumulated(self, group_index, piece, parameter):
+        """After a parameter's gradient is accumulated (a backward hook): its bucket's
+        reduce-scatter starts once every parameter of the bucket has had its last pass."""
+        bucket = piece.bucket_of[parameter]
+        if bucket.launched is not None or bucket.collected:
+            raise RuntimeError(
+                f"a gradient was computed more than backward_passes_per_step="
+                f"{self._passes} times before step(): its bucket was already being reduced. "
+                f"Call step() after that many backward passes, or raise "
+                f"backward_passes_per_step")
+        piece.into_view(parameter)
+        passes = bucket.passes[parameter] = bucket.passes.get(parameter, 0) + 1
+        if passes == self._passes and len(bucket.passes) == len(bucket.parameters) and all(
+                count == self._passes for count in bucket.passes.values()):
+            self._launch(group_index, piece, bucket)
+        # buckets whose reduction is done give their vector back (stage 2) for the next ones
+        while self._in_flight and self._in_flight[0][1].launched[0].done():
+            self._collect(*self._in_flight.popleft())
+
+    def _launch(self, group_index, piece, bucket):
+        """Start the bucket's reduce-scatter in its own gradient vector (in the engine's
+        background, overlapping the rest of backward). The model's ``.grad`` of its
+        parameters are let go: nothing may touch the vector while it is reduced.
+
+        A float16 or bfloat16 vector is summed as float32 and rounded back (bfloat16, which
+        numpy lacks, carried as a float32 copy). Compressed, the payload
+        ``compression.compress`` makes of the vector travels instead, as the unsharded
+        optimizer sends it: a 16-bit wire sum is divided by the ranks before it (it could
+        overflow where the average would not). Alone, nothing is compressed, as with the
+        unsharded optimizer."""
+        flat = piece.fill(bucket)
+        for parameter in bucket.parameters:
+            parameter.grad = None
+        compressing = self._compression is not Compression.none and self._group.size > 1
+        payload, ctx = self._compression.compress(flat) if compressing else (flat, None)
+        wire = self._compression.wire if compressing else ""
+        carried = payload.float() if payload.dtype == torch.bfloat16 else payload
+        handle = collectives.reducescatter_async_(
+            carried.numpy(), self._label(group_index, piece, f"bucket{bucket.index}"),
+            self._op, self.process_set, self._prescale, self._postscale, wire=wire)
+        bucket.launched = (handle, payload.dtype, ctx if compressing else None)
+        self._in_flight.append((piece, bucket))
+        self._synchronized, self._reducing = False, True
+
+    def synchronize(self):
+        """Wait for the gradients' reduce-scatters (starting those of buckets whose gradients
+        were not all computed: missing ones count as zeros), so that this rank holds its
+        slice of the reduced gradients. ``step()`` calls it; call it first to clip them
+        (``clip_grad_norm_``)."""
+        if self._synchronized:
+            return
+        with transport.activity("sharded optimizer: the gradients' reduce-scatters"):
+            # what is in flight first: its vectors are free again for the buckets left
+            while self._in_flight:
+                self._collect(*self._in_flight.popleft())
+            for group_index, slices in enumerate(self._slices):
+                for piece in slices:
+                    for bucket in piece.buckets:
+                        if bucket.launched is None and not bucket.collected:
+                            self._launch(group_index, piece, bucket)
+            while self._in_flight:
+                self._collect(*self._in_flight.popleft())
+            for slices in self._slices:
+                for piece in slices:
+                    for bucket in piece.buckets:
+                        bucket.collected = False
+                    piece.pool.trim()
+        self._synchronized, self._reducing = True, False
+
+    def _collect(self, piece, bucket):
+        """This rank's chunk of the reduced bucket, into the slice's reduced vector; a stage-2
+        bucket's gradient vector is let go."""
+        handle, payload_dtype, ctx = bucket.launched
+        mine = torch.from_numpy(collectives.synchronize(handle))
+        if mine.dtype != payload_dtype:  # bfloat16 carried as float32
+            mine = mine.to(payload_dtype)
+        if ctx is not None:
+            mine = self._compression.decompress(mine, ctx)
+        count = bucket.layout.stop - bucket.layout.start
+        piece.reduced[bucket.offset:bucket.offset + count].copy_(mine)
+        bucket.launched, bucket.passes, bucket.collected = None, {}, True
+        if self.stage == 2:
+            bucket.release(piece.pool)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Clip the reduced gradients by their norm over every rank's slice, as
+        ``torch.nn.utils.clip_grad_norm_`` clips the whole gradient (the model's ``.grad`` are
+        not the gradient under a sharded optimizer). Waits for the reduce-scatters first.
+        Collective: every rank calls it. Returns the total norm (before clipping)."""
+        self.synchronize()
+        norm_type = float(norm_type)
+        pieces = [piece.reduced for slices in self._slices for piece in slices]
+        if norm_type == math.inf:
+            local = max((float(piece.abs().max()) for piece in pieces if piece.numel()),
+                        default=0.0)
+            total = mpi_ops.allreduce(torch.tensor([local], dtype=torch.float64), op=ops.Max,
+                                      name=f"{self._prefix}.clip",
+                                      process_set=self.process_set)[0]
+        else:
+            local = sum(float(torch.linalg.vector_norm(piece, norm_type, dtype=torch.float64))
+                        ** norm_type for piece in pieces if piece.numel())
+            total = mpi_ops.allreduce(torch.tensor([local], dtype=torch.float64), op=ops.Sum,
+                                      name=f"{self._prefix}.clip",
+                                      process_set=self.process_set)[0] ** (1.0 / norm_type)
+        coefficient = min(float(max_norm) / (float(total) + 1e-6), 1.0)
+        for piece in pieces:
+            piece.mul_(coefficient)
+        return torch.tensor(float(total))
+
+    def held_gradient_bytes(self):
+        """The bytes of gradient memory this optimizer holds: the buckets' gradient vectors
+        (stage 1: one per bucket; stage 2: as many as were in flight at once, reused) and
+        this rank's slice of the reduced gradients."""
+        return sum(piece.reduced.nbytes + piece.pool.held_bytes()
+                   for slices in self._slices for piece in slices)
 
     def step(self, closure=None):
-        """Reduce-scatter the gradients, step this rank's slices, allgather the parameters."""
+        """Wait for the reduce-scatters, step this rank's slices, allgather the parameters."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        stepped = []
+        self.synchronize()
         with transport.activity("sharded optimizer step"):
             for slices in self._slices:
                 for piece in slices:
-                    flat = piece.flat_gradient()
-                    self._reduce(flat, piece.layout)
-                    for part, (low, high) in zip(piece.parts, piece.part_bounds):
-                        part.grad = flat[low:high]
-                    stepped.append(piece)
+                    for part, grad in zip(piece.parts, piece.part_grads):
+                        part.grad = grad
             self._optimizer.step()
-            for piece in stepped:  # each rank's updated slice, into every rank's vector
-                self._halves.gather(piece.values.view(torch.uint8).numpy(), piece.layout)
-                for part in piece.parts:
-                    part.grad = None
-                for parameter in piece.parameters:  # their views are partial sums now
-                    parameter.grad = None
+            for slices in self._slices:  # each rank's updated chunks, into every rank's vector
+                for piece in slices:
+                    self._halves.gather_buckets(piece.values.view(torch.uint8).numpy(),
+                                                piece.buckets_layout)
+                    for part in piece.parts:
+                        part.grad = None
+        self._synchronized = False
         return loss
 
-    def _reduce(self, flat, layout):
-        """Scatter-reduce the flat gradient vector; this rank's slice of it ends reduced.
-
-        A float16 or bfloat16 vector is summed as float32 and its slice rounded back.
-        Compressed, the payload ``compression.compress`` makes of the vector travels instead
-        (bfloat16, which numpy lacks, carried as float32), as the unsharded optimizer sends
-        it: a 16-bit wire sum is divided by the ranks before it (it could overflow where the
-        average would not); this rank's slice is then decompressed into the vector. Alone,
-        nothing is sent and nothing is compressed, as with the unsharded optimizer.
-        """
-        compressing = self._compression is not Compression.none and self._halves.size > 1
-        payload, ctx = self._compression.compress(flat) if compressing else (flat, None)
-        wire = self._compression.wire if compressing else ""
-        carried = payload.float() if payload.dtype in _CARRIED and not wire else payload
-        mine = self._halves.reduce(carried.numpy(), layout, self._op, self._prescale,
-                                   self._postscale, wire=wire,
-                                   dtype="float16" if payload.dtype == torch.float16 else None)
-        if carried is not flat:  # this rank's slice back into the vector, in its dtype
-            reduced = torch.from_numpy(mine).to(payload.dtype)
-            flat[layout.start:layout.stop] = self._compression.decompress(reduced, ctx)
-
     def zero_grad(self, set_to_none=True):
-        """Clear the model's gradients (and the slices' reduced ones)."""
+        """Clear the model's gradients (refused while they are being reduced: after
+        backward, before ``step()`` or ``synchronize()``)."""
+        if self._reducing:
+            raise RuntimeError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): the gradients are being reduced "
+                "across the ranks. Call step() (or synchronize()) first")
         for parameter in self._originals:
             if parameter.grad is None:
                 continue
@@ -282,12 +532,14 @@ class ShardedOptimizer(WrappingOptimizer):
                 parameter.grad.zero_()
         self._optimizer.zero_grad(set_to_none=True)
 
-    def synchronize(self):
-        """Nothing to wait for: the gradients are reduced inside ``step()``."""
-
+    @contextlib.contextmanager
     def skip_synchronize(self):
-        raise RuntimeError("sharded=True reduces the gradients inside step(), so there is no "
-                           "separate synchronize() to skip")
+        """Use around ``step()`` after an explicit ``synchronize()`` (Horovod's pattern for
+        clipping); ``step()`` does not wait again either way."""
+        if not self._synchronized:
+            raise RuntimeError("skip_synchronize() without synchronize() first: a sharded "
+                               "optimizer can only step reduced gradients")
+        yield
 
     def add_param_group(self, param_group):
         raise NotImplementedError("add_param_group on a sharded optimizer: pass every group "
@@ -333,7 +585,7 @@ class ShardedOptimizer(WrappingOptimizer):
                 mine = torch.cat([state[key].detach() for state in states])
                 full = mpi_ops.allgather(mine, name=self._label(
                     group_index, piece, f"state.{key}"), process_set=self.process_set)
-                gathered[key] = piece.split(full)
+                gathered[key] = piece.split(piece.in_vector_order(full, self._group.size))
             else:
                 gathered[key] = value.clone() if torch.is_tensor(value) else value
         return gathered

@@ -26,7 +26,7 @@ def _run(*args):
 def test_bench_sharded_variants_train_the_same_parameters():
     stdout, result = _run("time", "--steps", "2")
     assert result["ranks"] == 3 and result["parameters"] == 20200
-    expected = {"unsharded", "sharded", "torch-zero", "fsdp2"}
+    expected = {"unsharded", "sharded", "sharded2", "torch-zero", "fsdp2"}
     if "# fsdp2 left out:" in stdout:  # a torch without fully_shard on the CPU says why
         expected.discard("fsdp2")
     assert set(result["median_ms"]) == expected
@@ -36,12 +36,22 @@ def test_bench_sharded_variants_train_the_same_parameters():
 
 
 def test_bench_sharded_memory_holds_a_third_of_the_state_at_three_ranks():
-    held = {}
-    for variant in ("unsharded", "sharded"):
+    held, gradients = {}, {}
+    for variant in ("unsharded", "sharded", "sharded2"):
         _, result = _run("memory", "--variant", variant)
         held[variant] = [row["state_bytes"] for row in result["rows"]]
+        gradients[variant] = [row["gradient_bytes"] for row in result["rows"]]
     # Adam: two float32 moments per parameter, plus a step count per state entry
     moments = 2 * 4 * 20200
     assert all(moments <= value <= moments + 1024 for value in held["unsharded"]), held
-    assert moments <= sum(held["sharded"]) <= moments + 3 * 1024, held
-    assert all(value <= moments / 3 + 1024 for value in held["sharded"]), held
+    for variant in ("sharded", "sharded2"):
+        assert moments <= sum(held[variant]) <= moments + 3 * 1024, held
+        assert all(value <= moments / 3 + 1024 for value in held[variant]), held
+    # float32 gradients: the whole model's on every rank; the sharded optimizers' gradient
+    # vector (this model is one bucket) and their reduced third
+    whole = 4 * 20200
+    assert gradients["unsharded"] == [whole] * 3, gradients
+    for variant in ("sharded", "sharded2"):
+        assert sum(gradients[variant]) == 4 * whole, gradients
+        assert all(whole + whole / 3 - 64 <= value <= whole + whole / 3 + 64
+                   for value in gradients[variant]), gradients

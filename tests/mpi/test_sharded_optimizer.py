@@ -49,9 +49,12 @@ def loss_of(parameters, rank, step):
     return (hidden @ second.double()).pow(2).mean()  # float64 gradients stay float64
 
 
-def reference_run(optimizer_class, options, steps=STEPS, passes=1):
+def reference_run(optimizer_class, options, steps=STEPS, passes=1, clip=None):
     """Every rank's gradient, averaged, into a plain optimizer: what large-batch training
-    on one process does. ``passes``: backward passes accumulated per step."""
+    on one process does. ``passes``: backward passes accumulated per step; ``clip``:
+    (max_norm, norm_type) for torch's clip_grad_norm_ on the averaged gradient (the norms it
+    returned are kept in ``optimizer.norms``)."""
+    norms = []
     parameters = make_parameters()
     optimizer = optimizer_class(groups_of(parameters), **options)
     for step in range(steps):
@@ -67,21 +70,47 @@ def reference_run(optimizer_class, options, steps=STEPS, passes=1):
         for total, parameter in zip(grads, parameters):
             if parameter.requires_grad:
                 parameter.grad = total / hvd.size()
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(
+                [parameter for parameter in parameters if parameter.requires_grad], *clip)))
         optimizer.step()
+    optimizer.norms = norms
     return parameters, optimizer
 
 
-def sharded_run(optimizer_class, options, steps=STEPS, make=None, passes=1, set_to_none=True):
+def sharded_run(optimizer_class, options, steps=STEPS, make=None, passes=1, set_to_none=True,
+                stage=True, clip=None):
     parameters = make_parameters()
     optimizer = make(parameters) if make else hvd.DistributedOptimizer(
-        optimizer_class(groups_of(parameters), **options), sharded=True,
+        optimizer_class(groups_of(parameters), **options), sharded=stage,
         backward_passes_per_step=passes)
+    norms = []
     for step in range(steps):
         optimizer.zero_grad(set_to_none=set_to_none)
         for index in range(passes):
             (loss_of(parameters, hvd.rank(), passes * step + index) / passes).backward()
+        if clip is not None:
+            norms.append(float(optimizer.clip_grad_norm_(*clip)))
         optimizer.step()
+    optimizer.norms = norms
     return parameters, optimizer
+
+
+# how each slice's gradients are cut into buckets, each reduce-scattered on its own as soon
+# as its parameters' gradients are ready: one bucket per slice (the default's, for these
+# sizes), or one per parameter (40 bytes: five float64 or ten float32 elements at most)
+LAYOUTS = [("one_bucket", True, None), ("bucket_per_parameter", True, 40),
+           ("stage_2", 2, 40)]
+
+
+@pytest.fixture(params=LAYOUTS, ids=[name for name, _, _ in LAYOUTS])
+def stage(request, monkeypatch):
+    """The ``sharded=`` value of a layout, with the bucket size it sets."""
+    _, stage, bucket_bytes = request.param
+    if bucket_bytes is not None:
+        from hororing.torch import sharded
+        monkeypatch.setattr(sharded, "_BUCKET_BYTES", bucket_bytes)
+    return stage
 
 
 def assert_matches(parameters, expected):
@@ -97,8 +126,8 @@ def assert_matches(parameters, expected):
 @pytest.mark.parametrize("optimizer_class,options", CONFIGS,
                          ids=[cls.__name__ for cls, _ in CONFIGS])
 def test_sharded_steps_equal_large_batch_training_and_hold_a_slice_of_the_state(
-        optimizer_class, options):
-    parameters, optimizer = sharded_run(optimizer_class, options)
+        optimizer_class, options, stage):
+    parameters, optimizer = sharded_run(optimizer_class, options, stage=stage)
     expected, reference = reference_run(optimizer_class, options)
     assert_matches(parameters, expected)
     assert not parameters[4].grad and torch.equal(parameters[4], expected[4])  # frozen
@@ -111,7 +140,8 @@ def test_sharded_steps_equal_large_batch_training_and_hold_a_slice_of_the_state(
                  if torch.is_tensor(value) and key != "step"})
     from mpi4py import MPI
     assert MPI.COMM_WORLD.allreduce(held) == kinds * trained
-    assert held <= kinds * (trained // hvd.size() + 2)  # a slice per dtype, one more at most
+    buckets = sum(len(piece.buckets) for slices in optimizer._slices for piece in slices)
+    assert held <= kinds * (trained // hvd.size() + buckets)  # one more per bucket at most
 
 
 @pytest.mark.parametrize("part", [None, 5], ids=["one_part", "parts_of_5"])
@@ -212,7 +242,8 @@ def test_compressed_gradients_step_as_the_unsharded_optimizer_compresses_them(co
             np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-3)
     # the gradients were rounded: bfloat16's rounding shows against the uncompressed run
     if compression == "bf16" and hvd.size() > 1:
-        assert max(float((p - q).abs().max()) for p, q in zip(parameters, uncompressed)) > 1e-5
+        assert max(float((p - q).detach().abs().max())
+                   for p, q in zip(parameters, uncompressed)) > 1e-5
 
 
 SIXTEEN_BIT_CONFIGS = [  # Adam's default eps (1e-8) is 0 in float16
@@ -282,12 +313,12 @@ def test_ranks_that_wrap_different_parameters_are_refused_on_every_rank():
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_gradients_accumulated_over_backward_passes(set_to_none):
+def test_gradients_accumulated_over_backward_passes(set_to_none, stage):
     """Two backward passes per step, the gradients kept as zeroed views or set to None
     between steps: the same as large-batch training on both batches."""
     options = {"lr": 0.1, "momentum": 0.9}
     parameters, _ = sharded_run(torch.optim.SGD, options, steps=3, passes=2,
-                                set_to_none=set_to_none)
+                                set_to_none=set_to_none, stage=stage)
     expected, _ = reference_run(torch.optim.SGD, options, steps=3, passes=2)
     assert_matches(parameters, expected)
 
@@ -313,3 +344,143 @@ def test_broadcast_optimizer_state_keeps_a_sharded_state_and_training_continues(
     _, reference = reference_run(torch.optim.Adam, {"lr": 0.01}, steps=4)
     assert_matches(parameters, reference.param_groups[0]["params"] +
                    reference.param_groups[1]["params"])
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")], ids=["l2", "max"])
+def test_clip_grad_norm_clips_the_averaged_gradient_over_every_rank(stage, norm_type):
+    """``optimizer.clip_grad_norm_`` after backward: torch's clip_grad_norm_ applied to the
+    averaged gradient of the whole model, from each rank's slice of it."""
+    options = {"lr": 0.1, "momentum": 0.9}
+    clip = (0.05, norm_type)  # below the gradients' norms: every step clips
+    parameters, optimizer = sharded_run(torch.optim.SGD, options, stage=stage, clip=clip)
+    expected, reference = reference_run(torch.optim.SGD, options, clip=clip)
+    assert min(reference.norms) > clip[0]
+    np.testing.assert_allclose(optimizer.norms, reference.norms, rtol=1e-6)
+    assert_identical_on_every_rank(np.array(optimizer.norms))
+    assert_matches(parameters, expected)
+
+
+def test_reduce_scatters_start_during_backward_and_stage_2_lets_the_gradients_go(monkeypatch):
+    """One bucket per parameter: after backward, every bucket whose parameters all have
+    their gradient is being reduced or done (the unused parameter's waits for step()), and
+    the model's .grad are let go. Stage 1 keeps a gradient vector per bucket; stage 2 reuses
+    vectors from bucket to bucket and keeps two per slice between steps."""
+    from hororing.torch import sharded
+    monkeypatch.setattr(sharded, "_BUCKET_BYTES", 40)
+    held = {}
+    for stage in (1, 2):
+        parameters = make_parameters()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(groups_of(parameters), lr=0.1),
+                                             sharded=stage)
+        pieces = [piece for slices in optimizer._slices for piece in slices]
+        trained_bytes = sum(p.numel() * p.element_size() for p in parameters if p.requires_grad)
+        for step in range(2):
+            optimizer.zero_grad()
+            loss_of(parameters, hvd.rank(), step).backward()
+            started = {bucket.parameters[0] is parameters[3]:
+                       bucket.launched is not None or bucket.collected
+                       for piece in pieces for bucket in piece.buckets}
+            assert started == {False: True, True: False}  # only the unused one waits
+            assert all(parameter.grad is None for parameter in parameters)
+            with pytest.raises(RuntimeError, match="before optimizer.step"):
+                optimizer.zero_grad()
+            optimizer.step()
+        held[stage] = optimizer.held_gradient_bytes()
+        reduced = sum(piece.reduced.nbytes for piece in pieces)
+        # this rank's slice: 1/n of the trained bytes, one element more per bucket at most
+        assert reduced <= trained_bytes / hvd.size() + 8 * 4
+        pooled = sum(piece.pool.held_bytes() for piece in pieces)
+        assert held[stage] == reduced + pooled
+        if stage == 1:
+            assert pooled == trained_bytes
+            assert sum(len(piece.pool.made) for piece in pieces) == 4  # one per parameter
+        else:  # each vector as long as its slice's largest bucket
+            assert all(vector.numel() == max(high - low for low, high in
+                                             piece.buckets_layout.ranges)
+                       and len(piece.pool.made) <= sharded._KEEP
+                       for piece in pieces for vector in piece.pool.made)
+        expected, _ = reference_run(torch.optim.SGD, {"lr": 0.1}, steps=2)
+        assert_matches(parameters, expected)
+
+
+def test_more_backward_passes_than_declared_are_refused(monkeypatch):
+    from hororing.torch import sharded
+    monkeypatch.setattr(sharded, "_BUCKET_BYTES", 40)
+    parameters = make_parameters()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(groups_of(parameters), lr=0.1),
+                                         sharded=True)
+    loss_of(parameters, hvd.rank(), 0).backward()
+    with pytest.raises(RuntimeError, match="more than backward_passes_per_step=1 times"):
+        loss_of(parameters, hvd.rank(), 1).backward()
+    optimizer.step()  # the first pass's reductions complete: it steps with them
+    expected, _ = reference_run(torch.optim.SGD, {"lr": 0.1}, steps=1)
+    assert_matches(parameters, expected)
+
+
+def test_buckets_smaller_than_the_rank_count_leave_some_ranks_nothing_to_step(monkeypatch):
+    """A parameter of 1 and one of 2 elements, each its own bucket: at 3 and 4 ranks some
+    ranks own no element of a bucket (or of any), and the step is still exact."""
+    from hororing.torch import sharded
+    monkeypatch.setattr(sharded, "_BUCKET_BYTES", 8)
+
+    def make():
+        return [torch.nn.Parameter(torch.tensor([0.5, -1.0], dtype=torch.float64)),
+                torch.nn.Parameter(torch.tensor([2.0], dtype=torch.float64))]
+
+    def gradient(rank, step):
+        return [torch.tensor([rank + step + 1.0, 2.0 * rank]), torch.tensor([3.0 - rank])]
+
+    parameters = make()
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(parameters, lr=0.1), sharded=2)
+    expected = make()
+    reference = torch.optim.Adam(expected, lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        (sum((parameter * grad).sum() for parameter, grad in
+             zip(parameters, gradient(hvd.rank(), step)))).backward()
+        optimizer.step()
+        for index, parameter in enumerate(expected):
+            parameter.grad = sum(gradient(rank, step)[index].double()
+                                 for rank in range(hvd.size())) / hvd.size()
+        reference.step()
+    for parameter, want in zip(parameters, expected):
+        assert_identical_on_every_rank(parameter.detach().numpy())
+        np.testing.assert_allclose(parameter.detach().numpy(), want.detach().numpy(),
+                                   rtol=1e-12)
+    assert optimizer.state_dict()["state"][0]["exp_avg"].shape == (2,)
+
+
+def test_parameters_used_by_some_ranks_only_are_reduced_in_any_order(monkeypatch):
+    """Rank r's loss uses the first r + 1 of four parameters (one bucket each), so each rank
+    starts a different set of reduce-scatters during backward, and the rest at step(): the
+    engine matches them by name, and the missing gradients count as zeros."""
+    from hororing.torch import sharded
+    monkeypatch.setattr(sharded, "_BUCKET_BYTES", 8)
+
+    def make():
+        return [torch.nn.Parameter(torch.full((3,), float(index + 1), dtype=torch.float64))
+                for index in range(4)]
+
+    def loss(parameters, rank):
+        return sum((parameter * (rank + 1)).pow(2).sum() for parameter in parameters[:rank + 1])
+
+    parameters, expected = make(), make()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(parameters, lr=0.1), sharded=2)
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss(parameters, hvd.rank() % 4).backward()
+        optimizer.step()
+        gradients = [torch.zeros(3, dtype=torch.float64) for _ in expected]
+        for rank in range(hvd.size()):
+            copies = [parameter.detach().clone().requires_grad_() for parameter in expected]
+            loss(copies, rank % 4).backward()
+            for total, copy in zip(gradients, copies):
+                if copy.grad is not None:
+                    total += copy.grad
+        with torch.no_grad():
+            for parameter, total in zip(expected, gradients):
+                parameter -= 0.1 * total / hvd.size()
+    for parameter, want in zip(parameters, expected):
+        assert_identical_on_every_rank(parameter.detach().numpy())
+        np.testing.assert_allclose(parameter.detach().numpy(), want.detach().numpy(),
+                                   rtol=1e-12)
