@@ -39,8 +39,9 @@ def parse_args():
     parser.add_argument("--ps-async", action="store_true",
                         help="PS mode: asynchronous SGD on the servers (AsyncPSOptimizer) instead "
                              "of synchronous averaging")
-    parser.add_argument("--sharded", action="store_true",
-                        help="shard the optimizer's state across the ranks (ZeRO stage 1)")
+    parser.add_argument("--sharded", type=int, nargs="?", const=1, default=0, choices=[1, 2],
+                        help="shard the optimizer's state across the ranks (ZeRO stage 1; "
+                             "--sharded 2: the gradients too, stage 2)")
     parser.add_argument("--save-params", help="write the final parameters here (.npz)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model and data live; cuda: GPU local_rank %% GPU count")
