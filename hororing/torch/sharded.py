@@ -75,6 +75,7 @@ class _Bucket:
         self.passes = {}  # parameter -> backward passes accumulated this step
         self.launched = None  # (handle, payload dtype, compression ctx) while in flight
         self.collected = False  # reduced this step (until the step's synchronize ends)
+        self.reduced = None  # where this rank's chunk of the reduced gradient is kept
 
     def hold(self, count, dtype, pool):
         """Take a gradient vector (a stage-2 bucket has none between steps): one from
@@ -157,9 +158,11 @@ class _Slice:
                 data.copy_(parameter.detach())
                 parameter.data = data
                 offset += count
-        # this rank's reduced gradient: its chunk of every bucket, back to back
+        # this rank's reduced gradient, its chunk of every bucket: in the buckets' own vectors
+        # (stage 1), or back to back in a vector of its own (stage 2, whose buckets let theirs go)
         owned = self.buckets_layout.owned
-        self.reduced = zeros(sum(stop - start for start, stop in owned), dtype)
+        self.reduced = None if stage == 1 else \
+            zeros(sum(stop - start for start, stop in owned), dtype)
         largest = max(high - low for low, high in self.buckets_layout.ranges)
         self.pool = _Pool(None if stage == 1 else largest)
         self.buckets, self.bucket_of, position = [], {}, 0
@@ -172,6 +175,9 @@ class _Slice:
                 self.bucket_of[parameter] = bucket
             if stage == 1:  # held for good: each step's gradients land in the same memory
                 bucket.hold(high - low, dtype, self.pool)
+                bucket.reduced = bucket.gradients[layout.start:layout.stop]
+            else:
+                bucket.reduced = self.reduced[bucket.offset:position]
         # this rank's chunks in parts of at most _PART elements, each its own leaf for the
         # optimizer: torch's CPU optimizers step tensor by tensor with temporaries of the
         # tensor's size, so one leaf over a whole chunk would raise the step's peak memory
@@ -180,11 +186,10 @@ class _Slice:
             for low in range(start, stop, _PART):
                 high = min(low + _PART, stop)
                 self.part_bounds.append((low, high))
-                reduced_at = bucket.offset + low - start
-                self.part_grads.append(self.reduced[reduced_at:reduced_at + high - low])
+                self.part_grads.append(bucket.reduced[low - start:high - start])
         if not self.part_bounds:  # a rank that owns nothing steps one empty leaf
             self.part_bounds.append((owned[0][0], owned[0][0]))
-            self.part_grads.append(self.reduced[:0])
+            self.part_grads.append(self.buckets[0].reduced[:0])
         self.parts = [torch.nn.Parameter(self.values[low:high])
                       for low, high in self.part_bounds]
 
@@ -454,8 +459,8 @@ class ShardedOptimizer(WrappingOptimizer):
             mine = mine.to(payload_dtype)
         if ctx is not None:
             mine = self._compression.decompress(mine, ctx)
-        count = bucket.layout.stop - bucket.layout.start
-        piece.reduced[bucket.offset:bucket.offset + count].copy_(mine)
+        if mine.data_ptr() != bucket.reduced.data_ptr() or mine.dtype != bucket.reduced.dtype:
+            bucket.reduced.copy_(mine)  # stage 1 reduced in place: already there
         bucket.launched, bucket.passes, bucket.collected = None, {}, True
         if self.stage == 2:
             bucket.release(piece.pool)
@@ -467,7 +472,8 @@ class ShardedOptimizer(WrappingOptimizer):
         Collective: every rank calls it. Returns the total norm (before clipping)."""
         self.synchronize()
         norm_type = float(norm_type)
-        pieces = [piece.reduced for slices in self._slices for piece in slices]
+        pieces = [bucket.reduced for slices in self._slices for piece in slices
+                  for bucket in piece.buckets]
         if norm_type == math.inf:
             local = max((float(piece.abs().max()) for piece in pieces if piece.numel()),
                         default=0.0)
@@ -487,10 +493,10 @@ class ShardedOptimizer(WrappingOptimizer):
 
     def held_gradient_bytes(self):
         """The bytes of gradient memory this optimizer holds: the buckets' gradient vectors
-        (stage 1: one per bucket; stage 2: as many as were in flight at once, reused) and
-        this rank's slice of the reduced gradients."""
-        return sum(piece.reduced.nbytes + piece.pool.held_bytes()
-                   for slices in self._slices for piece in slices)
+        (stage 1: one per bucket, each reduced in place; stage 2: two kept between steps,
+        reused) and, in stage 2, this rank's slice of the reduced gradients."""
+        return sum((0 if piece.reduced is None else piece.reduced.nbytes) +
+                   piece.pool.held_bytes() for slices in self._slices for piece in slices)
 
     def step(self, closure=None):
         """Wait for the reduce-scatters, step this rank's slices, allgather the parameters."""

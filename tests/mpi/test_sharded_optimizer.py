@@ -386,15 +386,15 @@ def test_reduce_scatters_start_during_backward_and_stage_2_lets_the_gradients_go
                 optimizer.zero_grad()
             optimizer.step()
         held[stage] = optimizer.held_gradient_bytes()
-        reduced = sum(piece.reduced.nbytes for piece in pieces)
-        # this rank's slice: 1/n of the trained bytes, one element more per bucket at most
-        assert reduced <= trained_bytes / hvd.size() + 8 * 4
         pooled = sum(piece.pool.held_bytes() for piece in pieces)
-        assert held[stage] == reduced + pooled
-        if stage == 1:
-            assert pooled == trained_bytes
+        if stage == 1:  # each bucket reduced in its own vector: this rank's chunk stays there
+            assert held[stage] == pooled == trained_bytes
             assert sum(len(piece.pool.made) for piece in pieces) == 4  # one per parameter
-        else:  # each vector as long as its slice's largest bucket
+        else:  # this rank's slice: 1/n of the trained bytes, one element more per bucket
+            reduced = sum(piece.reduced.nbytes for piece in pieces)
+            assert reduced <= trained_bytes / hvd.size() + 8 * 4
+            assert held[stage] == reduced + pooled
+            # each vector as long as its slice's largest bucket
             assert all(vector.numel() == max(high - low for low, high in
                                              piece.buckets_layout.ranges)
                        and len(piece.pool.made) <= sharded._KEEP
