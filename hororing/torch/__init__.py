@@ -3,6 +3,10 @@
 The only package of hororing that imports torch.
 """
 
+from ..config import torch_huge_pages
+
+torch_huge_pages()  # before the first large tensor: torch reads it once (config.py)
+
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
                 add_process_set, cross_rank, cross_size, global_process_set, init,
                 is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,

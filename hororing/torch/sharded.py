@@ -284,12 +284,10 @@ class ShardedOptimizer(WrappingOptimizer):
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
-                 process_set=global_process_set, stage=1, bucket_bytes=None):
+                 process_set=global_process_set, stage=1):
         if stage not in (1, 2) or isinstance(stage, float):
             raise ValueError(f"sharded= takes True or 1 (optimizer state sharded) or 2 (the "
                              f"gradients too, once reduced), got {stage!r}")
-        if bucket_bytes is not None and (not isinstance(bucket_bytes, int) or bucket_bytes <= 0):
-            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
@@ -341,7 +339,6 @@ class ShardedOptimizer(WrappingOptimizer):
         # reduce-scatters go through the engine (named, so ranks may launch them in any order)
         self._halves = Halves(self._group, current().config.subchunk_bytes(across_nodes=False))
         self._prefix = f"sharded{next(_INSTANCES)}"  # constructed in one order on every rank
-        bucket_bytes = bucket_bytes or _BUCKET_BYTES
         self._slices = []  # per group: [_Slice per dtype]
         groups = []
         for group in optimizer.param_groups:
@@ -349,7 +346,7 @@ class ShardedOptimizer(WrappingOptimizer):
             by_dtype = {}
             for parameter in trained:
                 by_dtype.setdefault(parameter.dtype, []).append(parameter)
-            slices = [_Slice(members, rank, size, bucket_bytes, stage)
+            slices = [_Slice(members, rank, size, _BUCKET_BYTES, stage)
                       for members in by_dtype.values()]
             self._slices.append(slices)
             hyper = {key: value for key, value in group.items() if key != "params"}
@@ -528,6 +525,10 @@ class ShardedOptimizer(WrappingOptimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): the gradients are being reduced "
                 "across the ranks. Call step() (or synchronize()) first")
+        for slices in self._slices:  # backward passes count from here again
+            for piece in slices:
+                for bucket in piece.buckets:
+                    bucket.passes = {}
         for parameter in self._originals:
             if parameter.grad is None:
                 continue

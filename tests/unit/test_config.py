@@ -143,6 +143,35 @@ def test_ring_sub_chunk_depends_on_whether_the_ring_crosses_nodes():
     assert chosen.subchunk_bytes(across_nodes=False) == chosen.subchunk_bytes(True) == 65536
 
 
+def test_torch_huge_pages_default_on_unless_the_user_chose():
+    from hororing.config import torch_huge_pages
+    environ = {}
+    assert torch_huge_pages(environ) and environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    environ = {"THP_MEM_ALLOC_ENABLE": "0"}  # the user's own setting stays
+    assert not torch_huge_pages(environ) and environ["THP_MEM_ALLOC_ENABLE"] == "0"
+    environ = {"HORORING_TORCH_HUGE_PAGES": "0"}
+    assert not torch_huge_pages(environ) and "THP_MEM_ALLOC_ENABLE" not in environ
+    with pytest.raises(ValueError, match="HORORING_TORCH_HUGE_PAGES"):
+        torch_huge_pages({"HORORING_TORCH_HUGE_PAGES": "sometimes"})
+
+
+def test_importing_the_torch_binding_turns_on_torch_huge_pages():
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    environ = {key: value for key, value in os.environ.items()
+               if key not in ("THP_MEM_ALLOC_ENABLE", "HORORING_TORCH_HUGE_PAGES")}
+    check = ("import os, hororing.torch; "
+             "print(os.environ.get('THP_MEM_ALLOC_ENABLE'))")
+    for switch, expected in (({}, "1"), ({"HORORING_TORCH_HUGE_PAGES": "0"}, "None"),
+                             ({"THP_MEM_ALLOC_ENABLE": "0"}, "0")):
+        job = subprocess.run([sys.executable, "-c", check], env={**environ, **switch},
+                             capture_output=True, text=True, timeout=120)
+        assert job.returncode == 0, job.stderr[-2000:]
+        assert job.stdout.strip() == expected, (switch, job.stdout)
+
+
 def test_readme_lists_every_environment_variable_config_reads():
     """README's table of environment variables is kept in step with config.py, the one
     place that reads them: a variable added there must be documented."""
