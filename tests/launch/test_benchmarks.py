@@ -141,3 +141,16 @@ def test_bench_tuning_sweeps_every_setting_with_correct_results(tmp_path):
     assert all(poll[0][label] > 0 for label in ("native", "500/5000*"))
     # the automatic small-message threshold at 3 ranks: 1 MiB // 3
     assert f"the automatic threshold at 3 ranks: {(1 << 20) // 3} B" in job.stdout
+
+
+def test_bench_call_phases_splits_a_call_into_phases_that_add_up():
+    job = run_under_mpi(3, "bench_call_phases.py", "--sizes", "4KiB,1MiB", "--calls", "5")
+    rows = [line.split() for line in job.stdout.splitlines()
+            if line.split() and line.split()[0] in ("4KiB", "1MiB")]
+    assert [row[0] for row in rows] == ["4KiB", "1MiB"], job.stdout
+    for row in rows:
+        phases, total = [float(cell) for cell in row[1:8]], float(row[8])
+        assert all(value >= 0 for value in phases) and total > 0
+        # the medians of the phases need not add up to the median total; their scale does
+        assert sum(phases) < 3 * total
+    assert float(rows[1][5]) > 0  # 1 MiB takes the ring: the algorithm phase is timed
