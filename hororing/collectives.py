@@ -289,7 +289,7 @@ def reducescatter_async_(tensor, name=None, op=ops.Average, process_set=None,
                         f"{type(tensor).__name__}"
                         f"{'' if not isinstance(tensor, np.ndarray) else ' (not contiguous)'}; "
                         f"use reducescatter_async, which copies")
-    if wire and (not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire)):
+    if wire and tensor.dtype != np.dtype(wire):
         raise TypeError(f"reducescatter_async_ with wire={wire!r} takes a {wire} numpy array, "
                         f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
     return _submit("reducescatter", tensor, name, group_of(process_set), inplace=True,

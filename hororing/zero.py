@@ -1,4 +1,4 @@
-"""The two halves of a sharded optimizer step (ZeRO stage 1), on flat numpy vectors.
+"""The two halves of a sharded optimizer step (ZeRO), on flat numpy vectors.
 
 A ring allreduce is a scatter-reduce followed by an allgather. A sharded optimizer keeps a
 group's parameters of one dtype as one flat vector, split over the set's ranks as
@@ -6,7 +6,9 @@ group's parameters of one dtype as one flat vector, split over the set's ranks a
 gradient vector so this rank holds the reduced gradient of its slice; the optimizer steps
 that slice; ``Halves.gather`` allgathers the updated slices into every rank's vector, in
 place. The bindings (``torch/sharded.py``, ``optim.py``) keep the vectors and the wrapped
-optimizer; this module moves the bytes.
+optimizer; this module moves the bytes. The torch binding cuts its vectors into buckets
+(``Buckets``), reduce-scatters each through the engine during backward
+(``reducescatter_async_``) and allgathers them here (``Halves.gather_buckets``).
 """
 
 import numpy as np
