@@ -17,8 +17,8 @@ vectors) and the peak resident set size.
 ``time`` trains one smaller MLP per variant in the same processes, taking turns step by step
 (the order rotates), each rank on its own batch; a step is zero_grad, forward, backward,
 step. Variants: ``unsharded`` (hvd.DistributedOptimizer(Adam)), ``sharded`` (the same with
-sharded=True), ``sharded2`` (sharded=2: the gradients sharded too), ``torch-zero`` (torch's ZeroRedundancyOptimizer(Adam) with its model in
-DistributedDataParallel over gloo), ``fsdp2`` (torch's ``fully_shard`` on every layer and on
+sharded=True), ``sharded2`` (sharded=2: the gradients sharded too), ``torch-zero`` (torch's
+ZeroRedundancyOptimizer(Adam) with its model in DistributedDataParallel over gloo), ``fsdp2`` (torch's ``fully_shard`` on every layer and on
 the model, Adam on the sharded parameters, over gloo). The table gives the median step over
 the steps, on the slowest rank, and each variant's time over the sharded one's.
 """

@@ -72,8 +72,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if sharded:
         return ShardedOptimizer(optimizer, named_parameters, compression,
                                 backward_passes_per_step, op, gradient_predivide_factor,
-                                process_set,
-                                stage=2 if sharded == 2 else 1 if sharded in (True, 1) else sharded)
+                                process_set, stage=sharded)
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                  op, gradient_predivide_factor, groups, sparse_as_dense,
                                  process_set)
