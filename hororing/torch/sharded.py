@@ -265,8 +265,9 @@ class ShardedOptimizer(WrappingOptimizer):
         self._synchronized, self._reducing = True, False
 
     def _collect(self, piece, bucket):
-        """This rank's chunk of the reduced bucket, into the slice's reduced vector; a stage-2
-        bucket's gradient vector is let go."""
+        """This rank's chunk of the reduced bucket, into ``bucket.reduced`` (stage 1: where
+        the reduce-scatter left it, in the bucket's own vector); a stage-2 bucket's gradient
+        vector goes back to the pool."""
         handle, payload_dtype, ctx = bucket.launched
         mine = torch.from_numpy(collectives.synchronize(handle))
         if mine.dtype != payload_dtype:  # bfloat16 carried as float32
