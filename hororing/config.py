@@ -11,6 +11,7 @@ import os
 MiB = 1024 * 1024
 MODES = ("ring", "ps")
 PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see ps/placement.py
+DEVICE_RINGS = ("auto", "direct", "staged")  # see engine/device.py
 RING_SUBCHUNK_IN_NODE = MiB
 RING_SUBCHUNK_ACROSS_NODES = 256 * 1024
 # The automatic latency-path total for a job that spans nodes, unless the total is set: there
@@ -89,11 +90,23 @@ class Config:
     # Device buffers straight to MPI (True) or staged through pinned host memory (False);
     # None: ask the MPI library (hororing/gpu/aware.py).
     cuda_aware: object = None
-    # The staged ring (no CUDA-aware MPI) copies finished pieces back to the device in copies
-    # of at least this many bytes: each copy costs ~120 us of Python and driver time, so one
-    # per 1 MiB ring piece costs more than the bytes. Measured on an H100 with
-    # scripts/bench_gpu.py's device allreduce (docs/gpu.md): 64 MiB took 43.9 ms with one
-    # copy per piece, 25.9 ms with 8 MiB copies.
+    # How device buckets travel (engine/device.py): "auto" takes the device-direct ring (CUDA
+    # IPC between the ranks of one node) where every rank shares a node and cupy is there,
+    # else the CUDA-aware MPI where the library is one, else the staged ring; "direct" or
+    # "staged" forces one. Measured on a lent GPU (scripts/bench_gpu.py, docs/gpu.md).
+    device_ring: str = "auto"
+    # With the device-direct ring, buckets below this many bytes take the staged paths (the
+    # host's latency path or ring through pinned memory). Measured with two ranks sharing
+    # one H200 (scripts/bench_gpu.py, docs/gpu.md): the direct ring costs ~0.7 ms at any
+    # size up to 8 MiB, each step waiting for the other process's work on the GPU, where the
+    # staged paths took 0.14 ms at 64 KiB and 0.42 ms at 1 MiB; direct won from 8 MiB.
+    device_direct_min_bytes: int = 2 * MiB
+    # The staged ring (no CUDA-aware MPI) copies the device buffer down in blocks of this
+    # many bytes (the ring waits only for the blocks a piece spans) and finished pieces back
+    # in copies of at least this many. Through numba each copy cost ~120 us of Python and
+    # driver time, so one per 1 MiB ring piece cost more than the bytes (measured on an H100
+    # with scripts/bench_gpu.py's device allreduce, docs/gpu.md: 64 MiB took 43.9 ms with one
+    # copy per piece, 25.9 ms with 8 MiB copies); through cupy a copy is one driver call.
     staged_copy_bytes: int = 8 * MiB
     # Out-of-place host allreduces of at least 1 MiB return arrays from a pool of at most
     # this many bytes, reused once the caller has let go of them (0: a fresh array each
@@ -193,6 +206,13 @@ class Config:
             raise ValueError(f"wait_yield_tests ({self.wait_yield_tests}) must be >= "
                              f"wait_spin_tests ({self.wait_spin_tests}): the yield phase "
                              f"follows the spin phase (HORORING_WAIT_YIELD_TESTS)")
+        if self.device_ring not in DEVICE_RINGS:
+            raise ValueError(f"device ring must be one of {', '.join(DEVICE_RINGS)} "
+                             f"(HORORING_DEVICE_RING), got {self.device_ring!r}")
+        if self.device_direct_min_bytes < 0:
+            raise ValueError(f"device-direct minimum must be >= 0 bytes "
+                             f"(HORORING_DEVICE_DIRECT_MIN_BYTES), got "
+                             f"{self.device_direct_min_bytes}")
         if self.staged_copy_bytes <= 0:
             raise ValueError(f"staged copy size must be > 0 bytes (HORORING_STAGED_COPY_BYTES), "
                              f"got {self.staged_copy_bytes}")
@@ -262,6 +282,8 @@ _ENV_FIELDS = {
     "poll_active_us": (("HORORING_POLL_ACTIVE_US",), float),
     "poll_idle_us": (("HORORING_POLL_IDLE_US",), float),
     "cuda_aware": (("HORORING_CUDA_AWARE",), _flag),
+    "device_ring": (("HORORING_DEVICE_RING",), str.lower),
+    "device_direct_min_bytes": (("HORORING_DEVICE_DIRECT_MIN_BYTES",), int),
     "staged_copy_bytes": (("HORORING_STAGED_COPY_BYTES",), int),
     "output_pool_bytes": (("HORORING_OUTPUT_POOL_BYTES",), int),
     "select_device": (("HORORING_SELECT_DEVICE",), _flag),

@@ -1,5 +1,7 @@
 """Scaling kernels: multiply by a factor, and integer division that truncates toward zero."""
 
+import numpy as np
+
 from ._xp import NUMBA, array_module, backend, device_kernels
 
 
@@ -50,4 +52,7 @@ def divide_trunc(buffer, divisor, stream=0):
     negative = buffer < 0
     xp.abs(buffer, out=buffer)
     xp.floor_divide(buffer, divisor, out=buffer)
-    xp.negative(buffer, out=buffer, where=negative)
+    if xp is np:
+        xp.negative(buffer, out=buffer, where=negative)
+    else:  # cupy's ufuncs take no where=
+        buffer[...] = xp.where(negative, -buffer, buffer)

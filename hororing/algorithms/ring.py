@@ -30,8 +30,8 @@ class Ring(Algorithm):
     """Executes ring collectives on one communicator, reusing its scratch buffers."""
 
     def __init__(self, comm, subchunk_bytes, device=None):
-        """``device``: run on device buffers handed straight to a CUDA-aware MPI; an object
-        with ``empty(nbytes)`` (a device uint8 array) and ``synchronize()`` (None: host)."""
+        """``device``: run on device buffers handed straight to a CUDA-aware MPI; the device
+        memory (``gpu.memory``: ``empty_bytes(nbytes)``, ``synchronize()``; None: host)."""
         self.comm = comm
         self.device = device
         self.size = comm.Get_size()
@@ -65,8 +65,8 @@ class Ring(Algorithm):
             segments: the bucket's tensors as ``(name, start, stop)``; unused, the ring splits
                 by position (the parameter servers place by tensor).
             stage: optional pipeline around a host copy of a device buffer (see
-                ``staged.StagedRing``): ``need(chunk)`` is called before a chunk's own data
-                is first read, ``final(start, stop)`` once a piece holds its final value.
+                ``staged.StagedRing``): ``need(start, stop)`` is called before this rank's
+                own elements [start, stop) are first read, ``final(start, stop)`` once a piece holds its final value.
             source: this rank's input, a flat array of ``buffer``'s kind, size and dtype,
                 only read (None: the input is ``buffer`` itself).
         """
@@ -110,7 +110,7 @@ class Ring(Algorithm):
         synchronize = self.device.synchronize if self.device is not None else None
         steps = schedule.steps
         if not steps:
-            stage.need(0)
+            stage.need(0, buffer.size)
             if source is not None:
                 copy_flat(buffer, source)
             if finalize is not None:
@@ -146,9 +146,10 @@ class Ring(Algorithm):
 
         first = steps[0].send_chunk
         self.bytes_sent += buffer.itemsize * layout.sent
-        stage.need(first)
-        pending_sends[first] = [comm.Isend(source[start:stop], right, tag)
-                                for tag, (start, stop) in enumerate(pieces[first])]
+        sends = pending_sends[first] = []
+        for tag, (start, stop) in enumerate(pieces[first]):
+            stage.need(start, stop)
+            sends.append(comm.Isend(source[start:stop], right, tag))
         receives = post_receives(0)
         for index, step in enumerate(steps):
             has_next = index + 1 < len(steps)
@@ -161,11 +162,10 @@ class Ring(Algorithm):
             chunk_start = pieces[step.recv_chunk][0][0]
             half = scratch[index % 2] if in_place else None
             forwarded = pending_sends.setdefault(step.recv_chunk, [])
-            if step.reduce:
-                stage.need(step.recv_chunk)
             for tag, (start, stop) in enumerate(pieces[step.recv_chunk]):
                 transport.wait(receives[tag])
                 if step.reduce:
+                    stage.need(start, stop)
                     reduce_into(buffer[start:stop],
                                 half[start - chunk_start:stop - chunk_start] if in_place
                                 else source[start:stop], op)
@@ -189,7 +189,7 @@ class Ring(Algorithm):
         needed = 2 * count * dtype.itemsize
         if self._scratch.nbytes < needed:
             self._scratch = (np.empty(needed, dtype=np.uint8) if self.device is None
-                             else self.device.empty(needed))
+                             else self.device.empty_bytes(needed))
         flat = self._scratch[:needed].view(dtype)
         return flat[:count], flat[count:]
 
@@ -205,7 +205,7 @@ class _Layout(NamedTuple):
 
 class _NoStage:
     @staticmethod
-    def need(chunk):
+    def need(start, stop):
         pass
 
     @staticmethod
@@ -217,7 +217,8 @@ _NO_STAGE = _NoStage()
 
 
 def copy_flat(target, source):
-    """Copy flat ``source`` into ``target`` (host arrays, or numba.cuda device arrays)."""
+    """Copy flat ``source`` into ``target`` (numpy or cupy arrays, or numba.cuda device
+    arrays)."""
     if target.size:
         if hasattr(target, "copy_to_device"):  # numba.cuda
             target.copy_to_device(source)

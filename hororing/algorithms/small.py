@@ -32,8 +32,8 @@ class GatherReduce(Algorithm):
     """Allreduce of small flat buffers by allgather and a local, rank-ordered reduction."""
 
     def __init__(self, comm, device=None):
-        """``device``: gather device buffers with a CUDA-aware MPI (the Ring's protocol:
-        ``empty(nbytes)`` and ``synchronize()``); None: host buffers."""
+        """``device``: gather device buffers with a CUDA-aware MPI (the device memory, as the
+        Ring takes it); None: host buffers."""
         self.comm = comm
         self.device = device
         self.size = comm.Get_size()
@@ -56,7 +56,7 @@ class GatherReduce(Algorithm):
             else:
                 self.device.synchronize()  # the prescale kernel has written the buffer
                 self.comm.Allgather(source, rows)
-                buffer.copy_to_device(rows[0])
+                copy_flat(buffer, rows[0])
                 for row in range(1, self.size):
                     reduce_into(buffer, rows[row], op)
         elif source is not buffer:
@@ -68,5 +68,5 @@ class GatherReduce(Algorithm):
         needed = self.size * buffer.nbytes
         if self._rows is None or self._rows.nbytes < needed:
             self._rows = (np.empty(needed, dtype=np.uint8) if self.device is None
-                          else self.device.empty(needed))
+                          else self.device.empty_bytes(needed))
         return self._rows[:needed].view(buffer.dtype).reshape(self.size, buffer.size)

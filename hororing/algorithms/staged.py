@@ -1,16 +1,21 @@
 """The ring on device buffers through pinned host memory, for an MPI that is not CUDA-aware.
 
-The device buffer is copied to a pinned host buffer chunk by chunk on one CUDA stream, in
-the order the ring first reads the chunks (the chunk this rank sends first, then the chunk
-each scatter-reduce step combines into), with an event after each; the ring waits only for
-the event of the chunk it is about to read, so later chunks are still crossing the bus while
-the first ones are already on the wire. Pieces are copied back on a second stream once they
+The device buffer is copied down to a pinned host buffer (allocated once, grown when a larger
+bucket comes) in blocks of ``copy_bytes`` on a stream of its own, in the order the ring first
+reads them (the chunk this rank sends first, then the chunk each scatter-reduce step combines
+into), with an event after each block; before the ring reads a piece it waits for the event
+of the block holding the piece's end, so later blocks are still crossing the bus while the
+first ones are already on the wire. Pieces are copied back up on a second stream once they
 hold their final value (the pieces this rank finishes reducing, then every piece the
-allgather delivers), so the return trip overlaps the allgather. Adjacent final pieces are
-joined into copies of at least ``copy_bytes`` (Config.staged_copy_bytes, 8 MiB): each copy
-costs on the order of 100 us of Python and driver time (measured on an H100), so one copy
-per ring piece (1 MiB) would cost more than the bytes. MPI only ever sees host memory.
+allgather delivers), joined into copies of at least ``copy_bytes``, so the return trip
+overlaps the allgather; the one synchronization of the bucket is the wait for the last of
+them. MPI only ever sees host memory.
+
+``copy_bytes`` is Config.staged_copy_bytes: a copy costs one driver call through cupy
+(a few microseconds), but about 120 us of Python through numba (docs/gpu.md).
 """
+
+import bisect
 
 import numpy as np
 
@@ -19,38 +24,45 @@ from .plan import chunk_bounds
 
 
 class StagedRing(Algorithm):
-    """``allreduce`` on a numba.cuda device buffer with the host ``ring``."""
+    """``allreduce`` on a device buffer with the host ``ring``."""
 
-    def __init__(self, ring, copy_bytes):
+    def __init__(self, ring, copy_bytes, memory):
+        """``ring``: the host ring; ``memory``: the device memory (``gpu.memory``)."""
         self.ring = ring
         self.copy_bytes = copy_bytes
+        self.memory = memory
         self.contributors = ring.contributors
         self._host = np.empty(0, dtype=np.uint8)
         self._streams = None
 
     out_of_place = True
 
+    def rings(self):
+        return self.ring.rings()
+
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
         """Reduce the device ``buffer`` in place, or device ``source`` into it (the host
         copy is taken from ``source``)."""
-        from numba import cuda
-
+        memory = self.memory
         if self._streams is None:
-            self._streams = (cuda.stream(), cuda.stream())
+            self._streams = (memory.new_stream(), memory.new_stream())
+        down, up = self._streams
+        # the place's stream has written the buffer (prescale, packing): the copies wait for it
+        memory.wait(down, memory.record(memory.stream))
         host = self._pinned(buffer.dtype, buffer.size)
         bounds = chunk_bounds(buffer.size, self.ring.size)
-        stage = _Stage(buffer, buffer if source is None else source, host, bounds,
+        stage = _Stage(memory, buffer, buffer if source is None else source, host, bounds,
                        first_reads(self.ring.schedule(), len(bounds)), self.copy_bytes,
-                       *self._streams)
+                       down, up)
         self.ring.allreduce(host, op, finalize, stage=stage)
         stage.finish()
+        # later work on the place's stream (unpacking) reads what the up stream wrote
+        memory.wait(memory.stream, memory.record(up))
 
     def _pinned(self, dtype, count):
-        from numba import cuda
-
         needed = count * dtype.itemsize
         if self._host.nbytes < needed:
-            self._host = cuda.pinned_array(max(needed, 2 * self._host.nbytes), dtype=np.uint8)
+            self._host = self.memory.pinned(max(needed, 2 * self._host.nbytes))
         return self._host[:needed].view(dtype)
 
 
@@ -65,23 +77,34 @@ def first_reads(schedule, chunks):
 
 
 class _Stage:
-    def __init__(self, device, source, host, bounds, order, copy_bytes, down, up):
-        from numba import cuda
+    """The copies around one staged allreduce (the ring's ``stage`` protocol: ``need`` before
+    it reads host elements, ``final`` once they hold their result)."""
 
-        self.device, self.host, self.up = device, host, up
+    def __init__(self, memory, device, source, host, bounds, order, copy_bytes, down, up):
+        self.memory, self.device, self.host, self.up = memory, device, host, up
         self.pending = None  # final elements [start, stop) not yet copied back
         self.copy_elements = max(1, copy_bytes // host.itemsize)
-        self.arrived = {}
+        # down: the blocks of each chunk in the ring's reading order, an event after each
+        blocks = []
         for chunk in order:
             start, stop = bounds[chunk]
-            if stop > start:
-                source[start:stop].copy_to_host(host[start:stop], stream=down)
-            event = cuda.event()
-            event.record(down)
-            self.arrived[chunk] = event
+            for block_start in range(start, stop, self.copy_elements):
+                block_stop = min(stop, block_start + self.copy_elements)
+                memory.download(source, block_start, block_stop, host, down)
+                blocks.append((block_start, block_stop, memory.record(down)))
+        blocks.sort(key=lambda block: block[0])
+        self.block_stops = [stop for _, stop, _ in blocks]
+        self.blocks = blocks
 
-    def need(self, chunk):
-        self.arrived[chunk].synchronize()
+    def need(self, start, stop):
+        """Wait until host elements [start, stop) have arrived."""
+        if stop <= start:
+            return
+        index = bisect.bisect_right(self.block_stops, start)
+        blocks = self.blocks
+        while index < len(blocks) and blocks[index][0] < stop:
+            blocks[index][2].synchronize()
+            index += 1
 
     def final(self, start, stop):
         if stop <= start:
@@ -97,7 +120,7 @@ class _Stage:
     def flush(self):
         if self.pending is not None:
             start, stop = self.pending
-            self.device[start:stop].copy_to_device(self.host[start:stop], stream=self.up)
+            self.memory.upload(self.device, start, stop, self.host, self.up)
             self.pending = None
 
     def finish(self):

@@ -55,6 +55,7 @@ class AllreducePipeline:
         records a timeline activity; ``across_nodes``: the ranks span several nodes."""
         self.comm = comm
         self.config = config
+        self.across_nodes = across_nodes
         self.host = HostBuffers(algorithms, config.fusion_threshold, config.output_pool_bytes)
         self.observers = []  # observer(kind, buffer) before each reduction
         self._span = span
@@ -82,7 +83,8 @@ class AllreducePipeline:
         if self._device is None:
             from .device import DeviceBuffers
 
-            self._device = DeviceBuffers(self.comm, self.config, self.host.algorithms)
+            self._device = DeviceBuffers(self.comm, self.config, self.host.algorithms,
+                                         one_node=not self.across_nodes)
         return self._device
 
     def place_of(self, meta):
@@ -112,9 +114,10 @@ class AllreducePipeline:
             self.observers.remove(record)
 
     def device_transport(self):
-        """How device buffers travel: ``"cuda-aware"`` (MPI reads device memory) or
-        ``"staged"`` (through pinned host memory). Imports numba."""
-        return "cuda-aware" if self.device().aware else "staged"
+        """How device buckets travel: ``"direct"`` (the ranks of one node reduce in each
+        other's device memory), ``"cuda-aware"`` (MPI reads device memory) or ``"staged"``
+        (through pinned host memory). Imports numba."""
+        return self.device().transport
 
     def hierarchical_stats(self):
         """The hierarchical allreduce's shape and traffic, or None where it is not in use."""

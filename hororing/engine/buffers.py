@@ -163,16 +163,25 @@ class _Memory:
 
 class HostRoundTrip(Algorithm):
     """A host algorithm run on a device buffer through a host copy of it (for an MPI that is
-    not CUDA-aware, and for the parameter servers, which reduce on the host)."""
+    not CUDA-aware, and for the parameter servers, which reduce on the host). The copy lives
+    in pinned memory allocated once (grown when a larger bucket comes)."""
 
-    def __init__(self, algorithm):
+    def __init__(self, algorithm, memory):
+        """``memory``: the device memory (``gpu.memory``)."""
         self.algorithm = algorithm
+        self.memory = memory
         self.contributors = algorithm.contributors
+        self._host = np.empty(0, dtype=np.uint8)
 
     out_of_place = True  # the host copy is taken from the input
 
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
-        host = (buffer if source is None else source).copy_to_host()
+        memory = self.memory
+        if self._host.nbytes < buffer.nbytes:
+            self._host = memory.pinned(max(buffer.nbytes, 2 * self._host.nbytes))
+        host = self._host[:buffer.nbytes].view(buffer.dtype)
+        memory.download(buffer if source is None else source, 0, buffer.size, host,
+                        memory.stream)
+        memory.synchronize()
         self.algorithm.allreduce(host, op, finalize, segments=segments)
-        if buffer.size:  # empty device arrays refuse copies (their strides differ)
-            buffer.copy_to_device(host)
+        memory.upload(buffer, 0, buffer.size, host, memory.stream)

@@ -1,14 +1,14 @@
-"""Device arrays of any library seen through one type: numba.cuda's device array.
+"""Device arrays of any library: recognising them and checking them at the door.
 
 cupy arrays, numba device arrays and anything else exposing ``__cuda_array_interface__``
-(torch CUDA tensors, for one) are viewed without a copy as numba device arrays, which the
-kernels, the staging copies and a CUDA-aware MPI all take; results go back to the caller in
-the caller's own type.
+(torch CUDA tensors, for one) are device arrays; the device memory object (``memory.py``)
+views them in the library the engine runs on, and hands results back in the caller's type.
 """
 
 import numpy as np
 
 from ..validate import SUPPORTED_DTYPES
+from .memory import torch_numpy_dtype
 
 
 def is_device_array(obj):
@@ -29,21 +29,14 @@ def as_device_view(array):
     return cuda.as_cuda_array(array)
 
 
-def result_like(original, view):
-    """Return the device array ``view`` in the type of ``original`` (no copy).
-
-    torch tensors are converted by hororing.torch, which knows their dtype and device.
-    """
-    if type(original).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy.asarray(view)
-    return view
-
-
 def device_dtype(array):
     """The numpy dtype of a device array; torch tensors' own dtype is not numpy's, so theirs is
     read from ``__cuda_array_interface__``."""
+    if type(array).__module__.startswith("torch"):
+        try:
+            return torch_numpy_dtype(array.dtype)
+        except TypeError:  # a dtype numpy lacks: refused by check_device_array
+            pass
     try:
         return np.dtype(array.dtype)
     except TypeError:
@@ -106,6 +99,8 @@ class _DeviceSynchronize:
 
 
 def _c_contiguous(array):
+    if type(array).__module__.startswith("torch"):
+        return array.is_contiguous()
     flags = getattr(array, "flags", None)
     if flags is not None and not isinstance(flags, dict):
         return bool(flags.c_contiguous)

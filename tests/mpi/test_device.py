@@ -1,6 +1,8 @@
 """Collectives on device arrays (numba.cuda; its CPU simulator where there is no GPU).
 
-The PyPI MPI is not CUDA-aware, so allreduce takes the staged ring: device fusion buffer,
+On a GPU (NUMBA_ENABLE_CUDASIM=0, scripts/gpu_checks.sh) the same tests run the device-direct
+ring or, with HORORING_DEVICE_RING=staged, the staged ring. In the simulator the PyPI MPI is
+not CUDA-aware and device memory cannot be shared, so allreduce takes the staged ring: device fusion buffer,
 chunks copied to pinned host memory in the order the ring reads them, the host ring, pieces
 copied back as they become final. References are computed on the host from every rank's
 regenerated input. Lengths include 0, 1 and sizes not divisible by the number of ranks;
@@ -122,7 +124,14 @@ def test_compressed_allreduce_of_a_device_array_takes_the_device_path():
 def test_device_transport_follows_the_setting():
     import os
     from hororing.context import current
-    wanted = "cuda-aware" if os.environ.get("HORORING_CUDA_AWARE") == "1" else "staged"
+    from hororing.gpu.memory import memory_for_device_arrays
+    forced = os.environ.get("HORORING_DEVICE_RING", "auto")
+    if forced != "auto":
+        wanted = forced
+    elif os.environ.get("HORORING_CUDA_AWARE") == "1":
+        wanted = "cuda-aware"
+    else:  # one node: the device-direct ring wherever device memory can be shared (cupy)
+        wanted = "direct" if memory_for_device_arrays().can_share else "staged"
     assert current().engine.allreduce.device_transport() == wanted
 
 
@@ -147,29 +156,37 @@ def test_device_allreduce_forced_to_each_algorithm(kind):
 
 
 @pytest.mark.parametrize("copy_bytes", [4, 4096, 8 * 1024 * 1024])
-def test_staged_ring_gives_the_same_sums_whatever_its_return_copy_size(copy_bytes):
-    # one return copy per element, per few pieces, or all joined: the staged ring on its own
-    # (not the engine's), with 1 KiB sub-chunks so that a rank's pieces are many
+def test_staged_ring_gives_the_same_sums_whatever_its_copy_size(copy_bytes):
+    # one copy per element, per few pieces, or all joined, down and back up: the staged ring
+    # on its own (not the engine's), with 1 KiB sub-chunks so that a rank's pieces are many
     from mpi4py import MPI
     from hororing.algorithms.ring import Ring
     from hororing.algorithms.staged import StagedRing
+    from hororing.gpu.memory import memory_for_device_arrays
     comm = MPI.COMM_WORLD.Dup()
+    memory = memory_for_device_arrays()  # cupy on a GPU, numba in the simulator
     try:
-        staged = StagedRing(Ring(comm, 1024), copy_bytes)
+        staged = StagedRing(Ring(comm, 1024), copy_bytes, memory)
         inputs = all_inputs(comm.Get_size(), (10007,), "float64", seed=23)
-        buffer = device(inputs[comm.Get_rank()])
+        buffer = memory.view(device(inputs[comm.Get_rank()]))
         staged.allreduce(buffer, "sum")
-        np.testing.assert_allclose(buffer.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
+        memory.synchronize()
+        np.testing.assert_allclose(on_host(buffer), reference_allreduce(inputs, hvd.Sum),
                                    rtol=1e-12)
         # out of place: the host copy is taken from the input, the result lands in buffer
-        source = device(inputs[comm.Get_rank()])
-        buffer = device(np.full(10007, 5.0))
+        source = memory.view(device(inputs[comm.Get_rank()]))
+        buffer = memory.view(device(np.full(10007, 5.0)))
         staged.allreduce(buffer, "sum", source=source)
-        np.testing.assert_allclose(buffer.copy_to_host(), reference_allreduce(inputs, hvd.Sum),
+        memory.synchronize()
+        np.testing.assert_allclose(on_host(buffer), reference_allreduce(inputs, hvd.Sum),
                                    rtol=1e-12)
-        np.testing.assert_array_equal(source.copy_to_host(), inputs[comm.Get_rank()])
+        np.testing.assert_array_equal(on_host(source), inputs[comm.Get_rank()])
     finally:
         comm.Free()
+
+
+def on_host(array):
+    return array.get() if hasattr(array, "get") else array.copy_to_host()
 
 
 def test_device_adasum_goes_through_the_host_and_matches_the_tree():

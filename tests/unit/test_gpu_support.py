@@ -23,33 +23,63 @@ def test_staging_copies_every_chunk_once_in_the_order_the_ring_reads_them(size):
             assert order[1:] == reduced
 
 
-class _RecordingDevice:
-    """A device buffer that records the ranges copied back into it."""
+class _RecordingMemory:
+    """Device memory that records the staged ring's copies and event waits."""
 
-    def __init__(self, copies):
-        self.copies = copies
+    def __init__(self):
+        self.downloads, self.uploads, self.waited = [], [], []
 
-    def __getitem__(self, piece):
-        copies = self.copies
+    def download(self, source, start, stop, host, stream):
+        self.downloads.append((start, stop))
 
-        class Slice:
+    def upload(self, target, start, stop, host, stream):
+        self.uploads.append((start, stop))
+
+    def record(self, stream):
+        memory, block = self, self.downloads[-1] if self.downloads else None
+
+        class Event:
             @staticmethod
-            def copy_to_device(host, stream):
-                copies.append((piece.start, piece.stop))
-        return Slice()
+            def synchronize():
+                memory.waited.append(block)
+        return Event()
+
+
+class _Stream:
+    @staticmethod
+    def synchronize():
+        pass
+
+
+def _stage(memory, bounds, order, copy_elements, count=100):
+    return staged._Stage(memory, None, None, np.zeros(count), bounds, order,
+                         copy_elements * 8, _Stream(), _Stream())
+
+
+def test_staging_copies_down_in_blocks_in_reading_order_and_waits_only_for_what_is_read():
+    memory = _RecordingMemory()
+    # chunks [0, 35) and [35, 70) and [70, 100); the ring reads chunk 1 first, then 0, then 2
+    stage = _stage(memory, [(0, 35), (35, 70), (70, 100)], [1, 0, 2], copy_elements=10)
+    assert memory.downloads == [(35, 45), (45, 55), (55, 65), (65, 70), (0, 10), (10, 20),
+                                (20, 30), (30, 35), (70, 80), (80, 90), (90, 100)]
+    stage.need(40, 50)  # a piece across two blocks of chunk 1: both waited for
+    assert memory.waited == [(35, 45), (45, 55)]
+    stage.need(0, 5)
+    assert memory.waited[2:] == [(0, 10)]
+    stage.need(30, 40)  # a piece across two chunks' blocks
+    assert memory.waited[3:] == [(30, 35), (35, 45)]
+    stage.need(7, 7)  # nothing to read
+    assert len(memory.waited) == 5
 
 
 def test_staging_joins_adjacent_final_pieces_into_few_copies():
-    copies = []
-    stage = staged._Stage.__new__(staged._Stage)
-    stage.device, stage.host, stage.pending = _RecordingDevice(copies), np.zeros(100), None
-    stage.copy_elements = 10  # copies of at least 10 elements, where pieces are adjacent
-    stage.up = type("Stream", (), {"synchronize": staticmethod(lambda: None)})
+    memory = _RecordingMemory()
+    stage = _stage(memory, [(0, 100)], [0], copy_elements=10)
     for start, stop in [(0, 4), (4, 8), (8, 12), (12, 13), (20, 22), (22, 22), (40, 41)]:
         stage.final(start, stop)
-    assert copies == [(0, 12), (12, 13), (20, 22)]  # 12 >= 10 elements; then gaps split
+    assert memory.uploads == [(0, 12), (12, 13), (20, 22)]  # 12 >= 10 elements; gaps split
     stage.finish()
-    assert copies == [(0, 12), (12, 13), (20, 22), (40, 41)]  # every final element, once
+    assert memory.uploads == [(0, 12), (12, 13), (20, 22), (40, 41)]  # every element, once
 
 
 def test_the_pip_mpich_says_it_is_not_cuda_aware():
@@ -117,3 +147,116 @@ def test_torch_cuda_tensors_are_read_through_the_cuda_array_interface():
 
 def test_device_selection_can_be_turned_off():
     assert gpu.select_device(0, enabled=False) is None
+
+
+@pytest.mark.parametrize("setting,aware,explicit,one_node,can_share,expected", [
+    ("auto", False, False, True, True, "direct"),      # one node, cupy: the device-direct ring
+    ("auto", False, False, True, False, "staged"),     # numba cannot share device memory
+    ("auto", False, False, False, True, "staged"),     # across nodes without CUDA-aware MPI
+    ("auto", True, False, False, True, "cuda-aware"),  # across nodes, the MPI takes pointers
+    ("auto", True, False, True, True, "direct"),       # in a node, IPC still beats a detour
+    ("auto", True, True, True, True, "cuda-aware"),    # HORORING_CUDA_AWARE=1 asked for MPI
+    ("staged", True, True, True, True, "staged"),
+    ("direct", False, False, True, True, "direct"),
+])
+def test_device_transport_choice(setting, aware, explicit, one_node, can_share, expected):
+    from hororing.engine.device import choose_transport
+    assert choose_transport(setting, aware, explicit, one_node, can_share) == expected
+
+
+def test_a_forced_device_direct_ring_that_cannot_run_says_why():
+    from hororing.engine.device import choose_transport
+    with pytest.raises(ValueError, match="needs every rank on one node.*use auto or staged"):
+        choose_transport("direct", False, False, False, True)
+    with pytest.raises(ValueError, match="needs cupy .*install 'hororing\\[cuda\\]'"):
+        choose_transport("direct", False, False, True, False)
+    with pytest.raises(ValueError, match="HORORING_DEVICE_RING"):
+        Config.from_environ({"HORORING_DEVICE_RING": "nvlink"})
+    assert Config.from_environ({"HORORING_DEVICE_RING": "Direct"}).device_ring == "direct"
+
+
+class _Recording:
+    contributors = 2
+    out_of_place = True
+
+    def __init__(self):
+        self.calls = []
+
+    def rings(self):
+        return ()
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
+        self.calls.append(buffer.nbytes)
+
+
+def test_by_size_sends_small_buckets_one_way_and_large_ones_the_other():
+    from hororing.engine.device import BySize
+    large, small = _Recording(), _Recording()
+    split = BySize(large, small, 1000)
+    for count in (10, 125, 124, 5000):
+        split.allreduce(np.zeros(count), "sum")
+    assert large.calls == [1000, 40000] and small.calls == [80, 992]
+
+
+class _Memory:
+    """Device memory whose arrays are numpy arrays at made-up addresses."""
+    name = "cupy"
+
+    def __init__(self, allocations):
+        self.allocations = allocations  # [(base, size)]
+
+    @staticmethod
+    def pointer(array):
+        return array.address
+
+    def allocation_base(self, pointer):
+        for base, size in self.allocations:
+            if base <= pointer < base + size:
+                return base
+        return None
+
+    @staticmethod
+    def from_pointer(pointer, shape, dtype, owner):
+        return ("span", pointer, shape)
+
+
+class _At(np.ndarray):
+    pass
+
+
+def _at(address, count):
+    array = np.zeros(count, np.float32).view(_At)
+    array.address = address
+    return array
+
+
+def test_a_span_never_crosses_from_one_allocation_into_the_next():
+    from hororing.engine.device import DeviceBuffers
+    place = DeviceBuffers.__new__(DeviceBuffers)
+    arrays = [_at(1000, 10), _at(1040, 6), _at(1064, 4)]  # back to back: 1000..1080
+    place.memory = _Memory([(1000, 4096)])
+    assert place.span(arrays, arrays) == ("span", 1000, (20,))
+    place.memory = _Memory([(1000, 64), (1064, 512)])  # two allocations, adjacent
+    assert place.span(arrays, arrays) is None
+    place.memory = _Memory([(1000, 4096)])
+    assert place.span(arrays, [arrays[0], arrays[1], _at(1064, 4)]) is None  # out of place
+    assert place.span([arrays[0], arrays[2]], [arrays[0], arrays[2]]) is None  # a gap
+
+
+def test_cupy_memory_copies_between_host_and_device_at_the_right_addresses():
+    # the driver calls the staged ring makes through cupy, recorded instead of made
+    from types import SimpleNamespace
+    from hororing.gpu.memory import CupyMemory
+    calls = []
+    memory = CupyMemory.__new__(CupyMemory)
+    memory.runtime = SimpleNamespace(
+        memcpyDeviceToHost=2, memcpyHostToDevice=1,
+        memcpyAsync=lambda *arguments: calls.append(arguments))
+    device = SimpleNamespace(data=SimpleNamespace(ptr=0x10000), itemsize=8)
+    host = np.zeros(100, np.float64)
+    stream = SimpleNamespace(ptr=77)
+    memory.download(device, 10, 25, host, stream)
+    memory.upload(device, 30, 31, host, stream)
+    memory.download(device, 5, 5, host, stream)  # nothing to copy: no call
+    base = host.ctypes.data
+    assert calls == [(base + 80, 0x10000 + 80, 120, 2, 77), (0x10000 + 240, base + 240, 8, 1, 77)]
