@@ -14,12 +14,15 @@ from .. import collectives as core
 _NUMPY_FREE = (torch.bfloat16,)
 
 
-def zeros(count, dtype):
-    """A flat zero CPU tensor for the library's own large buffers (gradient buckets, flat
-    parameter vectors). Allocated by numpy where the dtype allows: numpy advises the kernel
-    to back large arrays with transparent huge pages, torch's allocator does not, and the
-    reductions over such buffers are memory-bound (measured: a 64 MiB allreduce at 2 ranks,
-    28-29 ms on numpy's memory against 33-37 ms on torch.zeros')."""
+def zeros(count, dtype, device=None):
+    """A flat zero tensor for the library's own large buffers (gradient buckets, flat
+    parameter vectors), on ``device`` (default: the CPU). On the CPU allocated by numpy where
+    the dtype allows: numpy advises the kernel to back large arrays with transparent huge
+    pages, torch's allocator does not, and the reductions over such buffers are memory-bound
+    (measured: a 64 MiB allreduce at 2 ranks, 28-29 ms on numpy's memory against 33-37 ms
+    on torch.zeros')."""
+    if device is not None and torch.device(device).type != "cpu":
+        return torch.zeros(count, dtype=dtype, device=device)
     if dtype in _NUMPY_FREE or dtype.is_complex:
         return torch.zeros(count, dtype=dtype)
     return torch.from_numpy(np.zeros(count, dtype=torch.empty(0, dtype=dtype).numpy().dtype))

@@ -6,15 +6,15 @@ as its gradient is accumulated, so communication overlaps the rest of the backwa
 ``torch.optim.Optimizer`` that shares the wrapped optimizer's ``param_groups`` and
 ``state``, so LR schedulers and checkpoints see one optimizer; no class is built at run time.
 
-Gradients live in their buckets (as DDP's ``gradient_as_bucket_view``): the dense CPU
-gradients of each dtype are views into flat tensors of at most the fusion threshold, laid out
-in reverse parameter order (the order backward produces them), and laid out again once, after
-the first step, in the order the engine runs them in a cycle (``Engine.reduction_order``), as
-DDP rebuilds its buckets. Gradients
-that become ready together are then back to back in memory, and the engine reduces them where they lie, with
-no copy into a fusion buffer and none back. Autograd accumulates into a view in place; a
-gradient that arrives as a new tensor (after ``zero_grad(set_to_none=True)``, the default)
-is copied into its view once and ``.grad`` is pointed at the view again.
+Gradients live in their buckets (as DDP's ``gradient_as_bucket_view``): the dense CPU and
+CUDA gradients of each dtype and device are views into flat tensors of at most the fusion
+threshold, laid out in reverse parameter order (the order backward produces them), and laid
+out again once, after the first step, in the order the engine runs them in a cycle
+(``Engine.reduction_order``), as DDP rebuilds its buckets. Gradients that become ready
+together are then back to back in memory, and the engine reduces them where they lie, with
+no copy into a fusion buffer and none back (on a GPU too: no pack or unpack launch). Autograd
+accumulates into a view in place; a gradient that arrives as a new tensor (after
+``zero_grad(set_to_none=True)``, the default) is copied into its view once and ``.grad`` is pointed at the view again.
 """
 
 import contextlib
@@ -116,12 +116,20 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._synchronized = False
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
+        # parameter -> its CUDA bucket (a tuple of parameters): a CUDA bucket is started
+        # whole, once all its gradients are in (``_on_gradient``)
+        self._device_buckets = {}
+        self._held = {}  # CUDA bucket -> its parameters whose gradients are in, not started
+        self._flats = {}  # bucket -> (its flat gradient tensor, the name it is reduced under)
+        # a whole bucket is one allreduce of its flat tensor, where every member would be
+        # reduced alike (no compressor's payloads, no per-tensor Adasum)
+        self._flat_reduce = compression is Compression.none and op in (ops.Average, ops.Sum)
         # the fusion threshold the views were last laid out for in the engine's order (None:
         # not yet, until the first step; the autotuner may change the threshold later)
         self._laid_out_for = None
         if self._reduces():
-            self._views = _bucket_views(_dense_cpu(self.param_groups)[::-1],
-                                        self._group.engine.fusion_threshold)
+            self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
+                                              self._group.engine.fusion_threshold))
             self._register_hooks()
 
     @property
@@ -167,8 +175,8 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._optimizer.add_param_group(param_group)
         self._names.update(_generated_names(self._optimizer, skip=self._names))
         if self._reduces():
-            self._views.update(_bucket_views(_dense_cpu([self.param_groups[-1]])[::-1],
-                                             self._group.engine.fusion_threshold))
+            self._set_buckets(*_bucket_views(_dense_local([self.param_groups[-1]])[::-1],
+                                              self._group.engine.fusion_threshold), update=True)
             for parameter in param_group["params"]:
                 self._hook(parameter)
 
@@ -182,15 +190,27 @@ class _DistributedOptimizer(WrappingOptimizer):
         if not self._reduces():
             self._synchronized = True
             return
-        for parameter in self._names:
-            if parameter.requires_grad and parameter not in self._handles:
-                # no gradient here (unused branch, or too few passes): still take part
-                if parameter.grad is None:
-                    view = self._views.get(parameter)
-                    parameter.grad = torch.zeros_like(parameter) if view is None \
-                        else view.zero_()
-                self._start(parameter)
+        with self._group.engine.batch():
+            buckets = {}
+            for parameter in self._names:
+                if parameter.requires_grad and parameter not in self._handles:
+                    # no gradient here (unused branch, too few passes), or a CUDA bucket
+                    # held for such a gradient: still take part
+                    if parameter.grad is None:
+                        view = self._views.get(parameter)
+                        parameter.grad = torch.zeros_like(parameter) if view is None \
+                            else view.zero_()
+                    bucket = self._device_buckets.get(parameter)
+                    if bucket is None:
+                        self._start(parameter)
+                    else:
+                        buckets[bucket] = None
+            for bucket in buckets:
+                self._start_bucket(bucket)
+        self._held.clear()
         for parameter, (handle, ctx, payload, was_sparse) in self._handles.items():
+            if handle is None:  # a member of a bucket reduced whole: its first member's handle
+                continue
             if payload is _SPARSE:  # sparse_allreduce_async: the summed sparse gradient
                 parameter.grad = mpi_ops.synchronize(handle)
                 continue
@@ -207,18 +227,31 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     def _lay_out_again(self):
         """New buckets in the order the engine runs the gradients' allreduces, each gradient
-        kept: moved into its new view."""
-        by_name = {self._names[parameter]: parameter for parameter in self._views}
+        kept: moved into its new view. Buckets that start whole keep their layout (reverse
+        parameter order): the engine reduces each as one tensor."""
         engine = self._group.engine
         self._laid_out_for = engine.fusion_threshold
+        by_name = {self._names[parameter]: parameter for parameter in self._views
+                   if parameter not in self._device_buckets}
         order = engine.reduction_order(list(by_name))
-        views = _bucket_views([by_name[name] for name in order], self._laid_out_for)
+        views, buckets = _bucket_views([by_name[name] for name in order], self._laid_out_for)
         for parameter, view in views.items():
             grad = parameter.grad
             if grad is not None and grad.layout == torch.strided:
                 view.copy_(grad)
                 parameter.grad = view
-        self._views = views
+        self._set_buckets(views, buckets, update=True)
+
+    def _set_buckets(self, views, buckets, update=False):
+        """Take the gradient ``views`` and their ``buckets`` (``_bucket_views``)."""
+        if not update:
+            self._views, self._device_buckets, self._flats = {}, {}, {}
+        self._views.update(views)
+        for bucket, flat in buckets:
+            if _starts_whole(bucket):
+                self._device_buckets.update(dict.fromkeys(bucket, bucket))
+                first, last = self._names[bucket[0]], self._names[bucket[-1]]
+                self._flats[bucket] = (flat, f"bucket.{first}..{last}.{len(bucket)}")
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -246,14 +279,47 @@ class _DistributedOptimizer(WrappingOptimizer):
         if view is not None and grad.layout == torch.strided and grad.data_ptr() != view.data_ptr():
             view.copy_(grad)  # a new gradient tensor: into the bucket, and point .grad there
             parameter.grad = view
-        if parameter in self._handles:
+        if parameter in self._handles or parameter in self._held.get(
+                self._device_buckets.get(parameter), set()):
             raise RuntimeError(
                 f"gradient for '{self._names[parameter]}' was computed twice before step(); "
                 f"increase backward_passes_per_step or call step() between backward passes")
         count = self._pass_counts.get(parameter, 0) + 1
         self._pass_counts[parameter] = count
-        if count == self._passes:
+        if count != self._passes:
+            return
+        bucket = self._device_buckets.get(parameter)
+        if bucket is None:
             self._start(parameter)
+            return
+        # a CUDA bucket starts whole, as DDP's do: one allreduce of the flat bucket where it
+        # lies, instead of one per batch of early gradients (each device allreduce pays a
+        # launch and an event wait per step, docs/gpu.md)
+        held = self._held.setdefault(bucket, set())  # tensors hash and compare by identity
+        held.add(parameter)
+        if len(held) == len(bucket):
+            del self._held[bucket]
+            self._start_bucket(bucket)
+
+    def _start_bucket(self, bucket):
+        """Start every member of a whole bucket: one in-place allreduce of its flat tensor
+        where the members' gradients are its views and reduced alike, else one per member,
+        announced together."""
+        flat, name = self._flats[bucket]
+        if self._flat_reduce and all(member.grad is not None and member.grad.layout ==
+                                     torch.strided and member.grad.data_ptr() ==
+                                     self._views[member].data_ptr() for member in bucket):
+            handle = mpi_ops.compressed_allreduce_async_(
+                flat, self._compression, name=name, op=self._op,
+                prescale_factor=self._prescale, postscale_factor=self._postscale,
+                process_set=self.process_set)
+            self._handles[bucket[0]] = (handle, None, bucket[0].grad, False)
+            for member in bucket[1:]:
+                self._handles[member] = (None, None, member.grad, False)
+            return
+        with self._group.engine.batch():
+            for member in bucket:
+                self._start(member)
 
     def _start(self, parameter):
         grad = parameter.grad
@@ -279,28 +345,41 @@ class _DistributedOptimizer(WrappingOptimizer):
 
 
 
-def _dense_cpu(param_groups):
-    """The groups' dense CPU parameters that need gradients, each once, in order."""
+def _starts_whole(bucket):
+    """Whether a gradient bucket starts whole, once all its gradients are in: CUDA buckets,
+    where a device allreduce costs launches and waits for the GPU that a CPU one does not."""
+    return bucket[0].device.type == "cuda"
+
+
+def _dense_local(param_groups):
+    """The groups' dense CPU and CUDA parameters that need gradients, each once, in order."""
     return list(dict.fromkeys(
         parameter for group in param_groups for parameter in group["params"]
-        if parameter.requires_grad and parameter.device.type == "cpu"
+        if parameter.requires_grad and parameter.device.type in ("cpu", "cuda")
         and parameter.layout == torch.strided))
 
 
 def _bucket_views(parameters, bucket_bytes):
-    """parameter -> a view of the parameter's shape into a flat gradient bucket: the
-    ``parameters``, in their order, in the engine's fused buckets of at most
-    ``bucket_bytes`` (``buckets.fill_buckets``), each bucket one flat zero tensor."""
-    views = {}
-    for bucket in fill_buckets(parameters, lambda parameter: parameter.dtype,
+    """Lay the ``parameters``' gradients out, in their order, in the engine's fused buckets of
+    at most ``bucket_bytes`` (``buckets.fill_buckets``), each bucket one flat zero tensor on
+    its parameters' device.
+
+    Returns:
+        (views, buckets): parameter -> a view of the parameter's shape into its bucket, and
+        the buckets as (tuple of parameters, flat tensor).
+    """
+    views, buckets = {}, []
+    for bucket in fill_buckets(parameters, lambda parameter: (parameter.dtype, parameter.device),
                                lambda parameter: parameter.numel() * parameter.element_size(),
                                bucket_bytes):
-        flat = zeros(sum(parameter.numel() for parameter in bucket), bucket[0].dtype)
+        flat = zeros(sum(parameter.numel() for parameter in bucket), bucket[0].dtype,
+                     bucket[0].device)
+        buckets.append((tuple(bucket), flat))
         offset = 0
         for parameter in bucket:
             views[parameter] = flat[offset:offset + parameter.numel()].view(parameter.shape)
             offset += parameter.numel()
-    return views
+    return views, buckets
 
 
 _SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_handles)
