@@ -14,10 +14,10 @@ is installed, else on numba device arrays):
   pack      kernels.pack of --tensors tensors into one fusion buffer (one launch per 32
             tensors) against one device-to-device copy per tensor (cupy's, and numba's)
 
-Part 2 starts ``mpiexec -n 2`` on the same GPU (the two ranks share it) and times
-``hvd.allreduce_`` of --ring-bytes float32 on device arrays (the staged ring when MPI is not
-CUDA-aware, the device ring when it is) against the same call on numpy arrays, taking turns
-in rounds; busbw = bytes/time * 2(n-1)/n for both.
+Part 2 starts ``mpiexec -n 2`` on the same GPU (the two ranks share it) once per
+--transports (HORORING_DEVICE_RING: direct, staged) and times ``hvd.allreduce_`` of each
+--ring-bytes float32 on device arrays against the same call on numpy arrays (the host ring),
+taking turns in rounds; busbw = bytes/time * 2(n-1)/n for both.
 
 Every row carries #wrong: elements differing from a reference computed on the host.
 Under NUMBA_ENABLE_CUDASIM=1 (no GPU) the script runs on numba's simulator: use tiny sizes;
@@ -213,15 +213,22 @@ def pack_row(device, args):
 # ---- two ranks on one GPU: the staged (or CUDA-aware) ring against the host ring ----------
 
 def run_ring(args):
+    """One 2-rank job per device transport; each times the device allreduce beside the host
+    ring on numpy arrays of the same size, taking turns."""
     from benchinfo import json_rows_of
-    command = [args.mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__),
-               "--ring-child", "--ring-bytes", str(args.ring_bytes), "--rounds", str(args.rounds),
-               "--seconds", str(args.seconds), "--backend", args.backend]
-    row = json_rows_of(command, args.timeout, "the 2-rank ring job")[0]
-    print(f"ring   2 ranks, {row['bytes']} B: device {row['device_busbw_GBs']:.2f} GB/s busbw "
-          f"({row['transport']}), host {row['host_busbw_GBs']:.2f} GB/s, device/host "
-          f"{row['device_over_host']:.2f}, #wrong {row['wrong']}", flush=True)
-    return row
+    rows = []
+    for transport in args.transports:
+        command = [args.mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__), "--ring-child",
+                   "--ring-bytes", args.ring_bytes, "--rounds", str(args.rounds),
+                   "--seconds", str(args.seconds), "--backend", args.backend]
+        for row in json_rows_of(command, args.timeout, f"the 2-rank {transport} ring job",
+                                env={"HORORING_DEVICE_RING": transport}):
+            print(f"ring   2 ranks, {row['bytes']:>9} B: device {row['device_busbw_GBs']:7.2f} "
+                  f"GB/s busbw ({row['transport']}, {row['device_s'] * 1e3:.2f} ms), host "
+                  f"{row['host_busbw_GBs']:.2f} GB/s ({row['host_s'] * 1e3:.2f} ms), "
+                  f"device/host {row['device_over_host']:.2f}, #wrong {row['wrong']}", flush=True)
+            rows.append(row)
+    return rows
 
 
 def ring_child(args):
@@ -231,45 +238,56 @@ def ring_child(args):
     from hororing.context import current
     hvd.init()
     device = Device(args.backend)
+    for nbytes in sizes(args.ring_bytes):
+        row = ring_row(hvd, device, nbytes, args, MPI.COMM_WORLD)
+        row["transport"] = current().engine.allreduce.device_transport()
+        if hvd.rank() == 0:
+            print(json.dumps(row), flush=True)
+    hvd.shutdown()
+
+
+def ring_row(hvd, device, nbytes, args, comm):
+    from mpi4py import MPI
+
     size, rank = hvd.size(), hvd.rank()
-    count = args.ring_bytes // 4
+    count = nbytes // 4
     pattern = (np.arange(count) % 7).astype(np.float32)
     expected = pattern * size + size * (size - 1) / 2
     host = pattern + rank
     on_device = device.to_device(host)
-    hvd.allreduce_(host, op=hvd.Sum, name="ring.host")
-    hvd.allreduce_(on_device, op=hvd.Sum, name="ring.device")
-    wrong = int(np.count_nonzero(host != expected) + np.count_nonzero(device.to_host(on_device) != expected))
-    wrong = MPI.COMM_WORLD.allreduce(wrong)
-    host_buffer, device_buffer = np.zeros(count, np.float32), device.to_device(np.zeros(count, np.float32))
-    runs = {"host": lambda: hvd.allreduce_(host_buffer, op=hvd.Sum, name="ring.host"),
-            "device": lambda: hvd.allreduce_(device_buffer, op=hvd.Sum, name="ring.device")}
+    hvd.allreduce_(host, op=hvd.Sum, name=f"ring.host.{nbytes}")
+    hvd.allreduce_(on_device, op=hvd.Sum, name=f"ring.device.{nbytes}")
+    wrong = int(np.count_nonzero(host != expected)
+                + np.count_nonzero(device.to_host(on_device) != expected))
+    wrong = comm.allreduce(wrong)
+    host_buffer = np.zeros(count, np.float32)
+    device_buffer = device.to_device(np.zeros(count, np.float32))
+    runs = {"host": lambda: hvd.allreduce_(host_buffer, op=hvd.Sum, name=f"ring.host.{nbytes}"),
+            "device": lambda: hvd.allreduce_(device_buffer, op=hvd.Sum,
+                                             name=f"ring.device.{nbytes}")}
     times = {name: [] for name in runs}
     for run in runs.values():
         run()
     # one block length on every rank (the slowest rank's), or the ranks' calls would not pair
-    once = MPI.COMM_WORLD.allreduce(_once(runs["device"]), op=MPI.MAX)
+    once = comm.allreduce(max(_once(runs["device"]), _once(runs["host"])), op=MPI.MAX)
     per_block = max(1, int(args.seconds / args.rounds / 2 / max(once, 1e-6)))
     for round_index in range(args.rounds):
         order = list(runs) if round_index % 2 == 0 else list(runs)[::-1]
         for name in order:
-            MPI.COMM_WORLD.Barrier()
+            comm.Barrier()
             started = time.perf_counter()
             for _ in range(per_block):
                 runs[name]()
             device.synchronize()
-            times[name].append(MPI.COMM_WORLD.allreduce(time.perf_counter() - started,
-                                                        op=MPI.MAX) / per_block)
+            times[name].append(comm.allreduce(time.perf_counter() - started,
+                                              op=MPI.MAX) / per_block)
     factor = 2 * (size - 1) / size
-    row = {"bytes": args.ring_bytes, "ranks": size, "wrong": wrong,
-           "transport": current().engine.allreduce.device_transport(),
+    row = {"bytes": nbytes, "ranks": size, "wrong": wrong, "calls_per_block": per_block,
            "host_s": float(np.median(times["host"])), "device_s": float(np.median(times["device"]))}
-    row["host_busbw_GBs"] = args.ring_bytes / row["host_s"] * factor / 1e9
-    row["device_busbw_GBs"] = args.ring_bytes / row["device_s"] * factor / 1e9
+    row["host_busbw_GBs"] = nbytes / row["host_s"] * factor / 1e9
+    row["device_busbw_GBs"] = nbytes / row["device_s"] * factor / 1e9
     row["device_over_host"] = row["device_busbw_GBs"] / row["host_busbw_GBs"]
-    if rank == 0:
-        print(json.dumps(row), flush=True)
-    hvd.shutdown()
+    return row
 
 
 def _once(function):
@@ -290,7 +308,11 @@ def parse_args():
     parser.add_argument("--tensors", type=int, default=100)
     parser.add_argument("--tensor-bytes", type=int, default=64 * 1024,
                         help="about this many bytes per packed tensor")
-    parser.add_argument("--ring-bytes", type=int, default=64 * MiB)
+    parser.add_argument("--ring-bytes", default=f"{64 * 1024},{MiB},{8 * MiB},{64 * MiB}",
+                        help="bytes per device allreduce in the 2-rank jobs")
+    parser.add_argument("--transports", nargs="+", default=["direct", "staged"],
+                        choices=["auto", "direct", "staged"],
+                        help="HORORING_DEVICE_RING of each 2-rank job")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per row")
     parser.add_argument("--mpiexec", default="mpiexec")

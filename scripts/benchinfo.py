@@ -26,12 +26,14 @@ def machine_info():
             "python": platform.python_version()}
 
 
-def json_rows_of(command, timeout, what):
+def json_rows_of(command, timeout, what, env=None):
     """Run a benchmark's MPI job and return the JSON objects it printed one per line.
 
-    Exits the driver with the job's stderr tail if the job fails.
+    ``env``: variables set for the job on top of this process's environment. Exits the
+    driver with the job's stderr tail if the job fails.
     """
-    job = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    job = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                         env=None if env is None else {**os.environ, **env})
     if job.returncode != 0:
         sys.exit(f"{what} failed:\n{job.stderr[-3000:]}")
     return [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")]
