@@ -36,6 +36,12 @@ class Config:
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 0.0  # 0: never end the job on a stall
     stall_check_enabled: bool = True
+    # Every rank blocked this long in collectives none of which every rank submitted (ranks
+    # waiting on different names) ends in an error naming what each rank waits on, on every
+    # rank (engine/deadlocks.py); 0: wait for ever, as Horovod does (the stall warning still
+    # speaks). A few seconds: a slow rank is not blocked, so the grace only has to outlast a
+    # thread about to submit the match.
+    deadlock_grace_seconds: float = 5.0
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
     # Allreduces below this many bytes take the latency path (one MPI_Allgather, then a local
@@ -170,6 +176,9 @@ class Config:
             raise ValueError(f"fusion threshold must be >= 0 bytes, got {self.fusion_threshold}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"cycle time must be >= 0 ms, got {self.cycle_time_ms}")
+        if self.deadlock_grace_seconds < 0:
+            raise ValueError(f"deadlock grace must be >= 0 s (HORORING_DEADLOCK_GRACE_SECONDS; "
+                             f"0: wait for ever), got {self.deadlock_grace_seconds}")
         if self.cache_capacity < 0:
             raise ValueError(f"cache capacity must be >= 0, got {self.cache_capacity}")
         if self.ring_subchunk_bytes is not None and self.ring_subchunk_bytes <= 0:
@@ -263,6 +272,7 @@ _ENV_FIELDS = {
     "stall_check_seconds": (_names("STALL_CHECK_TIME_SECONDS"), float),
     "stall_shutdown_seconds": (_names("STALL_SHUTDOWN_TIME_SECONDS"), float),
     "stall_check_enabled": (_names("STALL_CHECK_DISABLE"), _not_flag),
+    "deadlock_grace_seconds": (("HORORING_DEADLOCK_GRACE_SECONDS",), float),
     "timeline_path": (_names("TIMELINE"), str),
     "timeline_mark_cycles": (_names("TIMELINE_MARK_CYCLES"), _flag),
     "small_allreduce_bytes": (("HORORING_SMALL_ALLREDUCE_BYTES",), int),

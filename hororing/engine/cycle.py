@@ -23,8 +23,8 @@ import numpy as np
 from .. import transport
 from .executor import bucket_key
 from .fold import Fold
-from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, Negotiator, agreed_bits, encode_header,
-                          encode_vote, header_words, vote_needs_gather, vote_words)
+from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, WAITING, Negotiator, agreed_bits,
+                          encode_header, encode_vote, header_words, vote_needs_gather, vote_words)
 
 FLAG_FAILED = 1
 FLAG_SHUTDOWN = 2
@@ -66,12 +66,12 @@ class Cycle:
         self._vote_exchange = exchange.repeated("allreduce", self._vote, self._agreed, op="band")
         self._fold = Fold(exchange, executor)
         self.stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
-                      "inline_hits": 0, "received_bytes": 0}
+                      "inline_hits": 0, "received_bytes": 0, "deadlocks": 0}
 
     # ---- what the driver asks of it -----------------------------------------------------
 
     def run(self, fresh, take, *, flags=0, message=None, missed=None, wake=None,
-            deadline=None):
+            deadline=None, waiting=False):
         """Run the next cycle on this rank; every rank runs the same cycles in order.
 
         Args:
@@ -83,6 +83,8 @@ class Cycle:
             wake: called once if the first exchange has not completed after a brief spin
                 (to wake peers that are not taking part yet).
             deadline: a ``time.monotonic()`` value to give up at.
+            waiting: this rank is blocked (``deadlocks.py``): said in a gathered cycle; when
+                every rank says so and nothing is ready, every pending tensor fails.
 
         Returns:
             The responses that ran (maybe none), or None if the deadline passed first.
@@ -115,9 +117,11 @@ class Cycle:
         self.stats["cycles"] += 1
         self.stats["received_bytes"] += self._agreed.nbytes
         if vote_needs_gather(self._agreed):
-            responses = self._gathered(by_name, cache_ids, flags, message, deadline)
+            responses = self._gathered(by_name, cache_ids, flags, message, deadline, waiting)
             if responses is None:
                 return None
+            if responses and responses[0].deadlock:
+                missed = None  # each rank submitted its own names: none were missed
         else:
             responses = negotiator.cache.agreed_responses(agreed_bits(self._agreed))
         if self._executor.timeline is not None:
@@ -181,7 +185,7 @@ class Cycle:
         self._executor.finish_inline(response, take(response.name), self._fold.data())
         return (response,)
 
-    def _gathered(self, by_name, cache_ids, flags, message, deadline):
+    def _gathered(self, by_name, cache_ids, flags, message, deadline, waiting=False):
         """Gather every rank's header row and notes into the table; return the ready
         responses (None: the deadline passed). A rank's notes are the pickled pair
         (its (name, Meta) announcements by name, its outgoing message)."""
@@ -190,7 +194,7 @@ class Cycle:
         own_notes = b""
         if by_name or flags:
             own_notes = pickle.dumps((by_name, message))
-        self._encode_header(len(own_notes), flags, cache_ids)
+        self._encode_header(len(own_notes), flags, cache_ids, waiting)
         if not transport.wait(self._exchange.allgather(self._header, self._headers), deadline):
             return None
         self.stats["received_bytes"] += self._headers.nbytes
@@ -208,7 +212,11 @@ class Cycle:
         for request in self._by_bit.values():
             self.negotiator.backdate(request.name, request.submitted)
         self._by_bit.clear()  # the bits are in the table now: matched by name from here on
-        return self.negotiator.ready()
+        responses = self.negotiator.ready()
+        if not responses and self._headers[:, WAITING].all():
+            responses = self.negotiator.deadlocked()
+            self.stats["deadlocks"] += bool(responses)
+        return responses
 
     def _encode_vote(self, needs_gather, cache_ids):
         key = (needs_gather, cache_ids)
@@ -216,13 +224,13 @@ class Cycle:
             encode_vote(self._vote, needs_gather, cache_ids)
             self._vote_key = key
 
-    def _encode_header(self, notes_bytes, flags, cache_ids):
+    def _encode_header(self, notes_bytes, flags, cache_ids, waiting):
         # a steady state repeats one header: then only the cycle number changes
-        key = (notes_bytes, flags, cache_ids)
+        key = (notes_bytes, flags, cache_ids, waiting)
         if key == self._header_key:
             self._header[CYCLE] = self.number
         else:
-            encode_header(self._header, self.number, notes_bytes, flags, cache_ids)
+            encode_header(self._header, self.number, notes_bytes, flags, cache_ids, waiting)
             self._header_key = key
 
     def _gather_notes(self, own_notes, deadline):

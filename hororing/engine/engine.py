@@ -69,6 +69,9 @@ class Engine:
         self._async_waiting = False  # the queue holds a submission nobody is driving
         self._pending = {}        # name -> Request, until completed
         self._last_cycle_at = 0.0
+        # the last submission, or the last cycle that ran something (deadlock grace)
+        self._quiet_since = time.monotonic()
+        self._next_deadlock_check = 0.0
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failure = None      # HorovodInternalError once the engine cannot go on
@@ -101,9 +104,10 @@ class Engine:
                     f"a collective named '{request.name}' is already in flight on this rank; "
                     f"synchronize its handle before reusing the name, or pass a different name=")
             self._pending[request.name] = request
+            request.awaited = blocking
             batch = getattr(self._batches, "requests", None)
             (self._queue if batch is None else batch).append(request)
-        request.submitted = time.monotonic()
+        request.submitted = self._quiet_since = time.monotonic()
         if batch is not None:
             self._batches.blocking &= blocking
             return request.handle
@@ -144,6 +148,9 @@ class Engine:
             return handle.result()
         with self._queue_lock:
             self._drivers += 1
+            request = self._pending.get(handle.name)
+            if request is not None:
+                request.awaited = True
         try:
             return self._drive_until(handle)
         finally:
@@ -154,6 +161,13 @@ class Engine:
                 resume = not self._drivers and self._pending
             if resume:
                 self._work.set()
+
+    def await_(self, handle):
+        """A thread is about to wait for ``handle`` (a grouped call's members, all at once)."""
+        with self._queue_lock:
+            request = self._pending.get(handle.name)
+            if request is not None:
+                request.awaited = True
 
     def _drive_until(self, handle):
         idle_wait = 1e-4
@@ -290,13 +304,16 @@ class Engine:
             with self._cycle_activity:
                 responses = self.cycle.run(fresh, self._take, flags=self._outgoing_flags,
                                            message=self._outgoing_message, missed=self._missed,
-                                           wake=wake, deadline=deadline)
+                                           wake=wake, deadline=deadline,
+                                           waiting=self._blocked(time.monotonic()))
         except JobEnded as ended:
             self._failed_job |= ended.failed
             self._halt(HorovodInternalError(str(ended)))
             return True
         if responses is None:
             return False
+        if responses:
+            self._quiet_since = time.monotonic()
         if responses and self.tuner is not None and self.tuner.active:
             self.tuner.observe(responses, moved_bytes(responses))
         if self.executor.timeline is not None:  # live: what the cycle recorded is in the file
@@ -338,8 +355,28 @@ class Engine:
         if self.timeline is not None:
             self.timeline.close()
 
+    def _blocked(self, now):
+        """True when every collective pending here is waited for by some thread, nothing is
+        queued, and nothing ran or was submitted for the deadlock grace: this rank can only
+        go on if its peers' collectives match its own (``deadlocks.py``)."""
+        grace = self.config.deadlock_grace_seconds
+        if grace <= 0 or now - self._quiet_since < grace:
+            return False
+        with self._queue_lock:
+            return (bool(self._pending) and not self._queue
+                    and all(request.awaited for request in self._pending.values()))
+
+    def _check_deadlock(self, now):
+        """Blocked for the grace: run a gathered cycle, in which every rank says whether it is
+        blocked too (once per grace period)."""
+        if now >= self._next_deadlock_check and self._blocked(now):
+            self._next_deadlock_check = now + self.config.deadlock_grace_seconds
+            self.cycle.ask_gather()
+            self._run_cycle(initiate=True)
+
     def _check_stalls(self):
         now = time.monotonic()
+        self._check_deadlock(now)
         if not self.config.stall_check_enabled or now < self._next_stall_check:
             return
         self._next_stall_check = now + _STALL_CHECK_EVERY_S

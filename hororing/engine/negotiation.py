@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .deadlocks import deadlock_message
 from .mismatch import mismatch
 
 JOIN_NAME = "__join__"
@@ -58,6 +59,7 @@ class Response:
     joined: frozenset = frozenset()  # ranks that contribute zeros (allreduce after join)
     error: str = None
     last_joined: int = -1           # for join: the last rank to join
+    deadlock: bool = False          # failed because every rank was blocked on another
 
 
 @dataclasses.dataclass
@@ -216,6 +218,19 @@ class Negotiator:
             responses.append(response)
         return responses
 
+    def deadlocked(self):
+        """Fail every pending tensor but ``join`` (called when every rank is blocked and none
+        is ready: none of them can ever complete); the responses carry one message naming
+        what each rank waits on and which ranks submitted each name."""
+        entries = {name: entry.metas for name, entry in self._table.items() if name != JOIN_NAME}
+        if not entries:
+            return []
+        message = deadlock_message(entries, self._table.get(JOIN_NAME), self.size)
+        responses = [self._pop(name, error=message) for name in entries]
+        for response in responses:
+            response.deadlock = True
+        return responses
+
     def stalled(self, now, after_seconds):
         """Yield (name, missing ranks, seconds waiting) for entries older than the threshold.
 
@@ -258,8 +273,9 @@ class _SameForEveryRank(dict):
         return self._meta
 
 
-HEADER_FIELDS = 3  # the header's fields, then its cache bits:
-CYCLE, NOTES_BYTES, FLAGS = range(HEADER_FIELDS)  # NOTES_BYTES: the rank's pickled notes
+HEADER_FIELDS = 4  # the header's fields, then its cache bits:
+# NOTES_BYTES: the rank's pickled notes; WAITING: 1 when the rank is blocked (deadlocks.py)
+CYCLE, NOTES_BYTES, FLAGS, WAITING = range(HEADER_FIELDS)
 VOTE_FIELDS = 1    # all ones: this rank needs no gathered cycle; zero: it does
 _AGREED_VOTES = 64  # distinct reduced votes remembered
 
@@ -274,12 +290,13 @@ def vote_words(cache_capacity):
     return VOTE_FIELDS + (cache_capacity + 63) // 64
 
 
-def encode_header(header, cycle, notes_bytes, flags, cache_ids):
+def encode_header(header, cycle, notes_bytes, flags, cache_ids, waiting=False):
     """Fill the int64 ``header`` in place."""
     header[:] = 0
     header[CYCLE] = cycle
     header[NOTES_BYTES] = notes_bytes
     header[FLAGS] = flags
+    header[WAITING] = int(waiting)
     _set_bits(header[HEADER_FIELDS:], cache_ids)
 
 

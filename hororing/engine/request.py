@@ -57,6 +57,10 @@ class Handle:
         its error."""
         return self._engine.wait(self)
 
+    def mark_awaited(self):
+        """Tell the engine a thread is about to wait for this handle (``Engine.await_``)."""
+        self._engine.await_(self)
+
     def result(self):
         """Return the result of a finished handle, or raise its error."""
         if self._error is not None:
@@ -81,6 +85,8 @@ class GroupHandle:
 
     def synchronize(self):
         """The list of the members' results, in order."""
+        for handle in self.handles:  # every member is waited for, not only the first
+            handle.mark_awaited()
         return [handle.synchronize() for handle in self.handles]
 
 
@@ -91,10 +97,11 @@ class Request:
     result goes (None: the engine allocates); ``writeback`` is a non-contiguous array that
     receives the result at the end. ``ready`` (device arrays) has a ``synchronize()`` that
     returns once the work that produced ``tensor`` on the caller's stream is done.
+    ``awaited``: a thread waits for it (a blocking call, or ``synchronize`` on its handle).
     """
 
     __slots__ = ("name", "meta", "tensor", "output", "writeback", "handle", "submitted", "cache_id",
-                 "announced", "ready")
+                 "announced", "ready", "awaited")
 
     def __init__(self, name, meta, tensor, output, handle, writeback=None):
         self.name = name
@@ -107,3 +114,4 @@ class Request:
         self.cache_id = None
         self.announced = False
         self.ready = None
+        self.awaited = False

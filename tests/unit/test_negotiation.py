@@ -263,3 +263,30 @@ def test_agreed_votes_follow_a_name_whose_metadata_changed():
     assert negotiator.cache.lookup("a", allreduce_meta(shape=(7,))) == 0
     (after,) = negotiator.cache.agreed_responses(bits)
     assert after.meta.shape == (7,)
+
+
+def test_a_deadlock_fails_every_pending_tensor_but_join_naming_each_ranks_wait():
+    negotiator = Negotiator(size=3, cache_capacity=8)
+    negotiator.absorb(0, [], [(JOIN_NAME, Meta(kind="join"))], now=0.0)
+    negotiator.absorb(1, [], [("a", allreduce_meta())], now=0.0)
+    negotiator.absorb(2, [], [("b", allreduce_meta()), ("c", allreduce_meta())], now=0.0)
+    assert negotiator.ready() == []
+    responses = negotiator.deadlocked()
+    assert [response.name for response in responses] == ["a", "b", "c"]
+    assert all(response.deadlock for response in responses)
+    message = responses[0].error
+    assert "rank 0 waits on join()" in message
+    assert "rank 1 waits on allreduce 'a'" in message
+    assert "rank 2 waits on allreduce 'b', allreduce 'c'" in message
+    assert "'a' by rank(s) [1]; 'b' by rank(s) [2]" in message
+    assert negotiator.pending_names() == [JOIN_NAME]  # join waits on: the others may join
+    assert negotiator.deadlocked() == []  # nothing left to fail
+
+
+def test_the_waiting_field_travels_in_the_header():
+    from hororing.engine.negotiation import WAITING
+    header = np.zeros(header_words(8), dtype=np.int64)
+    encode_header(header, 7, 0, 0, [3], waiting=True)
+    assert header[WAITING] == 1 and decode_cache_ids(header) == [3]
+    encode_header(header, 7, 0, 0, [3])
+    assert header[WAITING] == 0
