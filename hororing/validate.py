@@ -26,11 +26,17 @@ def check_array(tensor, argument="tensor", min_ndim=0):
     if tensor.dtype not in DTYPE_NAMES:
         raise TypeError(f"{argument} has unsupported dtype {tensor.dtype}; supported dtypes: "
                         f"{_SUPPORTED_NAMES}. Convert it with .astype(...)")
-    if tensor.ndim < min_ndim:
-        raise ValueError(f"{argument} must have at least {min_ndim} dimension(s), got a "
-                         f"{tensor.ndim}-d array of shape {tensor.shape}; reshape it, e.g. "
-                         f"{argument}.reshape(1, -1)")
+    check_ndim(tensor.shape, min_ndim, argument)
     return tensor
+
+
+def check_ndim(shape, min_ndim, argument="tensor"):
+    """Raise ValueError for an array of fewer than ``min_ndim`` dimensions (the verbs that
+    split or gather rows need one); every binding's arrays are checked by it."""
+    if len(shape) < min_ndim:
+        raise ValueError(f"{argument} must have at least {min_ndim} dimension(s), got a "
+                         f"{len(shape)}-d array of shape {tuple(shape)}; reshape it, e.g. "
+                         f"{argument}.reshape(1, -1)")
 
 
 def check_writable(tensor, argument="tensor", flags=None):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .. import collectives as core
+from ..validate import check_ndim
 
 _NUMPY_FREE = (torch.bfloat16,)
 
@@ -62,10 +63,27 @@ def poll(handle):
     return handle.done()
 
 
-def as_numpy(tensor, argument="tensor"):
+def check_tensor(tensor, argument="tensor", min_ndim=0):
+    """Return ``tensor`` if it is a torch tensor of at least ``min_ndim`` dimensions; raise
+    the numpy API's errors otherwise. Every verb checks its input so before touching it."""
     if not isinstance(tensor, torch.Tensor):
         got = "None" if tensor is None else type(tensor).__name__
         raise TypeError(f"{argument} must be a torch.Tensor, got {got}; convert it with torch.as_tensor(...)")
+    check_ndim(tensor.shape, min_ndim, argument)
+    return tensor
+
+
+def check_tensors(tensors, verb, min_ndim=0):
+    """The grouped verbs' ``tensors``: a list or tuple of tensors, each checked."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{verb} takes a list of tensors, got {type(tensors).__name__}")
+    for tensor in tensors:
+        check_tensor(tensor, min_ndim=min_ndim)
+    return tensors
+
+
+def as_numpy(tensor, argument="tensor"):
+    check_tensor(tensor, argument)
     if tensor.is_sparse:
         raise ValueError(f"{argument} is sparse; densify it with .to_dense() first, or use "
                          f"sparse_allreduce_async")

@@ -11,7 +11,8 @@ from .. import grad_rules, ops
 from ..compression import wire_of
 from ..process_sets import global_process_set, group_of
 from ..validate import ALLREDUCE_OPS, resolve_op
-from .bridge import TorchHandle, as_numpy, group_finish, in_place, synchronize, to_torch
+from .bridge import (TorchHandle, as_numpy, check_tensor, check_tensors, group_finish, in_place,
+                     synchronize, to_torch)
 from .compression import Compression
 
 # ---- allreduce --------------------------------------------------------------------------
@@ -68,6 +69,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Example:
         >>> hvd.allreduce(torch.ones(3), op=hvd.Sum)
     """
+    check_tensor(tensor)
     compression = compression or Compression.none
     op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     payload, ctx = compression.compress(tensor)
@@ -87,6 +89,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Start allreduces of a list of tensors; ``synchronize`` returns the list."""
+    check_tensors(tensors, "grouped_allreduce_async")
     arrays = [as_numpy(tensor) for tensor in tensors]
     group = core.grouped_allreduce_async(arrays, average, name, op, prescale_factor,
                                          postscale_factor, process_set)
@@ -96,6 +99,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduce a list of tensors together (differentiable); return the list of results."""
+    check_tensors(tensors, "grouped_allreduce")
     compression = compression or Compression.none
     op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     payloads, ctxs = zip(*(compression.compress(tensor) for tensor in tensors)) if tensors else ((), ())
@@ -107,6 +111,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """Start in-place allreduces of a list of tensors."""
+    check_tensors(tensors, "grouped_allreduce_async_")
     handles = _member_handles(tensors, name, process_set, lambda tensor, member: allreduce_async_(
         tensor, average, member, op, prescale_factor, postscale_factor, process_set))
     group = core.group_handles(handle.inner for handle in handles)
@@ -168,17 +173,20 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set, *,
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start an allgather; ``synchronize`` returns the concatenated tensor."""
+    check_tensor(tensor, min_ndim=1)
     return TorchHandle(core.allgather_async(as_numpy(tensor), name, process_set),
                        lambda result: to_torch(result, tensor))
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's tensor along dim 0 (differentiable). Every rank must call it."""
+    check_tensor(tensor, min_ndim=1)
     return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathers of a list of tensors; ``synchronize`` returns the list."""
+    check_tensors(tensors, "grouped_allgather_async", min_ndim=1)
     arrays = [as_numpy(tensor) for tensor in tensors]
     return TorchHandle(core.grouped_allgather_async(arrays, name, process_set),
                        group_finish(tensors))
@@ -186,6 +194,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgather a list of tensors together (differentiable); return the list."""
+    check_tensors(tensors, "grouped_allgather", min_ndim=1)
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -209,6 +218,7 @@ def _broadcast_now(tensor, root_rank, name, process_set, inplace):
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Return root_rank's tensor on every rank (differentiable). Every rank must call it."""
+    check_tensor(tensor)
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -219,6 +229,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall; ``synchronize`` returns (received tensor, received splits)."""
+    check_tensor(tensor, min_ndim=1)
     handle = core.alltoall_async(as_numpy(tensor), _splits_list(splits), name, process_set)
     return TorchHandle(handle, lambda result: (to_torch(result[0], tensor),
                                                torch.from_numpy(result[1]).to(torch.int32)))
@@ -231,6 +242,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
         the received rows; with ``splits`` given, also the rows received from each rank
         (an int32 tensor), as ``(rows, received_splits)``.
     """
+    check_tensor(tensor, min_ndim=1)
     return _Alltoall.apply(tensor, splits, name, process_set)
 
 
@@ -246,6 +258,7 @@ def _splits_list(splits):
 def reducescatter_async(tensor, name=None, op=ops.Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Start a reducescatter; ``synchronize`` returns this rank's rows."""
+    check_tensor(tensor, min_ndim=1)
     handle = core.reducescatter_async(as_numpy(tensor), name, op, process_set, prescale_factor,
                                       postscale_factor)
     return TorchHandle(handle, lambda result: to_torch(result, tensor))
@@ -257,6 +270,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=ops.Averag
 
     The first ``dim0 % size`` ranks get one row more. Every rank must call it.
     """
+    check_tensor(tensor, min_ndim=1)
     compression = compression or Compression.none
     payload, ctx = compression.compress(tensor)
     result = _Reducescatter.apply(payload, name, op, process_set, prescale_factor,
@@ -268,6 +282,7 @@ def grouped_reducescatter_async(tensors, name=None, op=ops.Average,
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
     """Start reducescatters of a list of tensors; ``synchronize`` returns the list."""
+    check_tensors(tensors, "grouped_reducescatter_async", min_ndim=1)
     arrays = [as_numpy(tensor) for tensor in tensors]
     handle = core.grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
                                               postscale_factor)
@@ -278,6 +293,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=o
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Reducescatter a list of tensors together (differentiable); return the list."""
+    check_tensors(tensors, "grouped_reducescatter", min_ndim=1)
     compression = compression or Compression.none
     payloads, ctxs = zip(*(compression.compress(tensor) for tensor in tensors)) if tensors else ((), ())
     results = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,

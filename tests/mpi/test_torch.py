@@ -485,3 +485,35 @@ def test_a_gradient_twice_in_a_held_bucket_is_refused(whole_buckets):
     with pytest.raises(RuntimeError, match="computed twice before step"):
         model[0](torch.ones(1, 4)).sum().backward()
     optimizer.synchronize()
+
+
+LIST_REFUSED = {
+    "allreduce": lambda x: hvd.allreduce(x), "allreduce_": lambda x: hvd.allreduce_(x),
+    "allreduce_async": lambda x: hvd.allreduce_async(x),
+    "allgather": lambda x: hvd.allgather(x), "allgather_async": lambda x: hvd.allgather_async(x),
+    "broadcast": lambda x: hvd.broadcast(x, 0), "broadcast_": lambda x: hvd.broadcast_(x, 0),
+    "alltoall": lambda x: hvd.alltoall(x), "reducescatter": lambda x: hvd.reducescatter(x),
+    "grouped_allreduce": lambda x: hvd.grouped_allreduce([x]),
+    "grouped_allreduce_": lambda x: hvd.grouped_allreduce_([x]),
+    "grouped_allgather": lambda x: hvd.grouped_allgather([x]),
+    "grouped_reducescatter": lambda x: hvd.grouped_reducescatter([x]),
+}
+NEEDS_A_DIMENSION = ("allgather", "allgather_async", "alltoall", "reducescatter",
+                     "grouped_allgather", "grouped_reducescatter")
+
+
+@pytest.mark.parametrize("verb", list(LIST_REFUSED))
+def test_every_torch_verb_refuses_a_list_and_a_0d_tensor_where_rows_are_needed(verb):
+    with pytest.raises(TypeError, match="tensor must be a torch.Tensor, got list"):
+        LIST_REFUSED[verb]([1.0, 2.0])
+    if verb in NEEDS_A_DIMENSION:
+        with pytest.raises(ValueError, match=r"tensor must have at least 1 dimension\(s\), got a "
+                                             r"0-d array of shape \(\); reshape it"):
+            LIST_REFUSED[verb](torch.tensor(3.0))
+
+
+@pytest.mark.parametrize("verb", ["grouped_allreduce", "grouped_allgather",
+                                  "grouped_reducescatter", "grouped_allreduce_async"])
+def test_torch_grouped_verbs_refuse_a_tensor_where_a_list_belongs(verb):
+    with pytest.raises(TypeError, match="takes a list of tensors, got Tensor"):
+        getattr(hvd, verb)(torch.ones(2, 3))
