@@ -2,9 +2,12 @@
 
 A file is ``commit-<seq>.pkl`` in the job's elastic directory on each host: the pickled state
 followed by a trailer (magic, sequence number, payload length, CRC-32). It is written under a
-temporary name and renamed into place, so a writer killed mid-write leaves the previous commit
-intact and a half-written temporary file that no reader trusts. The newest two commits are
-kept.
+temporary name, flushed to the disk (fsync), renamed into place, and the directory is flushed
+too, as databases do: a writer killed mid-write leaves the previous commit intact and a
+half-written temporary file that no reader trusts, and a machine that loses power after a
+commit returned still has it. The newest two commits are kept; the older one is deleted only
+once the new one is on the disk. A reader that finds the newest file torn or corrupt anyway
+(a disk that lied) says so, naming the file, and takes the one before.
 """
 
 import os
@@ -48,7 +51,10 @@ def write(directory, seq, obj):
         writer = _CrcWriter(file)
         pickle.dump(obj, writer, protocol=pickle.HIGHEST_PROTOCOL)
         file.write(_TRAILER.pack(_MAGIC, seq, writer.length, writer.crc))
+        file.flush()
+        os.fsync(file.fileno())  # the bytes on the disk before the name points at them
     os.replace(temporary, final)
+    _sync_directory(directory)  # the rename on the disk before an older commit goes
     for old in sequences(directory)[KEEP:]:
         path_of(directory, old).unlink(missing_ok=True)
     return final
@@ -69,28 +75,51 @@ def sequences(directory):
     return sorted(found, reverse=True)
 
 
+def _sync_directory(directory):
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def read(directory, seq):
     """The object of commit ``seq``, or None if its file is missing, short or corrupt."""
+    return _checked(directory, seq)[0]
+
+
+def _checked(directory, seq):
+    """(object, None) for an intact commit ``seq``; (None, what is wrong with it) else."""
     try:
         data = path_of(directory, seq).read_bytes()
-    except OSError:
-        return None
+    except OSError as error:
+        return None, f"unreadable ({error.strerror})"
     if len(data) < _TRAILER.size:
-        return None
+        return None, f"torn: {len(data)} bytes, shorter than its trailer"
     magic, stored_seq, length, crc = _TRAILER.unpack(data[-_TRAILER.size:])
     payload = memoryview(data)[:-_TRAILER.size]
-    if magic != _MAGIC or stored_seq != seq or length != len(payload) or \
-            zlib.crc32(payload) != crc:
-        return None
-    return pickle.loads(payload)
+    if magic != _MAGIC:
+        return None, "torn: no commit trailer at its end"
+    if stored_seq != seq:
+        return None, f"holds commit {stored_seq}, not {seq}"
+    if length != len(payload):
+        return None, f"torn: {len(payload)} bytes of state where {length} were written"
+    if zlib.crc32(payload) != crc:
+        return None, "corrupt: its checksum does not match"
+    return pickle.loads(payload), None
 
 
-def newest(directory):
-    """(seq, object) of the newest intact commit in ``directory``, or (-1, None)."""
+def newest(directory, report=None):
+    """(seq, object) of the newest intact commit in ``directory``, or (-1, None).
+
+    ``report(path, problem)`` is told of each newer commit file skipped as torn or corrupt.
+    """
     for seq in sequences(directory):
-        obj = read(directory, seq)
-        if obj is not None:
+        obj, problem = _checked(directory, seq)
+        if problem is None:
             return seq, obj
+        if report is not None:
+            report(path_of(directory, seq), problem)
     return -1, None
 
 

@@ -118,7 +118,7 @@ class State:
             for name, size in commits.remove_temporaries(directory):
                 sys.stderr.write(f"hororing.elastic: rank {context.rank()} dropped {name}, a "
                                  f"commit half-written when its writer died ({size} bytes)\n")
-            found, record = commits.newest(directory)
+            found, record = commits.newest(directory, report=_skipped_commit)
         seqs = collectives.allgather(np.array([found], dtype=np.int64),
                                      name="elastic.newest_commit")
         newest = int(seqs.max())
@@ -243,3 +243,8 @@ class HandledState(ObjectState):
         if name in handlers:
             handlers[name].set_value(value)
         object.__setattr__(self, name, value)
+
+
+def _skipped_commit(path, problem):
+    sys.stderr.write(f"hororing.elastic: warning: rank {context.rank()} skips commit file {path}: "
+                     f"{problem}; resuming from the commit before it\n")

@@ -70,6 +70,34 @@ def test_commits_reach_disk_and_a_new_state_resumes_from_the_newest(tmp_path_fac
     assert fresh._commits == 3
 
 
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_a_torn_newest_commit_resumes_from_the_one_before_and_says_so(tmp_path_factory,
+                                                                     monkeypatch, capfd, damage):
+    from hororing.elastic import commits
+    directory = hvd.broadcast_object(str(tmp_path_factory.mktemp(f"torn_{damage}")), root_rank=0)
+    monkeypatch.setenv(job.DIR_ENV, directory)
+    monkeypatch.setenv(job.LAUNCH_ENV, "1")
+    state = hvd.elastic.ObjectState(step=0)
+    state.sync()
+    for step in (1, 2):
+        state.step = step
+        state.commit()
+    hvd.barrier()
+    newest = commits.path_of(directory, 2)
+    if hvd.local_rank() == 0:  # as a power cut leaves it, on every host's copy
+        data = newest.read_bytes()
+        if damage == "truncate":
+            newest.write_bytes(data[:len(data) // 3])
+        else:
+            newest.write_bytes(data[:10] + bytes([data[10] ^ 0xFF]) + data[11:])
+    hvd.barrier()
+    fresh = hvd.elastic.ObjectState(step=-1)
+    assert fresh._resume() == 1
+    assert fresh.step == 1
+    if hvd.local_rank() == 0:
+        assert f"skips commit file {newest}" in capfd.readouterr().err
+
+
 def test_the_run_decorator_resumes_and_calls_the_reset_callbacks(tmp_path_factory, monkeypatch):
     directory = hvd.broadcast_object(str(tmp_path_factory.mktemp("resume")), root_rank=0)
     monkeypatch.setenv(job.DIR_ENV, directory)

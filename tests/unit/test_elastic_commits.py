@@ -29,7 +29,40 @@ def test_a_damaged_newest_commit_is_skipped_for_the_one_before(tmp_path, damage)
         newest.write_bytes(b"")
     else:  # a file whose name does not match the sequence number inside it
         os.replace(newest, commits.path_of(tmp_path, 9))
-    assert commits.newest(tmp_path) == (7, "seven")
+    skipped = []
+    assert commits.newest(tmp_path, report=lambda *found: skipped.append(found)) == (7, "seven")
+    expected = {"truncate": "torn", "flip": "corrupt: its checksum does not match",
+                "empty": "torn: 0 bytes", "renamed": "holds commit 8, not 9"}[damage]
+    (path, problem), = skipped
+    assert path == commits.path_of(tmp_path, 9 if damage == "renamed" else 8)
+    assert problem.startswith(expected), problem
+
+
+def test_a_commit_is_on_the_disk_before_its_name_and_before_the_older_one_goes(tmp_path,
+                                                                               monkeypatch):
+    events = []
+    real_fsync, real_replace, real_unlink = os.fsync, os.replace, type(tmp_path).unlink
+
+    def fsync(descriptor):
+        kind = "directory" if os.path.isdir(f"/proc/self/fd/{descriptor}") else "file"
+        events.append(f"fsync {kind}")
+        real_fsync(descriptor)
+
+    def replace(source, target):
+        events.append("rename")
+        real_replace(source, target)
+
+    def unlink(path, missing_ok=False):
+        events.append(f"unlink {path.name}")
+        real_unlink(path, missing_ok=missing_ok)
+    commits.write(tmp_path, 1, "one")
+    commits.write(tmp_path, 2, "two")
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(type(tmp_path), "unlink", unlink)
+    commits.write(tmp_path, 3, "three")
+    assert events == ["fsync file", "rename", "fsync directory",
+                      f"unlink {commits.path_of(tmp_path, 1).name}"]
 
 
 def test_half_written_temporaries_are_reported_and_removed(tmp_path):
