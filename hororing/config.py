@@ -393,6 +393,13 @@ class Launch:
 
     launcher_size: object = None        # int: the job size an MPI launcher or PMI announced
     launcher_local_size: object = None  # int: ranks on this node, from MPI's launcher
+    # what each launcher says of the job's size (world.py compares it with MPI's world)
+    pmi_size: object = None             # int: PMI_SIZE (MPICH's Hydra, srun's PMI plugins)
+    ompi_world_size: object = None      # int: OMPI_COMM_WORLD_SIZE (Open MPI's mpirun)
+    pmix_rank: object = None            # int: PMIX_RANK (Open MPI 5's prterun, srun --mpi=pmix)
+    mvapich_size: object = None         # int: MV2_COMM_WORLD_SIZE (MVAPICH2's launchers)
+    torch_world_size: object = None     # int: WORLD_SIZE with RANK and MASTER_ADDR (torchrun...)
+    torchelastic: bool = False          # TORCHELASTIC_RUN_ID: torchrun itself
     slurm_step_tasks: object = None     # int: tasks of the srun step this process belongs to
     slurm_node_id: object = None        # int: this node's index in the step
     slurm_step_tasks_per_node: str = ""  # e.g. "2(x2),1"
@@ -430,6 +437,13 @@ def launch_environment(environ=None):
     return Launch(
         launcher_size=number("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"),
         launcher_local_size=number("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        pmi_size=number("PMI_SIZE"),
+        ompi_world_size=number("OMPI_COMM_WORLD_SIZE"),
+        pmix_rank=number("PMIX_RANK"),
+        mvapich_size=number("MV2_COMM_WORLD_SIZE"),
+        torch_world_size=(number("WORLD_SIZE") if "RANK" in env and "MASTER_ADDR" in env
+                          else None),
+        torchelastic="TORCHELASTIC_RUN_ID" in env,
         slurm_step_tasks=number("SLURM_STEP_NUM_TASKS"),
         slurm_node_id=number("SLURM_NODEID"),
         slurm_step_tasks_per_node=env.get("SLURM_STEP_TASKS_PER_NODE", ""),

@@ -11,8 +11,8 @@ import time
 
 from ._mpi import MPI
 
-from . import gpu, slurm, static_sets, transport
-from .config import Config
+from . import gpu, slurm, static_sets, transport, world
+from .config import Config, launch_environment
 from .engine.engine import Engine
 from .group import Group, stop_engine
 from .process_sets import Registry, global_process_set
@@ -126,7 +126,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
                 f"hororing needs MPI_THREAD_MULTIPLE, but MPI was initialized with thread level "
                 f"{provided}; do not set mpi4py.rc.thread_level to a lower level")
         user_comm = _resolve_comm(comm)
-        slurm.check_not_singletons(user_comm.Get_size())
+        world.check_world(MPI.COMM_WORLD.Get_size(), launch_environment())
         if config.start_timeout_s > 0:
             _wait_for_every_rank(user_comm, config.start_timeout_s)
         if config.mode == "ps":

@@ -1,10 +1,8 @@
 """Running under Slurm: what srun and an allocation say, where MPI's launcher says nothing.
 
-Three things a job started by ``srun`` (rather than mpiexec) needs from hororing:
+Two things a job started by ``srun`` (rather than mpiexec) needs from hororing (the refusal
+of srun's separate singletons, ``--mpi=none``, is world.py's, with every other launcher's):
 
-- a refusal when srun started N separate singletons: with ``--mpi=none``, or a PMI plugin the
-  MPI library does not speak (Open MPI under ``--mpi=pmi2``), every task initializes MPI as a
-  job of size 1 and would train alone, silently;
 - a share of the node's cores per rank: torch divides its threads by the ranks on a node
   when mpiexec says how many (MPI_LOCALNRANKS, OMPI_COMM_WORLD_LOCAL_SIZE); srun says it in
   its own words, so every rank would use every core (TensorFlow divides under neither, so
@@ -20,33 +18,9 @@ import sys
 
 from .config import launch_environment
 
-__all__ = ["Allocation", "allocation", "check_not_singletons", "expand_nodelist",
+__all__ = ["Allocation", "allocation", "expand_nodelist",
            "local_tasks", "per_rank_threads", "set_framework_threads", "tasks_per_node",
            "tensorflow_intra_op_threads"]
-
-
-def check_not_singletons(size, launch=None):
-    """Raise when srun started several tasks but MPI made each a job of its own.
-
-    Every task raises, so the job fails at once on every rank (there is no common job to
-    hang in). ``HORORING_ALLOW_SINGLETONS=1`` says the singletons are intended.
-
-    Raises:
-        RuntimeError: naming the task count, the size MPI gave and the srun flags to use.
-    """
-    launch = launch or launch_environment()
-    tasks = launch.slurm_step_tasks
-    if size != 1 or tasks is None or tasks <= 1 or launch.allow_singletons:
-        return
-    if launch.launcher_size == 1:  # an MPI launcher (mpiexec -n 1 inside the step) said so
-        return
-    raise RuntimeError(
-        f"srun started {tasks} tasks, but MPI made each of them a job of size 1: every rank "
-        f"would train alone. srun's PMI plugin is not one this MPI understands (--mpi=none, "
-        f"or the cluster's default). Launch with `srun --mpi=pmi2` for MPICH (the PyPI "
-        f"'mpich' package) or `srun --mpi=pmix` for Open MPI (`srun --mpi=list` shows what "
-        f"the cluster has), or with mpiexec/hororun inside the allocation. Set "
-        f"HORORING_ALLOW_SINGLETONS=1 if independent size-1 jobs are what you want")
 
 
 def tasks_per_node(text):

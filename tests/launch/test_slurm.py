@@ -127,7 +127,7 @@ def test_srun_with_the_mpis_own_plugin_trains_one_job(nodes):
 def test_srun_that_makes_singletons_is_refused_on_every_rank():
     job = run("srun", "--mpi=none", "-n", 2, sys.executable, TRAIN)
     assert job.returncode != 0
-    refusal = "srun started 2 tasks, but MPI made each of them a job of size 1"
+    refusal = "srun started 2 processes, but MPI made this one a job of size 1"
     assert (job.stdout + job.stderr).count(refusal) == 2, job.stderr[-3000:]
     assert "srun --mpi=pmi2" in job.stderr and "--mpi=pmix" in job.stderr
     assert "test accuracy" not in job.stdout

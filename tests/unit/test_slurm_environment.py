@@ -26,16 +26,17 @@ def step(**extra):
 
 
 def test_singletons_under_srun_are_refused_with_the_fix():
-    with pytest.raises(RuntimeError, match=r"srun started 4 tasks, but MPI made each of them a "
+    from hororing.world import check_world
+    with pytest.raises(RuntimeError, match=r"srun started 4 processes, but MPI made this one a "
                                            r"job of size 1.*--mpi=pmi2.*--mpi=pmix"):
-        slurm.check_not_singletons(1, step())
+        check_world(1, step())
     # Open MPI under --mpi=pmi2: PMI announces 4, MPI still says 1
-    with pytest.raises(RuntimeError, match="srun started 4 tasks"):
-        slurm.check_not_singletons(1, step(PMI_SIZE="4"))
-    slurm.check_not_singletons(4, step())                                   # one job of 4
-    slurm.check_not_singletons(1, step(PMI_SIZE="1"))                       # mpiexec -n 1
-    slurm.check_not_singletons(1, step(HORORING_ALLOW_SINGLETONS="1"))      # intended
-    slurm.check_not_singletons(1, launch_environment({}))                   # no Slurm at all
+    with pytest.raises(RuntimeError, match="srun started 4 processes"):
+        check_world(1, step(PMI_SIZE="4"))
+    check_world(4, step())                                   # one job of 4
+    check_world(1, step(PMI_SIZE="1"))                       # mpiexec -n 1
+    check_world(1, step(HORORING_ALLOW_SINGLETONS="1"))      # intended
+    check_world(1, launch_environment({}))                   # no Slurm at all
     with pytest.raises(ValueError, match="HORORING_ALLOW_SINGLETONS"):
         step(HORORING_ALLOW_SINGLETONS="maybe")
 
