@@ -16,7 +16,7 @@ Rows, all from the same run:
              words (MPI_Iallreduce with MPI_BAND: the bytes do not grow)
 
 bytes/cycle is what each rank receives per cycle for gather and vote (the header has
-3 + ceil(capacity / 64) words; the vote 1 + ceil(capacity / 64)); for barrier and
+4 + ceil(capacity / 64) words; the vote 1 + ceil(capacity / 64)); for barrier and
 allreduce it is the engine's own count of negotiation bytes received, per cycle, and
 "gathers" counts the cycles that needed the full exchange (a new name or a flag).
 
@@ -34,7 +34,7 @@ from mpi4py import MPI
 import hororing as hvd
 from benchinfo import machine_info, machine_line
 from hororing.context import current
-from hororing.engine.negotiation import header_words
+from hororing.engine.negotiation import header_words, vote_words
 
 COMM = MPI.COMM_WORLD
 
@@ -60,7 +60,7 @@ def main():
     comm = COMM.Dup()
     header = np.zeros(header_words(capacity), dtype=np.int64)
     headers = np.zeros((size, header.size), dtype=np.int64)
-    vote = np.full(header.size - 2, -1, dtype=np.int64)
+    vote = np.full(vote_words(capacity), -1, dtype=np.int64)
     agreed = np.empty_like(vote)
 
     def gather():

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import mpiexec
+from hororing.engine.negotiation import header_words
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 
@@ -122,7 +123,8 @@ def test_bench_negotiation_shows_a_fixed_size_vote_and_a_correct_allreduce(tmp_p
     assert rows["barrier"]["bytes_per_cycle"] == vote_bytes
     assert rows["barrier"]["gather_cycles"] == 0
     assert rows["vote"]["bytes_per_cycle"] == vote_bytes
-    assert rows["gather"]["bytes_per_cycle"] == 3 * (vote_bytes + 16)  # a header row per rank
+    header_bytes = 8 * header_words(report["capacity"])
+    assert rows["gather"]["bytes_per_cycle"] == 3 * header_bytes  # a header row per rank
     assert rows["allreduce"]["wrong"] == 0
 
 
