@@ -66,7 +66,8 @@ class Ring(Algorithm):
                 by position (the parameter servers place by tensor).
             stage: optional pipeline around a host copy of a device buffer (see
                 ``staged.StagedRing``): ``need(start, stop)`` is called before this rank's
-                own elements [start, stop) are first read, ``final(start, stop)`` once a piece holds its final value.
+                own elements [start, stop) are first read, ``final(start, stop)`` once a
+                piece holds its final value.
             source: this rank's input, a flat array of ``buffer``'s kind, size and dtype,
                 only read (None: the input is ``buffer`` itself).
         """

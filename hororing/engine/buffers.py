@@ -128,14 +128,11 @@ class HostBuffers:
         """A flat array over ``inputs`` when each is reduced in place and each begins where
         the one before it ends (same dtype, C-contiguous); else None. Reducing it is reducing
         the fused buffer, byte for byte, without packing or unpacking."""
-        first = inputs[0]
-        dtype = first.dtype
-        start = end = first.__array_interface__["data"][0]
-        for array, output in zip(inputs, outputs):
-            if (output is not array or array.dtype != dtype or not array.flags.c_contiguous
-                    or array.__array_interface__["data"][0] != end):
-                return None
-            end += array.nbytes
+        extent = back_to_back(inputs, outputs, _address)
+        if extent is None:
+            return None
+        start, end = extent
+        dtype = inputs[0].dtype
         # the requests hold the inputs, and so the memory, until the bucket completes
         return np.asarray(_Memory(start, (end - start) // dtype.itemsize, dtype.str))
 
@@ -151,6 +148,24 @@ class HostBuffers:
 
     def finish(self):
         """Nothing is asynchronous on the host."""
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+def back_to_back(inputs, outputs, address):
+    """The [start, end) addresses of ``inputs`` when each is reduced in place (its output is
+    itself) and begins where the one before it ends (one dtype, C-contiguous); else None.
+    ``address(array)``: where an array's memory begins (host or device)."""
+    dtype = inputs[0].dtype
+    start = end = address(inputs[0])
+    for array, output in zip(inputs, outputs):
+        if (output is not array or array.dtype != dtype or not array.flags.c_contiguous
+                or address(array) != end):
+            return None
+        end += array.nbytes
+    return start, end
 
 
 class _Memory:

@@ -71,7 +71,7 @@ class Cycle:
     # ---- what the driver asks of it -----------------------------------------------------
 
     def run(self, fresh, take, *, flags=0, message=None, missed=None, wake=None,
-            deadline=None, waiting=False):
+            deadline=None, waiting=None):
         """Run the next cycle on this rank; every rank runs the same cycles in order.
 
         Args:
@@ -83,8 +83,9 @@ class Cycle:
             wake: called once if the first exchange has not completed after a brief spin
                 (to wake peers that are not taking part yet).
             deadline: a ``time.monotonic()`` value to give up at.
-            waiting: this rank is blocked (``deadlocks.py``): said in a gathered cycle; when
-                every rank says so and nothing is ready, every pending tensor fails.
+            waiting: ``waiting()`` is True when this rank is blocked (``deadlocks.py``); asked
+                only in a gathered cycle, whose header says it: when every rank's does and
+                nothing is ready, every pending tensor fails.
 
         Returns:
             The responses that ran (maybe none), or None if the deadline passed first.
@@ -185,7 +186,7 @@ class Cycle:
         self._executor.finish_inline(response, take(response.name), self._fold.data())
         return (response,)
 
-    def _gathered(self, by_name, cache_ids, flags, message, deadline, waiting=False):
+    def _gathered(self, by_name, cache_ids, flags, message, deadline, waiting=None):
         """Gather every rank's header row and notes into the table; return the ready
         responses (None: the deadline passed). A rank's notes are the pickled pair
         (its (name, Meta) announcements by name, its outgoing message)."""
@@ -194,7 +195,8 @@ class Cycle:
         own_notes = b""
         if by_name or flags:
             own_notes = pickle.dumps((by_name, message))
-        self._encode_header(len(own_notes), flags, cache_ids, waiting)
+        self._encode_header(len(own_notes), flags, cache_ids,
+                            waiting is not None and waiting())
         if not transport.wait(self._exchange.allgather(self._header, self._headers), deadline):
             return None
         self.stats["received_bytes"] += self._headers.nbytes

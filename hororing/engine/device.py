@@ -31,7 +31,7 @@ from ..algorithms.small import GatherReduce
 from ..algorithms.staged import StagedRing
 from ..config import DEVICE_RINGS
 from ..gpu.memory import memory_for_device_arrays
-from .buffers import FusionBuffer, HostRoundTrip
+from .buffers import FusionBuffer, HostRoundTrip, back_to_back
 
 
 def choose_transport(setting, aware, explicit_aware, one_node, can_share):
@@ -152,21 +152,18 @@ class DeviceBuffers:
         memory = self.memory
         if memory.name != "cupy":
             return None
-        first = inputs[0]
-        dtype = first.dtype
-        start = end = memory.pointer(first)
-        for array, output in zip(inputs, outputs):
-            if (output is not array or array.dtype != dtype or not array.flags.c_contiguous
-                    or memory.pointer(array) != end):
-                return None
-            end += array.nbytes
+        extent = back_to_back(inputs, outputs, memory.pointer)
+        if extent is None:
+            return None
+        start, end = extent
+        dtype = inputs[0].dtype
         # back to back is not enough: arrays of cupy's pool can end and begin two allocations
         # at one address, and no copy may cross from one allocation into the next
         base = memory.allocation_base(start)
         if base is None or memory.allocation_base(end - 1) != base:
             return None
         # the requests hold the inputs, and so the memory, until the bucket completes
-        return memory.from_pointer(start, ((end - start) // dtype.itemsize,), dtype, first)
+        return memory.from_pointer(start, ((end - start) // dtype.itemsize,), dtype, inputs[0])
 
     def result(self, request, output):
         """In place: the caller's own array; otherwise ``output`` in the input's type."""

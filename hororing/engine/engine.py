@@ -146,11 +146,9 @@ class Engine:
         """
         if handle.done():  # completed in an earlier cycle (fused with the one waited on)
             return handle.result()
+        self.await_(handle)
         with self._queue_lock:
             self._drivers += 1
-            request = self._pending.get(handle.name)
-            if request is not None:
-                request.awaited = True
         try:
             return self._drive_until(handle)
         finally:
@@ -304,8 +302,7 @@ class Engine:
             with self._cycle_activity:
                 responses = self.cycle.run(fresh, self._take, flags=self._outgoing_flags,
                                            message=self._outgoing_message, missed=self._missed,
-                                           wake=wake, deadline=deadline,
-                                           waiting=self._blocked(time.monotonic()))
+                                           wake=wake, deadline=deadline, waiting=self._blocked)
         except JobEnded as ended:
             self._failed_job |= ended.failed
             self._halt(HorovodInternalError(str(ended)))
@@ -355,10 +352,11 @@ class Engine:
         if self.timeline is not None:
             self.timeline.close()
 
-    def _blocked(self, now):
+    def _blocked(self, now=None):
         """True when every collective pending here is waited for by some thread, nothing is
         queued, and nothing ran or was submitted for the deadlock grace: this rank can only
         go on if its peers' collectives match its own (``deadlocks.py``)."""
+        now = time.monotonic() if now is None else now
         grace = self.config.deadlock_grace_seconds
         if grace <= 0 or now - self._quiet_since < grace:
             return False

@@ -14,7 +14,8 @@ out again once, after the first step, in the order the engine runs them in a cyc
 together are then back to back in memory, and the engine reduces them where they lie, with
 no copy into a fusion buffer and none back (on a GPU too: no pack or unpack launch). Autograd
 accumulates into a view in place; a gradient that arrives as a new tensor (after
-``zero_grad(set_to_none=True)``, the default) is copied into its view once and ``.grad`` is pointed at the view again.
+``zero_grad(set_to_none=True)``, the default) is copied into its view once and ``.grad`` is
+pointed at the view again.
 """
 
 import contextlib
@@ -116,10 +117,10 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._synchronized = False
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
-        # parameter -> its CUDA bucket (a tuple of parameters): a CUDA bucket is started
-        # whole, once all its gradients are in (``_on_gradient``)
-        self._device_buckets = {}
-        self._held = {}  # CUDA bucket -> its parameters whose gradients are in, not started
+        # parameter -> its bucket (a tuple of parameters), for buckets started whole once all
+        # their gradients are in (CUDA buckets, ``_starts_whole``; ``_on_gradient``)
+        self._whole_bucket = {}
+        self._held = {}  # such a bucket -> its parameters whose gradients are in, not started
         self._flats = {}  # bucket -> (its flat gradient tensor, the name it is reduced under)
         # a whole bucket is one allreduce of its flat tensor, where every member would be
         # reduced alike (no compressor's payloads, no per-tensor Adasum)
@@ -200,7 +201,7 @@ class _DistributedOptimizer(WrappingOptimizer):
                         view = self._views.get(parameter)
                         parameter.grad = torch.zeros_like(parameter) if view is None \
                             else view.zero_()
-                    bucket = self._device_buckets.get(parameter)
+                    bucket = self._whole_bucket.get(parameter)
                     if bucket is None:
                         self._start(parameter)
                     else:
@@ -232,7 +233,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         engine = self._group.engine
         self._laid_out_for = engine.fusion_threshold
         by_name = {self._names[parameter]: parameter for parameter in self._views
-                   if parameter not in self._device_buckets}
+                   if parameter not in self._whole_bucket}
         order = engine.reduction_order(list(by_name))
         views, buckets = _bucket_views([by_name[name] for name in order], self._laid_out_for)
         for parameter, view in views.items():
@@ -245,11 +246,11 @@ class _DistributedOptimizer(WrappingOptimizer):
     def _set_buckets(self, views, buckets, update=False):
         """Take the gradient ``views`` and their ``buckets`` (``_bucket_views``)."""
         if not update:
-            self._views, self._device_buckets, self._flats = {}, {}, {}
+            self._views, self._whole_bucket, self._flats = {}, {}, {}
         self._views.update(views)
         for bucket, flat in buckets:
             if _starts_whole(bucket):
-                self._device_buckets.update(dict.fromkeys(bucket, bucket))
+                self._whole_bucket.update(dict.fromkeys(bucket, bucket))
                 first, last = self._names[bucket[0]], self._names[bucket[-1]]
                 self._flats[bucket] = (flat, f"bucket.{first}..{last}.{len(bucket)}")
 
@@ -280,7 +281,7 @@ class _DistributedOptimizer(WrappingOptimizer):
             view.copy_(grad)  # a new gradient tensor: into the bucket, and point .grad there
             parameter.grad = view
         if parameter in self._handles or parameter in self._held.get(
-                self._device_buckets.get(parameter), set()):
+                self._whole_bucket.get(parameter), _NONE_HELD):
             raise RuntimeError(
                 f"gradient for '{self._names[parameter]}' was computed twice before step(); "
                 f"increase backward_passes_per_step or call step() between backward passes")
@@ -288,7 +289,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._pass_counts[parameter] = count
         if count != self._passes:
             return
-        bucket = self._device_buckets.get(parameter)
+        bucket = self._whole_bucket.get(parameter)
         if bucket is None:
             self._start(parameter)
             return
@@ -306,9 +307,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         where the members' gradients are its views and reduced alike, else one per member,
         announced together."""
         flat, name = self._flats[bucket]
-        if self._flat_reduce and all(member.grad is not None and member.grad.layout ==
-                                     torch.strided and member.grad.data_ptr() ==
-                                     self._views[member].data_ptr() for member in bucket):
+        if self._flat_reduce and all(self._in_view(member) for member in bucket):
             handle = mpi_ops.compressed_allreduce_async_(
                 flat, self._compression, name=name, op=self._op,
                 prescale_factor=self._prescale, postscale_factor=self._postscale,
@@ -320,6 +319,12 @@ class _DistributedOptimizer(WrappingOptimizer):
         with self._group.engine.batch():
             for member in bucket:
                 self._start(member)
+
+    def _in_view(self, parameter):
+        """The parameter's gradient is its view into its bucket (so the flat tensor holds it)."""
+        grad = parameter.grad
+        return (grad is not None and grad.layout == torch.strided
+                and grad.data_ptr() == self._views[parameter].data_ptr())
 
     def _start(self, parameter):
         grad = parameter.grad
@@ -383,6 +388,7 @@ def _bucket_views(parameters, bucket_bytes):
 
 
 _SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_handles)
+_NONE_HELD = frozenset()
 
 
 def _parameter_names(optimizer, named_parameters):

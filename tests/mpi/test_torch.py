@@ -6,11 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hororing.torch as hvd  # noqa: E402
-
-
-def rank_tensor(rank, shape, seed=0):
-    generator = torch.Generator().manual_seed(1000 * seed + rank)
-    return torch.randn(*shape, generator=generator)
+from torch_reference import expected_step, local_loss, make_model, rank_tensor  # noqa: E402
 
 
 def test_allreduce_verbs_on_tensors():
@@ -60,31 +56,6 @@ def test_autograd_through_allreduce_allgather_broadcast():
     y = torch.ones(4, requires_grad=True)
     hvd.broadcast(y, root_rank=0).sum().backward()
     assert torch.equal(y.grad, torch.ones(4) if rank == 0 else torch.zeros(4))
-
-
-def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
-
-
-def local_loss(model, rank):
-    data = rank_tensor(rank, (5, 4), seed=3)
-    return model(data).pow(2).mean()
-
-
-def expected_step(lr):
-    """One SGD step with the gradient averaged over every rank's data, computed locally."""
-    model = make_model()
-    grads = None
-    for rank in range(hvd.size()):
-        model.zero_grad()
-        local_loss(model, rank).backward()
-        current = [p.grad.clone() for p in model.parameters()]
-        grads = current if grads is None else [g + c for g, c in zip(grads, current)]
-    with torch.no_grad():
-        for parameter, grad in zip(model.parameters(), grads):
-            parameter -= lr * grad / hvd.size()
-    return [p.detach() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])
@@ -321,75 +292,6 @@ def test_a_sparse_gradient_with_an_op_other_than_sum_or_average_names_sparse_as_
     optimizer._handles.clear()
 
 
-def expected_average_gradients(passes=1):
-    """Every rank's gradients of local_loss (``passes`` backward passes each), averaged."""
-    model = make_model()
-    total = [torch.zeros_like(p) for p in model.parameters()]
-    for rank in range(hvd.size()):
-        model.zero_grad()
-        for _ in range(passes):
-            local_loss(model, rank).backward()
-        total = [t + p.grad for t, p in zip(total, model.parameters())]
-    return [t / hvd.size() for t in total]
-
-
-@pytest.mark.parametrize("set_to_none", [True, False])
-def test_gradients_live_in_their_bucket_in_the_engines_order(set_to_none):
-    """Each gradient is a view into one flat bucket, stays one across steps and zero_grad,
-    holds the average, and lies where the executor lists it in a fused bucket."""
-    from hororing.context import current
-    model = make_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                         named_parameters=model.named_parameters())
-    parameters = list(model.parameters())
-    storages = set()
-    for step in range(4):
-        if step == 1:
-            storages.clear()  # the buckets are laid out again after the first step
-        optimizer.zero_grad(set_to_none=set_to_none)
-        if set_to_none:
-            assert all(p.grad is None for p in parameters)
-        local_loss(model, hvd.rank()).backward()
-        optimizer.step()
-        storages.add(tuple(p.grad.untyped_storage().data_ptr() for p in parameters))
-        for got, want in zip([p.grad for p in parameters], expected_average_gradients()):
-            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    if hvd.size() == 1:
-        return  # nothing is reduced: no buckets
-    assert len(storages) == 1 and len(set(next(iter(storages)))) == 1, \
-        "the gradients are not views of one bucket, the same every step"
-    # back to back in that order, so a fused bucket of them is a span of the flat tensor
-    # (which gradients fuse is up to the timing: the span itself is tested in
-    # test_allreduce.py)
-    names = dict(model.named_parameters())
-    order = [names[name] for name in current().engine.reduction_order(list(names))]
-    starts = [parameter.grad.data_ptr() for parameter in order]
-    sizes = [parameter.grad.nbytes for parameter in order]
-    assert starts == [starts[0] + sum(sizes[:index]) for index in range(len(order))]
-
-
-def test_bucket_views_keep_backward_passes_clipping_and_synchronize():
-    model = make_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                         named_parameters=model.named_parameters(),
-                                         backward_passes_per_step=2)
-    optimizer.zero_grad()
-    for _ in range(2):
-        local_loss(model, hvd.rank()).backward()
-    optimizer.synchronize()
-    expected = expected_average_gradients(passes=2)
-    for got, want in zip([p.grad for p in model.parameters()], expected):
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e-3)
-    torch.testing.assert_close(norm, torch.linalg.vector_norm(
-        torch.cat([g.reshape(-1) for g in expected])), atol=1e-6, rtol=1e-5)
-    with optimizer.skip_synchronize():
-        optimizer.step()
-    clipped = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1)
-                                                  for p in model.parameters()]))
-    assert float(clipped) <= 1e-3 * (1 + 1e-4)
-
-
 def test_distributed_optimizer_with_adasum_combines_each_gradient_by_the_tree():
     from reference import adasum_tree
     model = make_model()
@@ -408,83 +310,6 @@ def test_distributed_optimizer_with_adasum_combines_each_gradient_by_the_tree():
             expected = adasum_tree([grads[index] for grads in per_rank])
             np.testing.assert_allclose(parameter.grad.double().numpy().ravel(), expected,
                                        rtol=1e-5, atol=1e-6)
-
-
-@pytest.fixture
-def whole_buckets(monkeypatch):
-    """CPU gradient buckets start whole, as CUDA buckets do (one allreduce of the flat bucket
-    once every gradient of it is in): the same code a GPU runs, on tensors CI has."""
-    from hororing.torch import optimizer as optimizer_module
-    monkeypatch.setattr(optimizer_module, "_starts_whole", lambda bucket: True)
-
-
-@pytest.mark.parametrize("passes,op", [(1, "Average"), (2, "Average"), (1, "Sum")])
-def test_a_whole_bucket_is_one_allreduce_of_its_flat_tensor(whole_buckets, reduced_buffers,
-                                                            passes, op):
-    model = make_model()
-    # names of this case alone: a bucket cached from another case could be folded at once
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                         named_parameters=[(f"whole.{passes}.{op}.{name}", p)
-                                                           for name, p in model.named_parameters()],
-                                         backward_passes_per_step=passes, op=getattr(hvd, op))
-    numel = sum(p.numel() for p in model.parameters())
-    for step in range(3):  # the first step and those after the layout would change
-        optimizer.zero_grad(set_to_none=step == 0)
-        reduced_buffers.clear()
-        for _ in range(passes):
-            local_loss(model, hvd.rank()).backward()
-        optimizer.step()
-        expected = expected_average_gradients(passes)
-        if op == "Sum":
-            expected = [grad * hvd.size() for grad in expected]
-        for got, want in zip([p.grad for p in model.parameters()], expected):
-            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-        if hvd.size() > 1 and step == 0:  # later, the engine may fold a small cached bucket
-            # into its negotiation (engine/fold.py), which the watch does not see
-            assert reduced_buffers == [(reduced_buffers[0][0], "float32", numel)]
-
-
-def test_a_whole_bucket_with_a_missing_gradient_starts_at_synchronize(whole_buckets):
-    model = make_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
-                                         named_parameters=model.named_parameters())
-    for _ in range(2):
-        optimizer.zero_grad()
-        if hvd.rank() == 0:
-            model[0](torch.ones(1, 4)).sum().backward()  # the last layer gets no gradient here
-        else:
-            model(torch.ones(1, 4)).sum().backward()
-        optimizer.step()  # must not hang: the held bucket starts with zeros for the rest
-    if hvd.size() > 1:
-        assert all(p.grad is not None for p in model.parameters())
-        last_bias = model[2].bias.grad  # every rank but 0 contributed ones: (size - 1) / size
-        torch.testing.assert_close(last_bias, torch.full_like(last_bias,
-                                                              (hvd.size() - 1) / hvd.size()))
-
-
-@pytest.mark.parametrize("compression", ["fp16", "bf16"])
-def test_a_whole_bucket_with_a_compressor_reduces_each_member(whole_buckets, compression):
-    model = make_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         named_parameters=model.named_parameters(),
-                                         compression=getattr(hvd.Compression, compression))
-    local_loss(model, hvd.rank()).backward()
-    optimizer.step()
-    tolerance = {"fp16": 1e-3, "bf16": 1e-2}[compression]
-    for got, want in zip(model.parameters(), expected_step(0.1)):
-        torch.testing.assert_close(got.detach(), want, atol=tolerance, rtol=tolerance)
-
-
-def test_a_gradient_twice_in_a_held_bucket_is_refused(whole_buckets):
-    if hvd.size() == 1:
-        pytest.skip("one rank reduces nothing: no hooks")
-    model = make_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
-                                         named_parameters=model.named_parameters())
-    model[0](torch.ones(1, 4)).sum().backward()  # holds the bucket: the rest are missing
-    with pytest.raises(RuntimeError, match="computed twice before step"):
-        model[0](torch.ones(1, 4)).sum().backward()
-    optimizer.synchronize()
 
 
 LIST_REFUSED = {
