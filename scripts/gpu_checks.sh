@@ -9,7 +9,7 @@
 #   gpu_tests       tests/gpu (kernels on the GPU, 2-rank cupy and torch jobs over each
 #                   transport, both examples on the GPU)
 #   kernels         tests/unit/test_cuda_kernels.py with the kernels on the GPU
-#   device_direct   tests/mpi/test_device.py, test_torch.py at 2 ranks on the GPU, direct ring
+#   device_direct   tests/mpi/test_device.py, test_torch*.py at 2 ranks on the GPU, direct ring
 #                   for every bucket size
 #   device_staged   the same with HORORING_DEVICE_RING=staged
 #   train           examples/train.py --device cuda at 2 ranks
@@ -43,7 +43,8 @@ step() {
 }
 
 mpi_pytest=(python -m pytest --with-mpi -q -p no:cacheprovider --timeout=200
-            --timeout-method=thread tests/mpi/test_device.py tests/mpi/test_torch.py)
+            --timeout-method=thread tests/mpi/test_device.py tests/mpi/test_torch.py
+            tests/mpi/test_torch_buckets.py)
 
 for name in "${steps[@]}"; do
     case $name in
