@@ -84,8 +84,11 @@ def test_a_torn_newest_commit_resumes_from_the_one_before_and_says_so(tmp_path_f
         state.commit()
     hvd.barrier()
     newest = commits.path_of(directory, 2)
-    if hvd.local_rank() == 0:  # as a power cut leaves it, on every host's copy
-        data = newest.read_bytes()
+    # as a power cut leaves it, on every host's copy: every host reads before any writes (the
+    # hosts of one machine, emulated ones too, share one file)
+    data = newest.read_bytes() if hvd.local_rank() == 0 else None
+    hvd.barrier()
+    if hvd.local_rank() == 0:
         if damage == "truncate":
             newest.write_bytes(data[:len(data) // 3])
         else:
