@@ -94,6 +94,7 @@ def test_asynchronous_calls_nobody_waits_for_are_left_to_complete():
     handles = {rank: hvd.allreduce_async(np.full(2, 1.0), op=hvd.Sum, name=mine())}
     time.sleep(2.5)  # longer than the grace, with nothing waited for
     assert not handles[rank].done()
+    MPI.COMM_WORLD.Barrier()  # no rank submits the others' names before every rank looked
     for other in range(size):
         if other != rank:
             handles[other] = hvd.allreduce_async(np.full(2, 1.0), op=hvd.Sum, name=mine(other))
@@ -118,6 +119,7 @@ def test_with_no_grace_nothing_is_failed(monkeypatch):
     engine.await_(handle)  # as if a thread waited on it
     time.sleep(2.5)
     assert not handle.done()
+    MPI.COMM_WORLD.Barrier()  # no rank submits the others' names before every rank looked
     handles = [hvd.allreduce_async(np.ones(2), op=hvd.Sum, name=mine(other))
                for other in range(size) if other != rank]
     for other in [handle] + handles:
