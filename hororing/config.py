@@ -388,7 +388,8 @@ class Launch:
     OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_SIZE; srun with a PMI plugin sets PMI_SIZE
     too. Slurm: a task of a job step (srun) has SLURM_STEP_NUM_TASKS, SLURM_NODEID and the
     step's tasks per node; an allocation (salloc, sbatch) has SLURM_JOB_ID, SLURM_NTASKS, its
-    node list and tasks per node.
+    node list and tasks per node. PBS and LSF jobs, and the launcher of Kubeflow's MPI Operator,
+    name their hosts in files and variables of their own.
     """
 
     launcher_size: object = None        # int: the job size an MPI launcher or PMI announced
@@ -407,6 +408,17 @@ class Launch:
     slurm_tasks: object = None          # int: the allocation's tasks (SLURM_NTASKS)
     slurm_nodelist: str = ""            # the allocation's nodes, e.g. "n[1-2]"
     slurm_tasks_per_node: str = ""      # the allocation's tasks per node, e.g. "2(x2)"
+    # other schedulers' allocations, for hororun with no hosts given (runner/allocations.py)
+    pbs_job_id: str = ""                # PBS_JOBID
+    pbs_nodefile: str = ""              # PBS_NODEFILE: one line per slot
+    lsf_job_id: str = ""                # LSB_JOBID
+    lsf_hosts: str = ""                 # LSB_MCPU_HOSTS: "host1 4 host2 4"
+    lsf_hostfile: str = ""              # LSB_DJOB_HOSTFILE: one line per slot
+    # Kubeflow's MPI Operator: the launcher's host file, in the variable of each MPI
+    mpi_job_role: str = ""              # K_MPI_JOB_ROLE: "launcher" or "worker"
+    ompi_hostfile: str = ""             # OMPI_MCA_orte_default_hostfile (Open MPI)
+    hydra_hostfile: str = ""            # HYDRA_HOST_FILE (MPICH)
+    intel_hostfile: str = ""            # I_MPI_HYDRA_HOST_FILE (Intel MPI)
     user_threads: bool = False          # OMP_NUM_THREADS is set: leave thread counts alone
     tf_intra_op_threads_set: bool = False
     allow_singletons: bool = False      # HORORING_ALLOW_SINGLETONS=1
@@ -451,6 +463,15 @@ def launch_environment(environ=None):
         slurm_tasks=number("SLURM_NTASKS", "SLURM_NPROCS"),
         slurm_nodelist=env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", ""),
         slurm_tasks_per_node=env.get("SLURM_TASKS_PER_NODE", ""),
+        pbs_job_id=env.get("PBS_JOBID", ""),
+        pbs_nodefile=env.get("PBS_NODEFILE", ""),
+        lsf_job_id=env.get("LSB_JOBID", ""),
+        lsf_hosts=env.get("LSB_MCPU_HOSTS", ""),
+        lsf_hostfile=env.get("LSB_DJOB_HOSTFILE", ""),
+        mpi_job_role=env.get("K_MPI_JOB_ROLE", ""),
+        ompi_hostfile=env.get("OMPI_MCA_orte_default_hostfile", ""),
+        hydra_hostfile=env.get("HYDRA_HOST_FILE", ""),
+        intel_hostfile=env.get("I_MPI_HYDRA_HOST_FILE", ""),
         user_threads=bool(env.get("OMP_NUM_THREADS")),
         tf_intra_op_threads_set="TF_NUM_INTRAOP_THREADS" in env,
         allow_singletons=_parse("allow_singletons", ("HORORING_ALLOW_SINGLETONS",), allow,

@@ -1,5 +1,6 @@
-"""Hosts and slots for an elastic job: a discovery script, a fixed list, or the live nodes of
-the Slurm allocation hororun runs in."""
+"""Hosts and slots for an elastic job: a discovery script, a fixed list (``-H``, a host file,
+a PBS/LSF job's or an MPI Operator's hosts), or the live nodes of the Slurm allocation hororun
+runs in."""
 
 import subprocess
 
@@ -82,12 +83,13 @@ class FixedDiscovery:
 
 def choose(script, slots, hosts, *sizes, allocation=None):
     """The discovery of an elastic job: ``script`` if given, else the fixed ``hosts``, else
-    the live nodes of the Slurm ``allocation`` the driver runs in, else this machine with as
+    the live nodes of the Slurm ``allocation`` the driver runs in (another scheduler's: its
+    hosts, fixed), else this machine with as
     many slots as the largest of ``sizes`` (None ignored)."""
     if script:
         return ScriptDiscovery(script, slots or 1)
     if hosts is None and allocation is not None:
-        return SlurmDiscovery(allocation)
+        return SlurmDiscovery(allocation) if allocation.managed else FixedDiscovery(allocation.hosts)
     return FixedDiscovery(hosts or [("localhost", max(size or 0 for size in sizes))])
 
 

@@ -15,6 +15,8 @@ import tempfile
 import threading
 
 from ..config import variable_of
+from .hosts import hostfile_or_hosts
+from .mpiexec import find_mpiexec, mpi_flavor, mpiexec_command
 from .output import copy_lines
 
 # the lines by which the ranks (hororing.runner.task) hand back results and errors
@@ -57,19 +59,17 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
     """
     import cloudpickle
 
-    from .. import launcher  # here: ``python -m hororing.launcher`` imports this package
-
     if use_gloo:
         raise ValueError("hororing runs over MPI only: call hororing.run without use_gloo")
     np = np or num_proc or 1
     min_np = min_np or min_num_proc
     max_np = max_np or max_num_proc
-    mpiexec = launcher.find_mpiexec()
+    mpiexec = find_mpiexec()
     if mpiexec is None:
         raise RunError("no mpiexec found next to this Python or on PATH; install "
                        "'hororing[mpi]' or load your cluster's MPI")
-    flavor = launcher.mpi_flavor(mpiexec)
-    host_list = launcher.hostfile_or_hosts(hostfile, hosts)
+    flavor = mpi_flavor(mpiexec)
+    host_list = hostfile_or_hosts(hostfile, hosts)
     extra = mpi_args.split() if isinstance(mpi_args, str) else list(mpi_args or [])
     command = [executable or sys.executable, "-m", "hororing.runner.task"]
     environment = dict(os.environ if env is None else env)
@@ -89,7 +89,7 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
                               reset_limit, elastic_timeout)
     else:
         with tempfile.TemporaryDirectory(prefix="hororing-run-") as scratch:
-            full = launcher.mpiexec_command(mpiexec, flavor, np, host_list, scratch) + extra + \
+            full = mpiexec_command(mpiexec, flavor, np, host_list, scratch) + extra + \
                 command
             status = collector.launch(full, environment, payload)
     return collector.results(status)
@@ -97,14 +97,13 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
 
 def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector, np, min_np,
                  max_np, host_list, script, slots, reset_limit, elastic_timeout):
-    from .. import launcher
     from . import discovery
     from .elastic import ElasticDriver
 
     discover = discovery.choose(script, slots, host_list, np, min_np, max_np)
 
     def command_for(size, hosts, scratch):
-        return launcher.mpiexec_command(mpiexec, flavor, size, hosts, scratch) + extra
+        return mpiexec_command(mpiexec, flavor, size, hosts, scratch) + extra
 
     driver = ElasticDriver(command_for, command, discover, min_np or np, max_np,
                            600.0 if elastic_timeout is None else elastic_timeout, reset_limit,

@@ -5,6 +5,7 @@ import argparse
 import pytest
 
 from hororing import launcher
+from hororing.runner import build_info, hosts, mpiexec
 
 
 def args(**overrides):
@@ -15,15 +16,15 @@ def args(**overrides):
 
 
 def test_host_lists_and_files(tmp_path):
-    assert launcher.parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
+    assert hosts.parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nnode1 slots=4\nnode2:2\n\nnode3\n")
-    assert launcher.read_hostfile(hostfile) == [("node1", 4), ("node2", 2), ("node3", 1)]
+    assert hosts.read_hostfile(hostfile) == [("node1", 4), ("node2", 2), ("node3", 1)]
     with pytest.raises(ValueError, match=r"cannot read host entry 'a:x'"):
-        launcher.parse_hosts("a:x")
+        hosts.parse_hosts("a:x")
     hostfile.write_text("node1 slots=0\n")
     with pytest.raises(ValueError, match=r"line 1\): expected host:slots"):
-        launcher.read_hostfile(hostfile)
+        hosts.read_hostfile(hostfile)
 
 
 def test_mpich_gets_a_hydra_host_file(tmp_path):
@@ -36,12 +37,12 @@ def test_mpich_gets_a_hydra_host_file(tmp_path):
 
 
 def test_open_mpi_gets_hosts_and_oversubscribe_when_ranks_exceed_slots(tmp_path, monkeypatch):
-    monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(mpiexec.os, "geteuid", lambda: 0)
     command, _ = launcher.build_command(args(np=6, hosts="a:2,b:2"), "mpiexec",
                                         launcher.OPEN_MPI, str(tmp_path))
     assert "--allow-run-as-root" in command and "--oversubscribe" in command
     assert command[command.index("-H") + 1] == "a:2,b:2"
-    monkeypatch.setattr(launcher.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(mpiexec.os, "geteuid", lambda: 1000)
     command, _ = launcher.build_command(args(np=4, hosts="a:2,b:2"), "mpiexec",
                                         launcher.OPEN_MPI, str(tmp_path))
     assert "--allow-run-as-root" not in command and "--oversubscribe" not in command
@@ -57,7 +58,7 @@ def test_bad_command_lines_are_refused(capsys):
 
 
 def test_check_build_lists_what_is_there():
-    report = launcher.check_build(None)
+    report = build_info.check_build(None)
     assert "Available Frameworks:" in report and "[X] MPI" in report
     assert "[ ] NCCL" in report and "(no mpiexec found)" in report
 

@@ -4,6 +4,7 @@ the singleton refusal, threads per rank, and hororun inside an allocation."""
 import pytest
 
 from hororing import launcher, slurm
+from hororing.runner import allocations, mpiexec
 from hororing.config import launch_environment
 
 
@@ -76,7 +77,7 @@ def test_hororun_in_an_allocation_defaults_np_and_refuses_more(monkeypatch, caps
         return 0
     monkeypatch.setattr(launcher, "run_and_explain", fake_run)
     monkeypatch.setattr(launcher, "mpi_flavor", lambda mpiexec: launcher.OPEN_MPI)
-    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(mpiexec.os, "cpu_count", lambda: 1)
     assert launcher.main(["--mpiexec", "mpiexec", "python", "t.py"]) == 0
     assert seen["command"][:3] == ["mpiexec", "-n", "4"]
     assert "--oversubscribe" not in seen["command"]  # Slurm's limits stand
@@ -105,7 +106,7 @@ def test_elastic_discovery_in_an_allocation_reads_squeue_not_the_frozen_list(
     squeue.write_text("#!/bin/sh\ncat " + str(tmp_path / "live") + "\n")
     squeue.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    discover = discovery.choose(None, 1, None, 4, allocation=slurm.allocation())
+    discover = discovery.choose(None, 1, None, 4, allocation=allocations.find())
     (tmp_path / "live").write_text("n[1-2]\n")
     assert discover() == [("n1", 2), ("n2", 2)]
     (tmp_path / "live").write_text("n1\n")  # scontrol update JobId=42 NodeList=n1
@@ -114,7 +115,7 @@ def test_elastic_discovery_in_an_allocation_reads_squeue_not_the_frozen_list(
     with pytest.raises(discovery.DiscoveryError, match="gave no nodes for Slurm job 42"):
         discover()
     # a script or hosts given: those win
-    assert isinstance(discovery.choose("x.sh", 1, None, 4, allocation=slurm.allocation()),
+    assert isinstance(discovery.choose("x.sh", 1, None, 4, allocation=allocations.find()),
                       discovery.ScriptDiscovery)
 
 
