@@ -56,11 +56,12 @@ def main(argv=None):
             driver = _elastic_driver(args, mpiexec, within)
         elif args.slurm:
             return _run_with_srun(args, mpiexec)
-        with tempfile.TemporaryDirectory(prefix="hororun-") as scratch:
-            command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch, within)
-            if args.verbose:
-                print("hororun: " + " ".join(quote(part) for part in command), flush=True)
-            return run_and_explain(command, env)
+        else:
+            with tempfile.TemporaryDirectory(prefix="hororun-") as scratch:
+                command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch, within)
+                if args.verbose:
+                    print("hororun: " + " ".join(quote(part) for part in command), flush=True)
+                return run_and_explain(command, env)
     except ValueError as error:
         sys.stderr.write(f"hororun: {error}\n")
         return 2
@@ -106,8 +107,9 @@ def _elastic_driver(args, mpiexec, within):
                                 args.max_np, allocation=within)
     flavor = mpi_flavor(mpiexec)
 
-    def command_for(size, hosts, scratch):
-        return mpiexec_command(mpiexec, flavor, size, hosts, scratch) + shlex.split(args.mpi_args)
+    def command_for(size, hosts, scratch, env):
+        return mpiexec_command(mpiexec, flavor, size, hosts, scratch, env=env) + \
+            shlex.split(args.mpi_args)
 
     return ElasticDriver(command_for, args.command, discover, min_np, args.max_np,
                          args.elastic_timeout, args.reset_limit, args.elastic_dir,
@@ -127,9 +129,10 @@ def build_command(args, mpiexec, flavor, scratch, within=None):
     hosts = hosts_of(args)
     if hosts is None and within is not None and not within.managed:
         hosts = within.hosts
+    env = job_environment(args)
     return mpiexec_command(mpiexec, flavor, args.np, hosts, scratch,
-                           in_allocation=within is not None and within.managed) + \
-        shlex.split(args.mpi_args) + list(args.command), job_environment(args)
+                           in_allocation=within is not None and within.managed, env=env) + \
+        shlex.split(args.mpi_args) + list(args.command), env
 
 
 def _run_with_srun(args, mpiexec):

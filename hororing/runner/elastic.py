@@ -54,8 +54,9 @@ class ElasticDriver:
     """Runs ``command`` under ``mpiexec`` again and again until it succeeds or cannot go on.
 
     Args:
-        command_for: ``command_for(size, hosts, scratch)`` returns the mpiexec command (without
-            the rank command) for ``size`` ranks on ``hosts`` [(host, slots)].
+        command_for: ``command_for(size, hosts, scratch, env)`` returns the mpiexec command
+            (without the rank command) for ``size`` ranks on ``hosts`` [(host, slots)], whose
+            environment is ``env``.
         command: the rank command.
         discover: a callable that returns the hosts [(host, slots)] available now.
         min_np, max_np: the job's bounds (max_np None: no bound).
@@ -167,7 +168,7 @@ class ElasticDriver:
         env = dict(self.env)
         env[job.DIR_ENV] = str(directory)
         env[job.LAUNCH_ENV] = str(launch)
-        command = self.command_for(size, placed, scratch) + \
+        command = self.command_for(size, placed, scratch, env) + \
             ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self.command
         log(f"launch {launch}: {size} ranks on " +
             ",".join(f"{host}:{slots}" for host, slots in placed))

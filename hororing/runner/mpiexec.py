@@ -32,26 +32,46 @@ def mpi_flavor(mpiexec):
     return OPEN_MPI if "Open MPI" in output or "OpenRTE" in output else MPICH
 
 
-def mpiexec_command(mpiexec, flavor, np, hosts, scratch, in_allocation=False):
+def mpiexec_command(mpiexec, flavor, np, hosts, scratch, in_allocation=False, env=None):
     """``mpiexec`` with the flags that start ``np`` ranks on ``hosts`` (None: this machine,
-    or with ``in_allocation`` the Slurm allocation's nodes, which the MPI finds itself)."""
+    or with ``in_allocation`` the Slurm allocation's nodes, which the MPI finds itself).
+
+    ``env``: the job's environment. Hydra (MPICH) passes all of it to every host; Open MPI
+    passes only its own variables to daemons it starts over ssh, so on other hosts each
+    variable of ``env`` is named with ``-x`` (hororun's settings, the elastic directory,
+    HOROVOD_*/HORORING_* tuning), as horovodrun does.
+    """
     command = [mpiexec, "-n", str(np)]
+    local = not hosts or all(host in ("localhost", "127.0.0.1") for host, _ in hosts)
     if flavor == OPEN_MPI:
         if os.geteuid() == 0:
             command.append("--allow-run-as-root")
         slots = sum(count for _, count in hosts) if hosts else os.cpu_count() or 1
         # more ranks than slots, or than this machine's cores when its hosts are this machine
         # (Open MPI binds each rank to a core and refuses to share one otherwise)
-        local = not hosts or all(host in ("localhost", "127.0.0.1") for host, _ in hosts)
         if not in_allocation and (np > slots or (local and np > (os.cpu_count() or 1))):
             command.append("--oversubscribe")
         if hosts:
             command += ["-H", ",".join(f"{host}:{count}" for host, count in hosts)]
+        if env is not None and not local and not in_allocation:
+            for name in sorted(filter(_exported, env)):
+                command += ["-x", name]
     elif hosts:
         hostfile = pathlib.Path(scratch) / "hosts"
         hostfile.write_text("".join(f"{host}:{count}\n" for host, count in hosts))
         command += ["-f", str(hostfile)]
     return command
+
+
+# what a host's own shell sets, or Open MPI itself: never carried to other hosts
+_LOCAL_VARIABLES = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME",
+                    "SHELL", "TERM", "DISPLAY", "MAIL", "TMPDIR"}
+_LOCAL_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "OPAL_", "SSH_", "BASH_FUNC", "XDG_")
+
+
+def _exported(name):
+    return (name.isidentifier() and name.isascii() and name not in _LOCAL_VARIABLES
+            and not name.startswith(_LOCAL_PREFIXES))
 
 
 # what mpiexec's own messages mean, for the line hororun adds when a job fails

@@ -89,8 +89,8 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
                               reset_limit, elastic_timeout)
     else:
         with tempfile.TemporaryDirectory(prefix="hororing-run-") as scratch:
-            full = mpiexec_command(mpiexec, flavor, np, host_list, scratch) + extra + \
-                command
+            full = mpiexec_command(mpiexec, flavor, np, host_list, scratch,
+                                   env=environment) + extra + command
             status = collector.launch(full, environment, payload)
     return collector.results(status)
 
@@ -102,8 +102,8 @@ def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collecto
 
     discover = discovery.choose(script, slots, host_list, np, min_np, max_np)
 
-    def command_for(size, hosts, scratch):
-        return mpiexec_command(mpiexec, flavor, size, hosts, scratch) + extra
+    def command_for(size, hosts, scratch, env):
+        return mpiexec_command(mpiexec, flavor, size, hosts, scratch, env=env) + extra
 
     driver = ElasticDriver(command_for, command, discover, min_np or np, max_np,
                            600.0 if elastic_timeout is None else elastic_timeout, reset_limit,

@@ -83,3 +83,38 @@ def test_autotune_options_become_horovods_variables(tmp_path, monkeypatch):
     parsed = launcher._parser().parse_args(["-np", "2", "python", "t.py"])
     _, env = launcher.build_command(parsed, "mpiexec", launcher.MPICH, str(tmp_path))
     assert "HOROVOD_AUTOTUNE" not in env
+
+
+def test_an_elastic_command_line_runs_the_elastic_driver_and_nothing_else(monkeypatch):
+    ran = []
+
+    class Driver:
+        def run(self):
+            ran.append("driver")
+            return 7
+
+    monkeypatch.setattr(launcher, "_elastic_driver", lambda args, mpiexec, within: Driver())
+    monkeypatch.setattr(launcher, "run_and_explain",
+                        lambda command, env: ran.append("mpiexec") or 0)
+    assert launcher.main(["--mpiexec", "mpiexec", "-np", "2", "--min-np", "1", "python",
+                          "t.py"]) == 7
+    assert ran == ["driver"]
+
+
+def test_open_mpi_carries_the_jobs_variables_to_other_hosts(tmp_path, monkeypatch):
+    # daemons started over ssh get sshd's environment: the job's variables go by name (-x)
+    monkeypatch.setenv("HORORING_TEST_SETTING", "1")
+    monkeypatch.setenv("OMPI_MCA_some_param", "x")
+    command, env = launcher.build_command(args(hosts="node1:2,node2:2", start_timeout=30.0),
+                                          "mpiexec", launcher.OPEN_MPI, str(tmp_path))
+    carried = {command[i + 1] for i, part in enumerate(command) if part == "-x"}
+    assert {"HORORING_TEST_SETTING", "HOROVOD_START_TIMEOUT", "PATH"} <= carried
+    assert not {name for name in carried if name.startswith("OMPI_")} and "PWD" not in carried
+    assert command[-2:] == ["python", "t.py"]
+    # one host, this machine, or MPICH (Hydra passes everything): nothing named
+    command, _ = launcher.build_command(args(hosts="localhost:4"), "mpiexec", launcher.OPEN_MPI,
+                                        str(tmp_path))
+    assert "-x" not in command
+    command, _ = launcher.build_command(args(hosts="node1:2,node2:2"), "mpiexec", launcher.MPICH,
+                                        str(tmp_path))
+    assert "-x" not in command
