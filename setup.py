@@ -1,9 +1,33 @@
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
 
 # Every subpackage of hororing is found, not listed; kernels/ sits at the top level of the
 # repository but installs as hororing.kernels, so the name ``kernels`` is never taken.
 PACKAGES = find_packages(include=["hororing", "hororing.*"]) + [
     "hororing.kernels" + package[len("kernels"):] for package in find_packages(include=["kernels", "kernels.*"])]
+
+# The opt-in 'import horovod' alias (hororing/alias.py) is started by a .pth file at the top
+# of site-packages, which Python reads at start-up: it does nothing unless HORORING_AS_HOROVOD
+# is set. An editable install gets it from scripts/install.sh.
+ALIAS_PTH = "hororing-horovod-alias.pth"
+
+
+class BuildWithAlias(build_py):
+    def run(self):
+        super().run()
+        if not getattr(self, "editable_mode", False):
+            self.copy_file(os.path.join("hororing", "horovod-alias.pth"),
+                           os.path.join(self.build_lib, ALIAS_PTH))
+
+    def get_outputs(self, include_bytecode=1):
+        outputs = super().get_outputs(include_bytecode)
+        if getattr(self, "editable_mode", False):
+            return outputs
+        return outputs + [os.path.join(self.build_lib, ALIAS_PTH)]
+
 
 setup(
     name="hororing",
@@ -14,6 +38,7 @@ setup(
     python_requires=">=3.9",
     packages=PACKAGES,
     package_dir={"hororing.kernels": "kernels"},
+    cmdclass={"build_py": BuildWithAlias},
     entry_points={"console_scripts": ["hororun = hororing.launcher:main"]},
     install_requires=["numpy>=1.22", "mpi4py>=3.1", "cloudpickle>=2"],
     extras_require={

@@ -320,8 +320,9 @@ def _parse(field, names, raw, parse):
     try:
         return parse(raw)
     except ValueError as error:
-        raise ValueError(f"environment variable {names[0]} (or {names[-1]}) has an invalid value "
-                         f"{raw!r} for {field}: {error}") from None
+        named = names[0] if len(names) == 1 else f"{names[0]} (or {names[-1]})"
+        raise ValueError(f"environment variable {named} has an invalid value {raw!r} for "
+                         f"{field}: {error}") from None
 
 
 def variable_of(field):
@@ -422,6 +423,7 @@ class Launch:
     user_threads: bool = False          # OMP_NUM_THREADS is set: leave thread counts alone
     tf_intra_op_threads_set: bool = False
     allow_singletons: bool = False      # HORORING_ALLOW_SINGLETONS=1
+    as_horovod: bool = False            # HORORING_AS_HOROVOD=1: 'import horovod' is hororing
     legacy_keras: bool = False          # TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras
     # set by hororun's elastic mode for its ranks (elastic/job.py)
     elastic_dir: str = ""               # HORORING_ELASTIC_DIR: where commits are kept
@@ -476,6 +478,8 @@ def launch_environment(environ=None):
         tf_intra_op_threads_set="TF_NUM_INTRAOP_THREADS" in env,
         allow_singletons=_parse("allow_singletons", ("HORORING_ALLOW_SINGLETONS",), allow,
                                 _flag),
+        as_horovod=_parse("as_horovod", ("HORORING_AS_HOROVOD",),
+                          env.get("HORORING_AS_HOROVOD", ""), _flag),
         legacy_keras=legacy,
         elastic_dir=env.get("HORORING_ELASTIC_DIR", ""),
         elastic_launch=number("HORORING_ELASTIC_LAUNCH") or 0,

