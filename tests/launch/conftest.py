@@ -82,6 +82,7 @@ FULL_ONLY = {
     "test_benchmarks.py::test_bench_tuning_sweeps_every_setting_with_correct_results",
     "test_bench_autotune.py::test_bench_autotune_tunes_from_the_poor_start_and_times_the_grid",
     "test_mpi_operator.py::test_training_in_the_mpijob_reaches_the_accuracy_of_a_local_run[mpirun]",  # [hororun] kept
+    "test_mpi_operator.py::test_training_in_the_mpijob_reaches_the_accuracy_of_a_local_run[hororun-other-format]",
 }
 
 

@@ -72,9 +72,14 @@ def open_mpi():
     return mpi_flavor(mpiexec()) == OPEN_MPI
 
 
-def in_launcher(directory, *command, **kwargs):
-    """``command`` run in the launcher pod with the Operator's variables of this MPI."""
+def in_launcher(directory, *command, other_format=False):
+    """``command`` run in the launcher pod with the Operator's variables of this MPI;
+    ``other_format``: its variable names the host file in the other MPI's format."""
     flavor = "openmpi" if open_mpi() else "mpich"
+    if other_format:
+        variable, name = (("OMPI_MCA_orte_default_hostfile", "hostfile.mpich") if open_mpi()
+                          else ("HYDRA_HOST_FILE", "hostfile"))
+        command = ["env", f"{variable}={directory / name}", *command]
     return ["bash", str(SCRIPT), "launcher", "--dir", str(directory), "--mpi", flavor, "--",
             *command]
 
@@ -133,12 +138,16 @@ def local_accuracy(tmp_path_factory):
     return reported_accuracy(job)
 
 
-@pytest.mark.parametrize("launch", [mpirun, hororun], ids=["mpirun", "hororun"])
-def test_training_in_the_mpijob_reaches_the_accuracy_of_a_local_run(mpijob, launch,
+@pytest.mark.parametrize("launch,other_format", [(mpirun, False), (hororun, False),
+                                                 (hororun, True)],
+                         ids=["mpirun", "hororun", "hororun-other-format"])
+def test_training_in_the_mpijob_reaches_the_accuracy_of_a_local_run(mpijob, launch, other_format,
                                                                     local_accuracy, tmp_path):
+    # other_format: hororun reads either host file format from either MPI's variable
     job = subprocess.run(
         in_launcher(mpijob, *launch(mpijob, sys.executable, str(EXAMPLES / "train.py"), *TRAIN,
-                                    "--checkpoint", str(tmp_path / "checkpoint.pt"))),
+                                    "--checkpoint", str(tmp_path / "checkpoint.pt")),
+                    other_format=other_format),
         capture_output=True, text=True, timeout=TIMEOUT)
     accuracy = reported_accuracy(job)
     assert "(4 ranks, ring" in job.stdout
