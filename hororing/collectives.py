@@ -13,8 +13,7 @@ import numpy as np
 from . import gpu, ops
 from .compression import wire_of
 from .context import current
-from .engine.negotiation import JOIN_NAME, Meta
-from .engine.request import GroupHandle, Handle, Request
+from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request
 from .process_sets import group_of
 from .validate import (ALLREDUCE_OPS, DTYPE_NAMES, check_adasum_dtype, check_array,
                        check_factor, check_name, check_root, check_splits, check_writable,

@@ -13,7 +13,7 @@ from ._mpi import MPI
 
 from . import gpu, slurm, static_sets, transport, world
 from .config import Config, launch_environment
-from .engine.engine import Engine
+from .engine import Engine
 from .group import Group, stop_engine
 from .process_sets import Registry, global_process_set
 from .running import _State, current, is_initialized  # the last two: hororing.context's API

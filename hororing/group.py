@@ -2,7 +2,7 @@
 
 import threading
 
-from .engine.engine import FLAG_FAILED
+from .engine import FLAG_FAILED
 
 
 class Group:

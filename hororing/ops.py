@@ -1,4 +1,14 @@
-"""Reduction operations, with Horovod's values so scripts may compare them directly."""
+"""Reduction operations, with Horovod's values so scripts may compare them directly, and the
+dtypes the collectives carry: a leaf every floor may read."""
+
+import numpy as np
+
+# what every collective takes (numpy's names; the bindings map their own dtypes onto these)
+SUPPORTED_DTYPES = tuple(np.dtype(name) for name in (
+    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+    "float16", "float32", "float64"))
+# numpy computes dtype.name in Python on every access; the hot path looks it up here
+DTYPE_NAMES = {dtype: dtype.name for dtype in SUPPORTED_DTYPES}
 
 Average = 0
 Sum = 1

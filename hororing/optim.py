@@ -29,7 +29,7 @@ import numpy as np
 from . import collectives, ops
 from .compression import Compression
 from .context import current
-from .engine.buckets import fill_buckets
+from .engine import fill_buckets
 from .zero import Halves, Layout
 
 

@@ -19,7 +19,7 @@ import itertools
 import sys
 
 from ._mpi import MPI
-from .engine.engine import Engine
+from .engine import Engine
 from .group import Group
 from .running import current
 

@@ -6,13 +6,9 @@ import numpy as np
 
 from . import ops
 from .errors import UnsupportedOpError
+from .ops import DTYPE_NAMES, SUPPORTED_DTYPES
 
-SUPPORTED_DTYPES = tuple(np.dtype(name) for name in (
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-    "float16", "float32", "float64"))
 _SUPPORTED_NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
-# numpy computes dtype.name in Python on every access; the hot path looks it up here
-DTYPE_NAMES = {dtype: dtype.name for dtype in SUPPORTED_DTYPES}
 REDUCE_OPS = (ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product)
 ALLREDUCE_OPS = REDUCE_OPS + (ops.Adasum,)  # Adasum reduces allreduces only, as in Horovod
 

@@ -17,8 +17,7 @@ from . import ops, transport
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds
 from .algorithms.ring import Ring
-from .engine.allreduce import scaling
-from .engine.negotiation import Meta
+from .engine import Meta, scaling
 from .kernels import scale_into
 
 

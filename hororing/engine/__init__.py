@@ -10,5 +10,22 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
   ``force(kind)`` to make every bucket take one algorithm (``ring``, ``small``,
   ``hierarchical``, ``ps``; None to choose by size again; call it on every rank between
   collectives), ``watch()`` to record the buffers handed to the algorithms,
-  ``device_transport()`` and ``hierarchical_stats()``.
+  ``device_transport()`` and ``hierarchical_stats()``;
+- for the optimizers' gradient buckets: ``Engine.fusion_threshold`` (re-bucket when it
+  changes), ``Engine.reduction_order(names)`` (the order the previous step's tensors were
+  reduced in), ``with Engine.batch():`` (submissions that start together);
+- for groups and the autotuner: ``Engine.on_missed_error`` (a group's hook for names it
+  skips), ``Engine.tuner`` and ``Engine.apply_settings(settings)``.
+
+The names below are the engine's face: no module outside ``engine/`` imports any other engine
+name (tests/unit/test_layout.py holds it).
 """
+
+from .allreduce import scaling
+from .buckets import fill_buckets
+from .engine import FLAG_FAILED, Engine
+from .negotiation import JOIN_NAME, Meta
+from .request import GroupHandle, Handle, Request
+
+__all__ = ["Engine", "FLAG_FAILED", "GroupHandle", "Handle", "JOIN_NAME", "Meta", "Request",
+           "fill_buckets", "scaling"]

@@ -7,7 +7,7 @@ views them in the library the engine runs on, and hands results back in the call
 
 import numpy as np
 
-from ..validate import SUPPORTED_DTYPES
+from ..ops import SUPPORTED_DTYPES
 from .memory import torch_numpy_dtype
 
 

@@ -22,12 +22,12 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import PreconditionError
+from ..ops import SUPPORTED_DTYPES
 from .errors import as_tf_error
 from .graph import raise_on_failure
 
 _CARRIED = {tf.bfloat16: tf.float32, tf.bool: tf.uint8}
-_ENGINE_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.uint32, tf.int32, tf.uint64,
-                  tf.int64, tf.float16, tf.float32, tf.float64)
+_ENGINE_DTYPES = tuple(tf.as_dtype(dtype) for dtype in SUPPORTED_DTYPES)  # the engine's list
 _NAMES = ", ".join(dtype.name for dtype in _ENGINE_DTYPES + tuple(_CARRIED))
 
 

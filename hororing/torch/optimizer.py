@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from .. import ops
-from ..engine.buckets import fill_buckets
+from ..engine import fill_buckets
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
 from .bridge import zeros

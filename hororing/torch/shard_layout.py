@@ -11,7 +11,7 @@ take their gradient vectors from a ``Pool`` and give them back once reduced.
 import numpy as np
 import torch
 
-from ..engine.buckets import fill_buckets
+from ..engine import fill_buckets
 from ..zero import Buckets
 from .bridge import zeros
 

@@ -72,3 +72,122 @@ def test_no_import_cycle_between_modules():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z",
                                                                      "a.x"]
+
+
+# docs/architecture.md's floors, top to bottom. A module imports modules of its own floor or of
+# a floor below, never above; a module outside the engine imports only the engine's face
+# (hororing.engine's __all__). A module belongs to the floor of its longest listed prefix.
+FLOORS = [
+    ("the horovod alias", ["hororing.alias"]),
+    ("bindings", ["hororing", "hororing.torch", "hororing.tensorflow", "hororing.keras",
+                  "hororing.grad_rules"]),  # "hororing" itself: the numpy API
+    ("launch", ["hororing.launcher", "hororing.runner"]),
+    ("above the engine", ["hororing.elastic", "hororing.optim", "hororing.zero", "hororing.data",
+                          "hororing.ps.optimizer"]),
+    ("verbs", ["hororing.collectives", "hororing.validate", "hororing.compression",
+               "hororing.objects"]),
+    ("job state", ["hororing.context", "hororing.running", "hororing.world", "hororing.slurm",
+                   "hororing.process_sets", "hororing.static_sets", "hororing.group",
+                   "hororing.ps.roles", "hororing.tuning"]),
+    ("engine", ["hororing.engine"]),
+    ("algorithms", ["hororing.algorithms", "hororing.ps"]),
+    ("device memory", ["hororing.gpu"]),
+    ("MPI and leaves", ["hororing.transport", "hororing._mpi", "hororing.kernels",
+                        "hororing.config", "hororing.errors", "hororing.ops",
+                        "hororing.timeline", "hororing.costmodel", "hororing.build"]),
+]
+
+
+def _floor(name, floors=FLOORS):
+    """(depth, floor name) of module ``name``: 0 the top floor."""
+    best = None
+    for depth, (floor, prefixes) in enumerate(floors):
+        for prefix in prefixes:
+            exact_only = prefix == "hororing"
+            if name == prefix or (not exact_only and name.startswith(prefix + ".")):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), depth, floor)
+    assert best is not None, f"{name} is on no floor of docs/architecture.md (FLOORS)"
+    return best[1:]
+
+
+def _module_imports(path, name, modules):
+    """[(module imported, names taken from it)] for every import in ``path``: ``from X import
+    y`` is an import of X.y where that is a module, else of X."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level \
+                else node.module or ""
+            names = []
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    found.append((f"{target}.{alias.name}", ()))
+                else:
+                    names.append(alias.name)
+            if names and target in modules:
+                found.append((target, tuple(names)))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, ()) for alias in node.names if alias.name in modules]
+    return [(target, names) for target, names in found if target != name]
+
+
+def floor_violations(package=PACKAGE, floors=FLOORS):
+    """Every import that runs up a floor or past the engine's face, as readable lines."""
+    paths = {}
+    for path in package.rglob("*.py"):
+        parts = ("hororing",) + path.relative_to(package).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    face = _engine_face(package)
+    found = []
+    for name, path in sorted(paths.items()):
+        depth, floor = _floor(name, floors)
+        for target, names in _module_imports(path, name, paths):
+            target_depth, target_floor = _floor(target, floors)
+            if target_depth < depth:
+                found.append(f"{name} ({floor}) imports {target} ({target_floor}), a floor up")
+            inside = name == "hororing.engine" or name.startswith("hororing.engine.")
+            if not inside and target.startswith("hororing.engine."):
+                found.append(f"{name} imports {target}: outside the engine, import its face "
+                             f"(hororing.engine)")
+            if not inside and target == "hororing.engine":
+                hidden = sorted(set(names) - face)
+                if hidden:
+                    found.append(f"{name} imports {hidden} from hororing.engine, which are not "
+                                 f"in its __all__")
+    return found
+
+
+def _engine_face(package):
+    tree = ast.parse((package / "engine" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "__all__"
+                                                for target in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_every_import_goes_down_the_floors_and_through_the_engines_face():
+    violations = floor_violations()
+    assert not violations, "\n".join(violations)
+
+
+def test_the_floor_check_finds_an_import_up_and_one_past_the_face(tmp_path):
+    package = tmp_path / "hororing"
+    (package / "engine").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "engine" / "__init__.py").write_text("__all__ = ['Engine']\n")
+    (package / "engine" / "cycle.py").write_text("")
+    (package / "ops.py").write_text("from . import collectives\n")
+    (package / "collectives.py").write_text("from .engine import Engine, Cycle\n"
+                                            "from .engine.cycle import x\n")
+    assert floor_violations(package) == [
+        "hororing.collectives imports ['Cycle'] from hororing.engine, which are not in its "
+        "__all__",
+        "hororing.collectives imports hororing.engine.cycle: outside the engine, import its "
+        "face (hororing.engine)",
+        "hororing.ops (MPI and leaves) imports hororing.collectives (verbs), a floor up"]
