@@ -29,7 +29,7 @@ import numpy as np
 from . import collectives, ops
 from .compression import Compression
 from .context import current
-from .engine import fill_buckets
+from .engine import Meta, assign
 from .zero import Halves, Layout
 
 
@@ -298,12 +298,14 @@ def _pack_slice(params, names, values, layout):
 
 def _into_buckets(grads, order, bucket_bytes):
     """Replace the numpy C-contiguous entries of ``grads`` by views into flat arrays, one
-    per fused bucket of the names in ``order`` (``buckets.fill_buckets``, at most
+    per fused bucket of the names in ``order`` (``engine.assign``, at most
     ``bucket_bytes``); the values are kept."""
     laid_out = [name for name in order
                 if type(grads[name]) is np.ndarray and grads[name].flags.c_contiguous]
-    for bucket in fill_buckets(laid_out, lambda name: grads[name].dtype,
-                               lambda name: grads[name].nbytes, bucket_bytes):
+    metas = [Meta("allreduce", dtype=grads[name].dtype.name, shape=grads[name].shape)
+             for name in laid_out]
+    for indices in assign(metas, bucket_bytes):
+        bucket = [laid_out[index] for index in indices]
         flat = np.empty(sum(grads[name].size for name in bucket), dtype=grads[bucket[0]].dtype)
         offset = 0
         for name in bucket:

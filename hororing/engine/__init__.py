@@ -11,7 +11,8 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
   ``hierarchical``, ``ps``; None to choose by size again; call it on every rank between
   collectives), ``watch()`` to record the buffers handed to the algorithms,
   ``device_transport()`` and ``hierarchical_stats()``;
-- for the optimizers' gradient buckets: ``Engine.fusion_threshold`` (re-bucket when it
+- for the optimizers' gradient buckets: ``assign(metas, limit)``, the engine's own fusion
+  rule (``buckets.py``), ``Engine.fusion_threshold`` (re-bucket when it
   changes), ``Engine.reduction_order(names)`` (the order the previous step's tensors were
   reduced in), ``with Engine.batch():`` (submissions that start together);
 - for groups and the autotuner: ``Engine.on_missed_error`` (a group's hook for names it
@@ -22,10 +23,10 @@ name (tests/unit/test_layout.py holds it).
 """
 
 from .allreduce import scaling
-from .buckets import fill_buckets
+from .buckets import assign
 from .engine import FLAG_FAILED, Engine
 from .negotiation import JOIN_NAME, Meta
 from .request import GroupHandle, Handle, Request
 
 __all__ = ["Engine", "FLAG_FAILED", "GroupHandle", "Handle", "JOIN_NAME", "Meta", "Request",
-           "fill_buckets", "scaling"]
+           "assign", "scaling"]

@@ -1,29 +1,48 @@
-"""The fusion rule, written once: which tensors share a fused bucket.
+"""The fusion rule, written once: which allreduces share a fused bucket, and how many bytes
+each takes there.
 
-The engine fuses each cycle's ready allreduces by it, and the optimizers lay gradients out
-in memory by it (one flat tensor per bucket, so a bucket is reduced where it lies); the two
-must agree for that memory to be back to back in the order the engine reduces it.
+The engine fuses each cycle's ready collectives by it (``executor.py``), and the optimizers
+lay gradients out in memory by it (one flat tensor per bucket, so a bucket is reduced where it
+lies: ``optim.py``, ``torch/optimizer.py``; the sharded layout cuts its flat vector by it,
+``torch/shard_layout.py``). Every caller describes its tensors as the engine does, as
+``Meta``s, and calls ``assign``: the key and the size are the rule's, never the caller's, so
+the memory an optimizer lays out is back to back in exactly the buckets the engine forms.
 """
 
+from .allreduce import wire_bytes
 
-def fill_buckets(items, key, nbytes, limit):
-    """Group ``items`` into buckets, in order.
+__all__ = ["assign", "fusion_key"]
 
-    Items of one ``key(item)`` fill one bucket after another: an item goes into its key's
-    open bucket unless its ``nbytes(item)`` would take the bucket past ``limit`` bytes, and
-    then opens a new one (so an item larger than ``limit`` has a bucket of its own).
 
-    Returns:
-        The buckets (lists of items), in the order of each bucket's first item.
+def fusion_key(meta):
+    """What allreduces must share to be fused: dtype, op, scale factors, place and wire dtype.
+    None for any other collective, which runs alone."""
+    if meta.kind != "allreduce":
+        return None
+    return (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
+
+
+def assign(metas, limit):
+    """The fused buckets of ``metas`` (in order), as lists of indices into ``metas``.
+
+    Allreduces of one ``fusion_key`` fill one bucket after another: one goes into its key's
+    open bucket unless its bytes on the wire (``allreduce.wire_bytes``) would take the bucket
+    past ``limit``, and then opens a new one (so one larger than ``limit`` has a bucket of its
+    own). Any other collective is a bucket of its own. Buckets come in the order of their
+    first member.
     """
-    open_buckets = {}  # key -> [bytes, items] of the bucket items of that key go into
+    open_buckets = {}  # key -> [bytes, indices] of the bucket allreduces of that key go into
     buckets = []
-    for item in items:
-        size = nbytes(item)
-        bucket = open_buckets.get(key(item))
+    for index, meta in enumerate(metas):
+        key = fusion_key(meta)
+        if key is None:
+            buckets.append([index])
+            continue
+        size = wire_bytes(meta)
+        bucket = open_buckets.get(key)
         if bucket is None or bucket[0] + size > limit:
-            bucket = open_buckets[key(item)] = [0, []]
+            bucket = open_buckets[key] = [0, []]
             buckets.append(bucket[1])
         bucket[0] += size
-        bucket[1].append(item)
+        bucket[1].append(index)
     return buckets

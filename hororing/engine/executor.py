@@ -24,7 +24,7 @@ from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import Adasum, KERNEL_OP
 from .allreduce import AllreducePipeline, complete, scaling, wire_bytes, wire_dtype
-from .buckets import fill_buckets
+from .buckets import assign
 
 
 class Executor:
@@ -76,8 +76,10 @@ class Executor:
                 continue
             ready.append((response, request))
         # allreduces fuse; every other collective is a bucket of its own
-        buckets = [ready] if len(ready) == 1 else fill_buckets(
-            ready, _fusion_key, _fused_bytes, self.allreduce.route.fusion_threshold)
+        buckets = [ready] if len(ready) == 1 else [
+            [ready[index] for index in bucket]
+            for bucket in assign([response.meta for response, _ in ready],
+                                 self.allreduce.route.fusion_threshold)]
         for bucket in buckets:
             if cache_id is not None and len(bucket) > 1:
                 bucket.sort(key=lambda pair: bucket_key(pair[0].name, cache_id(pair[0].name)))
@@ -265,20 +267,6 @@ class _FoldPlan(NamedTuple):
     ufunc: object  # the op's numpy ufunc (reduce_rows)
     finalize: object
     version: int  # the version of the route it was made under (allreduce.Route)
-
-
-def _fusion_key(pair):
-    """Allreduces that may share a bucket: same dtype, op, scale factors, place and wire
-    dtype. Any other collective runs alone (its own key)."""
-    meta = pair[0].meta
-    if meta.kind != "allreduce":
-        return id(pair)
-    return (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device, meta.wire)
-
-
-def _fused_bytes(pair):
-    meta = pair[0].meta
-    return wire_bytes(meta) if meta.kind == "allreduce" else 0
 
 
 def bucket_key(name, cache_id):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .. import collectives as core
+from ..engine import Meta
 from ..validate import check_ndim
 
 _NUMPY_FREE = (torch.bfloat16,)
@@ -27,6 +28,15 @@ def zeros(count, dtype, device=None):
     if dtype in _NUMPY_FREE or dtype.is_complex:
         return torch.zeros(count, dtype=dtype)
     return torch.from_numpy(np.zeros(count, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+
+
+def engine_meta(tensor, device=None):
+    """The engine's description (an allreduce ``Meta``) of ``tensor`` as the optimizers lay
+    gradients out for it: its dtype as it travels (bfloat16 as float32), its shape, and
+    ``device`` (default: the tensor's own, with its index, so buckets never span devices)."""
+    dtype = "float32" if tensor.dtype in _NUMPY_FREE else str(tensor.dtype).rpartition(".")[2]
+    return Meta("allreduce", dtype=dtype, shape=tuple(tensor.shape),
+                device=str(tensor.device) if device is None else device)
 
 
 class TorchHandle:

@@ -24,10 +24,10 @@ import warnings
 import torch
 
 from .. import ops
-from ..engine import fill_buckets
+from ..engine import assign
 from ..process_sets import global_process_set, group_of
 from . import mpi_ops
-from .bridge import zeros
+from .bridge import engine_meta, zeros
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .sharded import ShardedOptimizer
@@ -366,7 +366,7 @@ def _dense_local(param_groups):
 
 def _bucket_views(parameters, bucket_bytes):
     """Lay the ``parameters``' gradients out, in their order, in the engine's fused buckets of
-    at most ``bucket_bytes`` (``buckets.fill_buckets``), each bucket one flat zero tensor on
+    at most ``bucket_bytes`` (``engine.assign``), each bucket one flat zero tensor on
     its parameters' device.
 
     Returns:
@@ -374,9 +374,8 @@ def _bucket_views(parameters, bucket_bytes):
         the buckets as (tuple of parameters, flat tensor).
     """
     views, buckets = {}, []
-    for bucket in fill_buckets(parameters, lambda parameter: (parameter.dtype, parameter.device),
-                               lambda parameter: parameter.numel() * parameter.element_size(),
-                               bucket_bytes):
+    for indices in assign([engine_meta(parameter) for parameter in parameters], bucket_bytes):
+        bucket = [parameters[index] for index in indices]
         flat = zeros(sum(parameter.numel() for parameter in bucket), bucket[0].dtype,
                      bucket[0].device)
         buckets.append((tuple(bucket), flat))

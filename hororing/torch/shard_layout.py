@@ -11,9 +11,9 @@ take their gradient vectors from a ``Pool`` and give them back once reduced.
 import numpy as np
 import torch
 
-from ..engine import fill_buckets
+from ..engine import assign
 from ..zero import Buckets
-from .bridge import zeros
+from .bridge import engine_meta, zeros
 
 
 class Bucket:
@@ -98,9 +98,11 @@ class Slice:
         dtype = parameters[0].dtype
         self.dtype = dtype
         itemsize = parameters[0].element_size()
-        # buckets of whole parameters, at most bucket_bytes each (a larger one alone)
-        runs = fill_buckets(parameters, lambda parameter: 0,
-                            lambda parameter: parameter.numel() * itemsize, bucket_bytes)
+        # buckets of whole parameters, at most bucket_bytes each (a larger one alone), by the
+        # engine's fusion rule
+        runs = [[parameters[index] for index in run]
+                for run in assign([engine_meta(parameter) for parameter in parameters],
+                                  bucket_bytes)]
         counts = [sum(parameter.numel() for parameter in run) for run in runs]
         cuts = np.cumsum(counts)[:-1].tolist()
         self.buckets_layout = Buckets(self.numel, itemsize, rank, size, cuts)
