@@ -3,10 +3,14 @@
 Every collective here must be called by every rank of its process set (all ranks by
 default), in the same order (asynchronous calls may be submitted in any order: the engine
 matches them by name). ``x_`` works in place, ``x_async`` returns a handle for
-``synchronize``/``poll``; each verb is a thin wrapper over one private submit path.
+``synchronize``/``poll``; each verb is a thin wrapper over one door, ``start(kind, ...)``,
+which the torch and TensorFlow bindings go through too: each kind's arguments are checked by
+one rule there (``_RULES``).
 ``process_set`` (a ``hvd.ProcessSet``, default the global set) restricts a collective to
 the set's ranks; ``root_rank`` stays in ``hvd.rank()`` numbering.
 """
+
+import inspect
 
 import numpy as np
 
@@ -65,29 +69,31 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
     Example:
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)
     """
-    return synchronize(_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
-                                  process_set, inplace=False, blocking=True))
+    return synchronize(start("allreduce", tensor, name, process_set, blocking=True,
+                             average=average, op=op, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None):
     """In-place allreduce: ``tensor`` receives the result, which is also returned."""
-    return synchronize(_allreduce(tensor, average, name, op, prescale_factor, postscale_factor,
-                                  process_set, inplace=True, blocking=True))
+    return synchronize(start("allreduce", tensor, name, process_set, inplace=True,
+                             blocking=True, average=average, op=op,
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     """Start an allreduce; return a handle (see ``allreduce``)."""
-    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                      inplace=False)
+    return start("allreduce", tensor, name, process_set, average=average, op=op,
+                 prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None):
     """Start an in-place allreduce; return a handle (see ``allreduce``)."""
-    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                      inplace=True)
+    return start("allreduce", tensor, name, process_set, inplace=True, average=average, op=op,
+                 prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -107,24 +113,24 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
     """Start a grouped allreduce; ``synchronize`` on the handle returns the list."""
-    return _grouped("grouped_allreduce", tensors, name, process_set, lambda tensor, member: _allreduce(
-        tensor, average, member, op, prescale_factor, postscale_factor, process_set, inplace=False))
+    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor,
+                              process_set, inplace=False)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
     """Start an in-place grouped allreduce."""
-    return _grouped("grouped_allreduce", tensors, name, process_set, lambda tensor, member: _allreduce(
-        tensor, average, member, op, prescale_factor, postscale_factor, process_set, inplace=True))
+    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor,
+                              process_set, inplace=True)
 
 
-def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set, inplace,
-               blocking=False, wire=""):
-    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
-    return _submit("allreduce", tensor, name, group_of(process_set), inplace=inplace,
-                   blocking=blocking, op=op,
-                   prescale=check_factor(prescale_factor, "prescale_factor"),
-                   postscale=check_factor(postscale_factor, "postscale_factor"), wire=wire)
+def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor,
+                       process_set, inplace):
+    return start_group("grouped_allreduce", tensors, name, process_set,
+                       lambda tensor, member: start(
+                           "allreduce", tensor, member, process_set, inplace=inplace,
+                           average=average, op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor))
 
 
 def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescale_factor=1.0,
@@ -144,32 +150,21 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
     """
     wire = wire_of(compression)
     if not wire or gpu.is_device_array(tensor):
-        return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
-                          inplace=True)
+        return start("allreduce", tensor, name, process_set, inplace=True, op=op,
+                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire):
         kind = getattr(compression, "__name__", compression)
         raise TypeError(f"compressed_allreduce_async_ with {kind} takes the {wire} numpy array "
                         f"its compress() made, got "
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
-    return _allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
-                      inplace=True, wire=wire)
+    return start("allreduce", tensor, name, process_set, inplace=True, op=op,
+                 prescale_factor=prescale_factor, postscale_factor=postscale_factor, wire=wire)
 
 
 def group_handles(handles):
     """One handle over several started collectives: ``synchronize`` returns the list of
     their results, ``poll`` is True once all are done."""
     return GroupHandle(handles)
-
-
-def _grouped(kind, tensors, name, process_set, start):
-    """Start ``start(tensor, member_name)`` for each tensor; one handle over all of them."""
-    if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"{kind} takes a list of arrays, got {type(tensors).__name__}")
-    group = group_of(process_set)
-    base = check_name(name) or group.auto_name(kind)
-    with group.engine.batch():  # announced together on every rank, so ready together
-        return GroupHandle([start(tensor, f"{base}.{index}")
-                            for index, tensor in enumerate(tensors)])
 
 
 # ---- allgather, broadcast, alltoall, reducescatter ----------------------------------------
@@ -182,13 +177,12 @@ def allgather(tensor, name=None, process_set=None):
     Example:
         >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))
     """
-    return synchronize(_submit("allgather", tensor, name, group_of(process_set), min_ndim=1,
-                               blocking=True))
+    return synchronize(start("allgather", tensor, name, process_set, blocking=True))
 
 
 def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; return a handle."""
-    return _submit("allgather", tensor, name, group_of(process_set), min_ndim=1)
+    return start("allgather", tensor, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -198,37 +192,30 @@ def grouped_allgather(tensors, name=None, process_set=None):
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
     """Start a grouped allgather; ``synchronize`` on the handle returns the list."""
-    return _grouped("grouped_allgather", tensors, name, process_set,
+    return start_group("grouped_allgather", tensors, name, process_set,
                     lambda tensor, member: allgather_async(tensor, member, process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Return root_rank's ``tensor`` on every rank (a new array). Every rank must call it."""
-    return synchronize(_broadcast(tensor, root_rank, name, process_set, inplace=False,
-                                  blocking=True))
+    return synchronize(start("broadcast", tensor, name, process_set, blocking=True,
+                             root_rank=root_rank))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """In-place broadcast: ``tensor`` receives root_rank's values."""
-    return synchronize(_broadcast(tensor, root_rank, name, process_set, inplace=True,
-                                  blocking=True))
+    return synchronize(start("broadcast", tensor, name, process_set, inplace=True,
+                             blocking=True, root_rank=root_rank))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Start a broadcast; return a handle."""
-    return _broadcast(tensor, root_rank, name, process_set, inplace=False)
+    return start("broadcast", tensor, name, process_set, root_rank=root_rank)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Start an in-place broadcast; return a handle."""
-    return _broadcast(tensor, root_rank, name, process_set, inplace=True)
-
-
-def _broadcast(tensor, root_rank, name, process_set, inplace, blocking=False):
-    group = group_of(process_set)
-    root = check_root(root_rank, current().size)
-    return _submit("broadcast", tensor, name, group, inplace=inplace, blocking=blocking,
-                   root=group.set_rank(root))
+    return start("broadcast", tensor, name, process_set, inplace=True, root_rank=root_rank)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -241,13 +228,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Start an alltoall; return a handle."""
-    if not gpu.is_device_array(tensor):
-        check_array(tensor, min_ndim=1)
-    elif len(tensor.shape) < 1:
-        raise ValueError("alltoall needs a tensor with at least one dimension")
-    group = group_of(process_set)
-    return _submit("alltoall", tensor, name, group, min_ndim=1,
-                   splits=check_splits(splits, tensor.shape[0], group.size))
+    return start("alltoall", tensor, name, process_set, splits=splits)
 
 
 def reducescatter(tensor, name=None, op=ops.Average, process_set=None, prescale_factor=1.0,
@@ -263,10 +244,8 @@ def reducescatter(tensor, name=None, op=ops.Average, process_set=None, prescale_
 def reducescatter_async(tensor, name=None, op=ops.Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Start a reducescatter; return a handle."""
-    op = resolve_op(op, allowed=(ops.Average, ops.Sum))
-    return _submit("reducescatter", tensor, name, group_of(process_set), min_ndim=1, op=op,
-                   prescale=check_factor(prescale_factor, "prescale_factor"),
-                   postscale=check_factor(postscale_factor, "postscale_factor"))
+    return start("reducescatter", tensor, name, process_set, op=op,
+                 prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def reducescatter_async_(tensor, name=None, op=ops.Average, process_set=None,
@@ -282,7 +261,6 @@ def reducescatter_async_(tensor, name=None, op=ops.Average, process_set=None,
             (``hororing.compression.wire_of``): a float16 payload summed as float16, with
             Average's division before the sum, as ``compressed_allreduce_async_`` does.
     """
-    op = resolve_op(op, allowed=(ops.Average, ops.Sum))
     if not isinstance(tensor, np.ndarray) or not tensor.flags.c_contiguous:
         raise TypeError(f"reducescatter_async_ works in a C-contiguous numpy array, got "
                         f"{type(tensor).__name__}"
@@ -291,9 +269,8 @@ def reducescatter_async_(tensor, name=None, op=ops.Average, process_set=None,
     if wire and tensor.dtype != np.dtype(wire):
         raise TypeError(f"reducescatter_async_ with wire={wire!r} takes a {wire} numpy array, "
                         f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
-    return _submit("reducescatter", tensor, name, group_of(process_set), inplace=True,
-                   min_ndim=1, op=op, prescale=check_factor(prescale_factor, "prescale_factor"),
-                   postscale=check_factor(postscale_factor, "postscale_factor"), wire=wire)
+    return start("reducescatter", tensor, name, process_set, inplace=True, op=op,
+                 prescale_factor=prescale_factor, postscale_factor=postscale_factor, wire=wire)
 
 
 def grouped_reducescatter(tensors, name=None, op=ops.Average, process_set=None,
@@ -306,7 +283,7 @@ def grouped_reducescatter(tensors, name=None, op=ops.Average, process_set=None,
 def grouped_reducescatter_async(tensors, name=None, op=ops.Average, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Start a grouped reducescatter; ``synchronize`` on the handle returns the list."""
-    return _grouped("grouped_reducescatter", tensors, name, process_set,
+    return start_group("grouped_reducescatter", tensors, name, process_set,
                     lambda tensor, member: reducescatter_async(
                         tensor, member, op, process_set, prescale_factor, postscale_factor))
 
@@ -315,10 +292,7 @@ def grouped_reducescatter_async(tensors, name=None, op=ops.Average, process_set=
 
 def barrier(process_set=None):
     """Return once every rank (of ``process_set``, default all) has called barrier()."""
-    engine = group_of(process_set).engine
-    handle = Handle("barrier", engine)
-    engine.submit(Request("barrier", Meta(kind="barrier"), None, None, handle), blocking=True)
-    return synchronize(handle)
+    return synchronize(start("barrier", process_set=process_set))
 
 
 def join(device=-1):
@@ -334,10 +308,112 @@ def join(device=-1):
     if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
         raise TypeError(f"join(device=...) takes an int device id (-1: CPU), got "
                         f"{type(device).__name__}")
-    engine = group_of(None).engine
-    handle = Handle(JOIN_NAME, engine)
-    engine.submit(Request(JOIN_NAME, Meta(kind="join"), None, None, handle), blocking=True)
-    return synchronize(handle)
+    return synchronize(start("join"))
+
+
+# ---- the one door --------------------------------------------------------------------------
+
+def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, blocking=False,
+          **arguments):
+    """Start one collective: the entry every verb here and both bindings go through.
+
+    ``arguments`` are the verb's own (``average``, ``op``, ``prescale_factor``,
+    ``postscale_factor`` and the sender's ``wire`` dtype for allreduce and reducescatter;
+    ``root_rank`` for broadcast; ``splits`` for alltoall; none for allgather, barrier and
+    join), checked by the kind's rule below and turned into the fields every rank must agree
+    on. ``blocking``: the caller synchronizes at once and drives the engine itself (the
+    background thread is not woken for it). Returns the handle.
+
+    Raises:
+        TypeError, ValueError: a bad argument, named, before anything is queued.
+    """
+    rule = _RULES.get(kind)
+    if rule is None:
+        raise ValueError(f"unknown collective {kind!r}; one of {', '.join(_RULES)}")
+    if kind in ("barrier", "join"):
+        if arguments:
+            raise TypeError(f"{kind} takes no arguments; got {', '.join(sorted(arguments))}")
+        group = group_of(process_set if kind == "barrier" else None)
+        name = JOIN_NAME if kind == "join" else "barrier"
+        handle = Handle(name, group.engine)
+        group.engine.submit(Request(name, Meta(kind=kind), None, None, handle), blocking=True)
+        return handle
+    takes, needs = _TAKES[kind]
+    if not (arguments.keys() <= takes and needs <= arguments.keys()):
+        raise TypeError(f"{kind} takes {', '.join(sorted(takes)) or 'no arguments'}"
+                        f"{' (' + ', '.join(sorted(needs)) + ' required)' if needs else ''}; "
+                        f"got {', '.join(sorted(arguments)) or 'none'}")
+    group = group_of(process_set)
+    fields, min_ndim = rule(group, tensor, **arguments)
+    return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
+                   blocking=blocking, **fields)
+
+
+def start_group(kind, tensors, name, process_set, start_member):
+    """``start_member(tensor, member_name)`` for each of ``tensors`` (members named
+    ``<name>.<index>``, a generated name when ``name`` is None), announced together on every
+    rank so they are ready together; one handle over all of them."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{kind} takes a list of arrays, got {type(tensors).__name__}")
+    group = group_of(process_set)
+    base = check_name(name) or group.auto_name(kind)
+    with group.engine.batch():
+        return GroupHandle([start_member(tensor, f"{base}.{index}")
+                            for index, tensor in enumerate(tensors)])
+
+
+# Each kind's rule: (group, tensor, its arguments) -> (the Meta fields, the fewest dimensions)
+
+def _reduction_fields(allowed, default_op, min_ndim):
+    def fields(group, tensor, average=None, op=default_op, prescale_factor=1.0,
+               postscale_factor=1.0, wire=""):
+        return dict(op=resolve_op(op, average, allowed=allowed),
+                    prescale=check_factor(prescale_factor, "prescale_factor"),
+                    postscale=check_factor(postscale_factor, "postscale_factor"),
+                    wire=wire), min_ndim
+    return fields
+
+
+def _allgather_fields(group, tensor):
+    return {}, 1
+
+
+def _broadcast_fields(group, tensor, root_rank):
+    return dict(root=group.set_rank(check_root(root_rank, current().size))), 0
+
+
+def _alltoall_fields(group, tensor, splits=None):
+    if not gpu.is_device_array(tensor):
+        check_array(tensor, min_ndim=1)
+    elif len(tensor.shape) < 1:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    return dict(splits=check_splits(splits, tensor.shape[0], group.size)), 1
+
+
+def _no_arguments():
+    return None
+
+
+_RULES = {"allreduce": _reduction_fields(ALLREDUCE_OPS, None, 0),
+          "allgather": _allgather_fields,
+          "broadcast": _broadcast_fields,
+          "alltoall": _alltoall_fields,
+          "reducescatter": _reduction_fields((ops.Average, ops.Sum), ops.Average, 1),
+          "barrier": _no_arguments,
+          "join": _no_arguments}
+
+
+def _arguments_of(rule):
+    """The arguments a kind's rule takes (its parameters after group and tensor), and those
+    it requires."""
+    parameters = list(inspect.signature(rule).parameters.values())[2:]
+    return ({parameter.name for parameter in parameters},
+            {parameter.name for parameter in parameters
+             if parameter.default is inspect.Parameter.empty})
+
+
+_TAKES = {kind: _arguments_of(rule) for kind, rule in _RULES.items()
+          if kind not in ("barrier", "join")}
 
 
 def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, **fields):

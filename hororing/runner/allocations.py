@@ -14,6 +14,8 @@ hororun passes the hosts of the last three to mpiexec itself, so that either MPI
 starts the ranks there, whichever variable was set. The environment is read by config.py.
 """
 
+import dataclasses
+
 from .. import slurm
 from ..config import launch_environment
 from .hosts import parse_lsf_hosts, read_hostfile
@@ -21,6 +23,7 @@ from .hosts import parse_lsf_hosts, read_hostfile
 __all__ = ["Allocation", "find"]
 
 
+@dataclasses.dataclass
 class Allocation:
     """The hosts a scheduler gave the job.
 
@@ -35,14 +38,13 @@ class Allocation:
             --oversubscribe.
     """
 
-    def __init__(self, name, job_id, tasks, hosts, unit, more, managed=False):
-        self.name = name
-        self.job_id = job_id
-        self.tasks = tasks
-        self.hosts = hosts
-        self.unit = unit
-        self.more = more
-        self.managed = managed
+    name: str
+    job_id: str
+    tasks: int
+    hosts: list
+    unit: str
+    more: str
+    managed: bool = False
 
     def refusal(self, np):
         """The message for ``-np np`` beyond the allocation, or None where it fits."""
@@ -51,9 +53,6 @@ class Allocation:
         return (f"-np {np} asks for more ranks than {self.name} was allocated ({self.tasks} "
                 f"{self.unit} on {', '.join(host for host, _ in self.hosts)}); ask for at most "
                 f"{self.tasks}, or {self.more}")
-
-    def __repr__(self):
-        return f"Allocation({self.name}, {self.tasks} {self.unit} on {self.hosts})"
 
 
 def find(launch=None):

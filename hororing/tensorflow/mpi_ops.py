@@ -142,9 +142,9 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
             else:
                 (array,), prescale = _prescaled_in_float16([array], prescale_factor)
                 # synchronized below, at once: this thread drives the engine (blocking)
-                handles.append(core._allreduce(
-                    array, None, member, op, prescale, postscale_factor, process_set,
-                    inplace=False, blocking=True))
+                handles.append(core.start(
+                    "allreduce", array, member, process_set, blocking=True, op=op,
+                    prescale_factor=prescale, postscale_factor=postscale_factor))
         return [core.synchronize(handle) for handle in handles]
 
     @tf.custom_gradient

@@ -35,9 +35,10 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
                      inplace, blocking=False):
     """Submit an allreduce; ``blocking``: the caller synchronizes at once and drives the
     engine itself (the background thread is not woken for it)."""
-    return _started(tensor, inplace, lambda array: core._allreduce(
-        array, average, name, op, prescale_factor, postscale_factor, process_set,
-        inplace=inplace, blocking=blocking))
+    return _started(tensor, inplace, lambda array: core.start(
+        "allreduce", array, name, process_set, inplace=inplace, blocking=blocking,
+        average=average, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor))
 
 
 def _started(tensor, inplace, submit):
@@ -123,7 +124,7 @@ def _member_handles(tensors, name, process_set, start):
     """``start(tensor, member_name)`` for each tensor of a grouped allreduce, with the
     members named ``<name>.<index>`` (a generated name when ``name`` is None), announced
     together as the core's grouped verbs are."""
-    return core._grouped("grouped_allreduce", tensors, name, process_set, start).handles
+    return core.start_group("grouped_allreduce", tensors, name, process_set, start).handles
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -212,8 +213,9 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 def _broadcast_now(tensor, root_rank, name, process_set, inplace):
     """A blocking broadcast, driven by the caller (see ``_start_allreduce``)."""
-    return synchronize(_started(tensor, inplace, lambda array: core._broadcast(
-        array, root_rank, name, process_set, inplace=inplace, blocking=True)))
+    return synchronize(_started(tensor, inplace, lambda array: core.start(
+        "broadcast", array, name, process_set, inplace=inplace, blocking=True,
+        root_rank=root_rank)))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):

@@ -174,3 +174,36 @@ def test_a_timeline_started_at_run_time_is_live_then_closed_by_stop(tmp_path_fac
     hvd.stop_timeline()
     if hvd.rank() == 0:
         json.loads(open(path, encoding="utf-8").read())  # closed: a complete JSON array
+
+
+def door_counter(monkeypatch):
+    """The kinds that enter by ``collectives.start``, in order, as calls go through it."""
+    from hororing import collectives
+    seen, real = [], collectives.start
+
+    def counted(kind, *args, **kwargs):
+        seen.append(kind)
+        return real(kind, *args, **kwargs)
+    monkeypatch.setattr(collectives, "start", counted)
+    return seen
+
+
+def test_every_verb_enters_by_the_one_door(monkeypatch):
+    seen = door_counter(monkeypatch)
+    size = hvd.size()
+    total = hvd.allreduce(np.ones(3), op=hvd.Sum, name="door.allreduce")
+    hvd.grouped_allreduce([np.ones(2), np.ones(1)], name="door.grouped")
+    gathered = hvd.allgather(np.full((1, 2), hvd.rank()), name="door.allgather")
+    hvd.broadcast(np.ones(2), root_rank=0, name="door.broadcast")
+    hvd.alltoall(np.ones(size), name="door.alltoall")
+    hvd.reducescatter(np.ones(size), name="door.reducescatter")
+    hvd.barrier()
+    assert seen == ["allreduce", "allreduce", "allreduce", "allgather", "broadcast",
+                    "alltoall", "reducescatter", "barrier"]
+    np.testing.assert_array_equal(total, np.full(3, size))
+    np.testing.assert_array_equal(gathered[:, 0], np.arange(size))
+    with pytest.raises(ValueError, match="unknown collective 'allmerge'"):
+        hvd.collectives.start("allmerge", np.ones(2))
+    with pytest.raises(TypeError, match=r"broadcast takes root_rank \(root_rank required\); "
+                                        r"got wrong"):
+        hvd.collectives.start("broadcast", np.ones(2), wrong=1)

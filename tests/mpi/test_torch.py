@@ -342,3 +342,13 @@ def test_every_torch_verb_refuses_a_list_and_a_0d_tensor_where_rows_are_needed(v
 def test_torch_grouped_verbs_refuse_a_tensor_where_a_list_belongs(verb):
     with pytest.raises(TypeError, match="takes a list of tensors, got Tensor"):
         getattr(hvd, verb)(torch.ones(2, 3))
+
+
+def test_the_torch_verbs_enter_by_the_core_door(monkeypatch):
+    from test_collectives import door_counter
+    seen = door_counter(monkeypatch)
+    total = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="door.torch.allreduce")
+    hvd.grouped_allreduce([torch.ones(2)], op=hvd.Sum, name="door.torch.grouped")
+    hvd.broadcast(torch.ones(2), root_rank=0, name="door.torch.broadcast")
+    assert seen == ["allreduce", "allreduce", "broadcast"]
+    assert torch.equal(total, torch.full((3,), float(hvd.size())))

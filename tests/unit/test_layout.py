@@ -14,22 +14,7 @@ def _module_name(path):
 
 def _imports(path, name, modules):
     """The hororing modules ``path`` imports, anywhere in it."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = package
-            for _ in range(node.level - 1):
-                base = base.rpartition(".")[0]
-            target = (f"{base}.{node.module}" if node.module else base) if node.level \
-                else node.module or ""
-            candidates = [target] + [f"{target}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Import):
-            candidates = [alias.name for alias in node.names]
-        else:
-            continue
-        found.update(candidate for candidate in candidates if candidate in modules)
-    return found - {name}
+    return {target for target, _ in _module_imports(path, name, modules)}
 
 
 def _graph():
