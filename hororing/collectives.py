@@ -329,24 +329,37 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     """
     rule = _RULES.get(kind)
     if rule is None:
-        raise ValueError(f"unknown collective {kind!r}; one of {', '.join(_RULES)}")
-    if kind in ("barrier", "join"):
-        if arguments:
-            raise TypeError(f"{kind} takes no arguments; got {', '.join(sorted(arguments))}")
-        group = group_of(process_set if kind == "barrier" else None)
-        name = JOIN_NAME if kind == "join" else "barrier"
-        handle = Handle(name, group.engine)
-        group.engine.submit(Request(name, Meta(kind=kind), None, None, handle), blocking=True)
-        return handle
-    takes, needs = _TAKES[kind]
+        if kind in ("barrier", "join"):
+            return _synchronization(kind, process_set, arguments)
+        raise ValueError(f"unknown collective {kind!r}; one of "
+                         f"{', '.join(list(_RULES) + ['barrier', 'join'])}")
+    group = group_of(process_set)
+    try:
+        fields, min_ndim = rule(group, tensor, **arguments)
+    except TypeError:
+        _check_arguments(kind, arguments)  # names what the kind takes, where that was wrong
+        raise
+    return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
+                   blocking=blocking, **fields)
+
+
+def _synchronization(kind, process_set, arguments):
+    """barrier (of ``process_set``) and join (of every rank): no tensor, a fixed name."""
+    if arguments:
+        raise TypeError(f"{kind} takes no arguments; got {', '.join(sorted(arguments))}")
+    group = group_of(process_set if kind == "barrier" else None)
+    name = JOIN_NAME if kind == "join" else "barrier"
+    handle = Handle(name, group.engine)
+    group.engine.submit(Request(name, Meta(kind=kind), None, None, handle), blocking=True)
+    return handle
+
+
+def _check_arguments(kind, arguments):
+    takes, needs = _arguments_of(_RULES[kind])
     if not (arguments.keys() <= takes and needs <= arguments.keys()):
         raise TypeError(f"{kind} takes {', '.join(sorted(takes)) or 'no arguments'}"
                         f"{' (' + ', '.join(sorted(needs)) + ' required)' if needs else ''}; "
                         f"got {', '.join(sorted(arguments)) or 'none'}")
-    group = group_of(process_set)
-    fields, min_ndim = rule(group, tensor, **arguments)
-    return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
-                   blocking=blocking, **fields)
 
 
 def start_group(kind, tensors, name, process_set, start_member):
@@ -390,17 +403,11 @@ def _alltoall_fields(group, tensor, splits=None):
     return dict(splits=check_splits(splits, tensor.shape[0], group.size)), 1
 
 
-def _no_arguments():
-    return None
-
-
 _RULES = {"allreduce": _reduction_fields(ALLREDUCE_OPS, None, 0),
           "allgather": _allgather_fields,
           "broadcast": _broadcast_fields,
           "alltoall": _alltoall_fields,
-          "reducescatter": _reduction_fields((ops.Average, ops.Sum), ops.Average, 1),
-          "barrier": _no_arguments,
-          "join": _no_arguments}
+          "reducescatter": _reduction_fields((ops.Average, ops.Sum), ops.Average, 1)}
 
 
 def _arguments_of(rule):
@@ -410,10 +417,6 @@ def _arguments_of(rule):
     return ({parameter.name for parameter in parameters},
             {parameter.name for parameter in parameters
              if parameter.default is inspect.Parameter.empty})
-
-
-_TAKES = {kind: _arguments_of(rule) for kind, rule in _RULES.items()
-          if kind not in ("barrier", "join")}
 
 
 def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, **fields):
