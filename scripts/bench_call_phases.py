@@ -51,7 +51,7 @@ def main():
     engine = current().engine
     marks = {}
     wrap(engine, "wait", "wait", marks)
-    wrap(engine.cycle, "run", "cycle", marks)
+    wrap(engine, "_run_cycle", "cycle", marks)  # the cycle, then what it decided
     wrap(engine.executor, "execute", "execute", marks)
     algorithms = engine.executor.allreduce.host.algorithms
     for kind in ("ring", "small"):

@@ -11,7 +11,7 @@ the memory an optimizer lays out is back to back in exactly the buckets the engi
 
 from .allreduce import wire_bytes
 
-__all__ = ["assign", "fusion_key"]
+__all__ = ["assign", "bucket_key", "fusion_key"]
 
 
 def fusion_key(meta):
@@ -46,3 +46,9 @@ def assign(metas, limit):
         bucket[0] += size
         bucket[1].append(index)
     return buckets
+
+
+def bucket_key(name, cache_id):
+    """Where a tensor goes in a fused bucket: cached names by id, then the names the cache
+    had no room for, by name (both the same on every rank)."""
+    return (0, cache_id, "") if cache_id is not None else (1, 0, name)

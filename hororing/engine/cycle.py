@@ -8,26 +8,37 @@ name, new metadata or a flag asks for a gathered cycle: every rank's header row 
 (the names it announces with their metadata, a failing rank's message) are then gathered
 too, and every rank computes the same ready list from the same table (``negotiation``).
 A lone small allreduce that repeats is folded into the cycle's first exchange (``fold``).
-The ready responses are handed to the executor, in the same order on every rank.
 
-The cycle's peers are reached only through its exchange (``exchange.py``). Who runs a cycle,
-when, and from which thread is the driver's business (``engine.py``); a cycle is told what
-is new, how to take a rank's request by name, and returns what ran.
+A cycle decides and runs nothing: it returns what every rank agreed (a ``Decision``: the
+ready responses, in the same order on every rank, and the fold's gathered rows when the fold
+was agreed), as a ring's schedule is returned apart from its execution. The driver
+(``engine.py``) pairs them with its requests and runs them (``executor.py``, or
+``fold.LatencyFolding`` for a fold). The cycle's peers are reached only through its exchange
+(``exchange.py``); who runs a cycle, when, and from which thread is the driver's business.
 """
 
 import pickle
 import time
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from .. import transport
-from .executor import bucket_key
+from .buckets import bucket_key
 from .fold import Fold
 from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, WAITING, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather, vote_words)
 
 FLAG_FAILED = 1
 FLAG_SHUTDOWN = 2
+
+
+class Decision(NamedTuple):
+    """What one cycle agreed: ``responses`` to run, in order (maybe none), and, where the
+    fold was agreed, ``folded``: every rank's row for the one response (then its only one)."""
+
+    responses: list
+    folded: Optional[np.ndarray] = None
 
 
 class JobEnded(Exception):
@@ -49,10 +60,10 @@ class Cycle:
     completed in it, ``received_bytes`` by negotiation.
     """
 
-    def __init__(self, exchange, executor, cache_capacity):
+    def __init__(self, exchange, folding, cache_capacity):
+        """``folding``: the data's side of the fold (``fold.LatencyFolding``)."""
         self.size, self.rank = exchange.size, exchange.rank
         self._exchange = exchange
-        self._executor = executor
         self.negotiator = Negotiator(self.size, cache_capacity)
         self.number = 0
         self._by_bit = {}  # name -> Request announced by its cache bit, not yet run
@@ -64,22 +75,18 @@ class Cycle:
         self._agreed = np.zeros_like(self._vote)
         self._vote_key = None    # what self._vote encodes
         self._vote_exchange = exchange.repeated("allreduce", self._vote, self._agreed, op="band")
-        self._fold = Fold(exchange, executor)
+        self._fold = Fold(exchange, folding)
         self.stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
                       "inline_hits": 0, "received_bytes": 0, "deadlocks": 0}
 
     # ---- what the driver asks of it -----------------------------------------------------
 
-    def run(self, fresh, take, *, flags=0, message=None, missed=None, wake=None,
-            deadline=None, waiting=None):
+    def run(self, fresh, *, flags=0, message=None, wake=None, deadline=None, waiting=None):
         """Run the next cycle on this rank; every rank runs the same cycles in order.
 
         Args:
             fresh: the requests submitted since the last cycle, announced in this one.
-            take: ``take(name)`` removes and returns this rank's request for ``name`` (None
-                if it has none).
             flags: FLAG_FAILED / FLAG_SHUTDOWN, announced with ``message``.
-            missed: told the name of each failed response this rank had no request for.
             wake: called once if the first exchange has not completed after a brief spin
                 (to wake peers that are not taking part yet).
             deadline: a ``time.monotonic()`` value to give up at.
@@ -88,7 +95,7 @@ class Cycle:
                 nothing is ready, every pending tensor fails.
 
         Returns:
-            The responses that ran (maybe none), or None if the deadline passed first.
+            The ``Decision``, or None if the deadline passed first.
 
         Raises:
             JobEnded: a rank flagged failure, or another rank shut down.
@@ -106,7 +113,7 @@ class Cycle:
                 self._by_bit[request.name] = request
         needs_gather = bool(by_name or flags or self._gather_asked)
         if self._fold.bytes is not None:
-            folded = self._folded(needs_gather, take, deadline, wake)
+            folded = self._folded(needs_gather, deadline, wake)
             if folded != ():
                 return folded
             wake = None  # the peers have all taken part in this cycle already
@@ -121,18 +128,13 @@ class Cycle:
             responses = self._gathered(by_name, cache_ids, flags, message, deadline, waiting)
             if responses is None:
                 return None
-            if responses and responses[0].deadlock:
-                missed = None  # each rank submitted its own names: none were missed
         else:
             responses = negotiator.cache.agreed_responses(agreed_bits(self._agreed))
-        if self._executor.timeline is not None:
-            self._executor.timeline.cycle(self.number)
         if responses:
             self._fold.predict(responses)
             for response in responses:
                 self._by_bit.pop(response.name, None)
-            self._executor.execute(responses, take, missed, negotiator.cache.id_of)
-        return responses
+        return Decision(responses)
 
     def reduction_order(self, names):
         """``names`` in the order a fused bucket holds them: cached names by their cache id,
@@ -162,10 +164,11 @@ class Cycle:
 
     # ---- the cycle's parts ------------------------------------------------------------
 
-    def _folded(self, needs_gather, take, deadline, wake):
+    def _folded(self, needs_gather, deadline, wake):
         """Gather every rank's fold row (``fold.py``): when all hold the same cached
-        allreduce, it is complete in this one exchange. Returns the responses that ran (the
-        folded one), () if the cycle must go on to the vote, None if the deadline passed."""
+        allreduce, it is complete in this one exchange. Returns the Decision with the rows
+        (the folded allreduce), () if the cycle must go on to the vote, None if the deadline
+        passed."""
         waiting = None
         if len(self._by_bit) == 1 and not needs_gather:
             (waiting,) = self._by_bit.values()
@@ -180,11 +183,8 @@ class Cycle:
         self.stats["inline_hits"] += 1
         self.stats["cycles"] += 1
         response = self.negotiator.cache.response(cache_id)
-        if self._executor.timeline is not None:
-            self._executor.timeline.cycle(self.number)
         self._by_bit.pop(response.name, None)
-        self._executor.finish_inline(response, take(response.name), self._fold.data())
-        return (response,)
+        return Decision((response,), self._fold.data())
 
     def _gathered(self, by_name, cache_ids, flags, message, deadline, waiting=None):
         """Gather every rank's header row and notes into the table; return the ready

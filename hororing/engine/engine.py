@@ -31,6 +31,7 @@ from .allreduce import moved_bytes
 from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
 from .exchange import MpiExchange
 from .executor import Executor
+from .fold import LatencyFolding
 from .wakeups import Wakeups
 
 log = logging.getLogger("hororing")
@@ -62,7 +63,8 @@ class Engine:
         self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
-        self.cycle = Cycle(self._exchange, self.executor, config.cache_capacity)
+        self._folding = LatencyFolding(self.allreduce, self.size, self.executor.span)
+        self.cycle = Cycle(self._exchange, self._folding, config.cache_capacity)
         self._drive_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queue = []          # submitted, not yet announced
@@ -300,15 +302,17 @@ class Engine:
             self._async_waiting = False
         try:
             with self._cycle_activity:
-                responses = self.cycle.run(fresh, self._take, flags=self._outgoing_flags,
-                                           message=self._outgoing_message, missed=self._missed,
-                                           wake=wake, deadline=deadline, waiting=self._blocked)
+                decision = self.cycle.run(fresh, flags=self._outgoing_flags,
+                                          message=self._outgoing_message, wake=wake,
+                                          deadline=deadline, waiting=self._blocked)
+                if decision is None:
+                    return False
+                responses = decision.responses
+                self._run(decision)
         except JobEnded as ended:
             self._failed_job |= ended.failed
             self._halt(HorovodInternalError(str(ended)))
             return True
-        if responses is None:
-            return False
         if responses:
             self._quiet_since = time.monotonic()
         if responses and self.tuner is not None and self.tuner.active:
@@ -316,6 +320,20 @@ class Engine:
         if self.executor.timeline is not None:  # live: what the cycle recorded is in the file
             self.executor.timeline.flush()
         return True
+
+    def _run(self, decision):
+        """Run what a cycle agreed, pairing each response with this rank's request."""
+        responses, folded = decision
+        if self.executor.timeline is not None:
+            self.executor.timeline.cycle(self.cycle.number)
+        if folded is not None:
+            response = responses[0]
+            self._folding.finish(response, self._take(response.name), folded)
+        elif responses:
+            # a deadlock fails each rank's own names: none were missed
+            missed = None if responses[0].deadlock else self._missed
+            self.executor.execute(responses, self._take, missed,
+                                  self.cycle.negotiator.cache.id_of)
 
     def _missed(self, name):
         if self.on_missed_error is not None:

@@ -9,7 +9,6 @@ buffers, in the place their tensor lives (``buffers.py``, ``device.py``).
 
 import math
 import time
-from typing import NamedTuple, Optional
 
 import numpy as np
 from .._mpi import MPI
@@ -19,12 +18,12 @@ from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
-from ..algorithms.small import REDUCE_BY_NAME, GatherReduce, reduce_rows
+from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
-from ..ops import Adasum, KERNEL_OP
-from .allreduce import AllreducePipeline, complete, scaling, wire_bytes, wire_dtype
-from .buckets import assign
+from ..ops import KERNEL_OP
+from .allreduce import AllreducePipeline, complete, scaling, wire_dtype
+from .buckets import assign, bucket_key
 
 
 class Executor:
@@ -49,9 +48,8 @@ class Executor:
                 algorithms["hierarchical"] = hierarchical
         if hierarchical is None:
             layout[0].Free()
-        self.allreduce = AllreducePipeline(comm, config, algorithms, self._span,
+        self.allreduce = AllreducePipeline(comm, config, algorithms, self.span,
                                            across_nodes=layout[1] > 1)
-        self._fold_plans = {}  # Meta -> _FoldPlan
 
     def execute(self, responses, take, missed=None, cache_id=None):
         """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None.
@@ -89,73 +87,6 @@ class Executor:
                 else:
                     self._run_other(*bucket[0])
 
-    # ---- an allreduce folded into the negotiation exchange -----------------------------
-
-    def inline_bytes(self, response):
-        """The bytes ``response`` (a lone allreduce) would put in a gathered negotiation row,
-        or None where it must take the executor's own route (the same on every rank)."""
-        if response.joined or response.error is not None:
-            return None
-        return self._fold_plan(response.meta).nbytes
-
-    def inline_contribution(self, request, out):
-        """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
-        False if it does not fit them exactly (then it goes the usual way)."""
-        plan = self._fold_plan(request.meta)
-        if plan.nbytes != out.nbytes:
-            return False
-        buffer = out.view(plan.dtype)
-        buffer[...] = request.tensor.reshape(-1)
-        if plan.prescale != 1.0:
-            scale_into(buffer, plan.prescale)
-        return True
-
-    def finish_inline(self, response, request, rows):
-        """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
-        rank): reduced in rank order, as the latency path reduces its gathered rows, so the
-        result is bitwise what that path gives."""
-        started = time.monotonic()
-        meta = response.meta
-        plan = self._fold_plan(meta)
-        output = self.allreduce.host.output(response, request, meta.dtype, None)
-        flat = output.reshape(-1)
-        buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
-        reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
-        if plan.finalize is not None:
-            plan.finalize(buffer)
-        if buffer is not flat:
-            flat[...] = buffer
-        self._span([(response, request)], "ALLREDUCE", started)
-        complete(request, output)
-
-    def _fold_plan(self, meta):
-        """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop
-        repeats one): its wire bytes where the latency path would take it (else None), the
-        wire dtype, the prescale, the reduction and the finalizer. Made again when the
-        route changes (the autotuner's threshold, a forced algorithm)."""
-        version = self.allreduce.route.version
-        plan = self._fold_plans.get(meta)
-        if plan is None or plan.version != version:
-            if len(self._fold_plans) >= _FOLD_PLANS:
-                self._fold_plans.clear()
-            nbytes = self._foldable_bytes(meta)
-            if nbytes is None:
-                plan = _FoldPlan(None, None, 1.0, None, None, version)
-            else:
-                prescale, finalize = scaling(meta, self.size)
-                plan = _FoldPlan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
-                                 REDUCE_BY_NAME[KERNEL_OP[meta.op]], finalize, version)
-            self._fold_plans[meta] = plan
-        return plan
-
-    def _foldable_bytes(self, meta):
-        """The wire bytes of a host allreduce that the latency path would take, else None."""
-        if meta.kind != "allreduce" or meta.device != "cpu" or meta.op == Adasum:
-            return None
-        nbytes = wire_bytes(meta)
-        small = nbytes < self.allreduce.route.small_bytes
-        return nbytes if small and self.allreduce.kind_for(nbytes) == "small" else None
-
     # ---- everything else ----------------------------------------------------------------
 
     def _run_other(self, response, request):
@@ -165,7 +96,7 @@ class Executor:
                                                        response, request)
         else:
             result = self._verb(response, request, self.allreduce.host)
-        self._span([(response, request)], response.meta.kind.upper(), started)
+        self.span([(response, request)], response.meta.kind.upper(), started)
         complete(request, result)
 
     def _verb(self, response, request, place):
@@ -248,31 +179,13 @@ class Executor:
             algorithm.free()
         self.comm.Free()
 
-    def _span(self, items, activity, started):
+    def span(self, items, activity, started):
         """Record ``activity`` from ``started`` until now for each (response, request)."""
         if self.timeline is not None:
             ended = time.monotonic()
             for response, _ in items:
                 self.timeline.span(response.name, activity, started, ended,
                                    response.meta.kind)
-
-
-_FOLD_PLANS = 256  # metadata whose fold plan is kept (a training loop has a few)
-
-
-class _FoldPlan(NamedTuple):
-    nbytes: Optional[int]
-    dtype: np.dtype
-    prescale: float
-    ufunc: object  # the op's numpy ufunc (reduce_rows)
-    finalize: object
-    version: int  # the version of the route it was made under (allreduce.Route)
-
-
-def bucket_key(name, cache_id):
-    """Where a tensor goes in a fused bucket: cached names by id, then the names the cache
-    had no room for, by name (both the same on every rank)."""
-    return (0, cache_id, "") if cache_id is not None else (1, 0, name)
 
 
 def _hierarchical(comm, config, layout):

@@ -1,4 +1,7 @@
-"""A lone small allreduce that repeats, folded into the negotiation exchange.
+"""A lone small allreduce that repeats, folded into the negotiation exchange: the whole of it,
+the exchange's side (``Fold``, which the cycle runs) and the data's (``LatencyFolding``: what
+a rank contributes, and the allreduce completed from every rank's row, which the engine runs
+when the cycle says the fold was agreed).
 
 A loop of blocking small allreduces runs one per cycle. Once the last two cycles that ran
 anything each ran one lone allreduce of the same size on the latency path, the next cycle
@@ -10,19 +13,28 @@ otherwise the rows are discarded and the cycle goes on to the vote. Whether to f
 decided from the responses alone, so every rank decides alike.
 """
 
+import time
+from typing import NamedTuple, Optional
+
 import numpy as np
+
+from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
+from ..kernels import scale_into
+from ..ops import Adasum, KERNEL_OP
+from .allreduce import complete, scaling, wire_bytes, wire_dtype
 
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
 
 
 class Fold:
-    """The fold's state on one rank: whether the next cycle folds, and its buffers."""
+    """The fold's state on one rank: whether the next cycle folds, and its buffers.
+    ``folding``: the data's side (``LatencyFolding``, or a stand-in in tests)."""
 
-    def __init__(self, exchange, executor):
+    def __init__(self, exchange, folding):
         self._exchange_with = exchange  # the negotiation's (exchange.py)
         self.size = exchange.size
-        self._executor = executor
+        self._folding = folding
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
         self._last_lone = None
         self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
@@ -34,7 +46,7 @@ class Fold:
         lone allreduce of the same size that the latency path would take."""
         lone = None
         if len(responses) == 1:
-            lone = self._executor.inline_bytes(responses[0])
+            lone = self._folding.lone_bytes(responses[0])
         self.bytes = lone if lone is not None and lone == self._last_lone else None
         self._last_lone = lone
 
@@ -49,8 +61,7 @@ class Fold:
             self._fields = self._row[:_HEAD].view(np.int64)
             self._exchange = self._exchange_with.repeated("allgather", self._row, self._rows)
         fields = self._fields
-        if waiting is not None and self._executor.inline_contribution(waiting,
-                                                                        self._row[_HEAD:]):
+        if waiting is not None and self._folding.contribute(waiting, self._row[_HEAD:]):
             fields[0], fields[1] = -1, waiting.cache_id
         else:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
@@ -76,3 +87,91 @@ class Fold:
     def data(self):
         """Every rank's contribution: (size, bytes) uint8."""
         return self._rows[:, _HEAD:]
+
+
+_PLANS = 256  # metadata whose fold plan is kept (a training loop has a few)
+
+
+class _Plan(NamedTuple):
+    nbytes: Optional[int]
+    dtype: np.dtype
+    prescale: float
+    ufunc: object  # the op's numpy ufunc (reduce_rows)
+    finalize: object
+    version: int  # the version of the route it was made under (allreduce.Route)
+
+
+class LatencyFolding:
+    """The data's side of the fold, for the allreduce ``pipeline`` (``AllreducePipeline``) of
+    ``size`` ranks; ``span(items, activity, started)`` records the timeline's activity."""
+
+    def __init__(self, pipeline, size, span):
+        self._pipeline = pipeline
+        self._size = size
+        self._span = span
+        self._plans = {}  # Meta -> _Plan
+
+    def lone_bytes(self, response):
+        """The bytes ``response`` (a lone allreduce) would put in a gathered negotiation row,
+        or None where it must take the executor's own route (the same on every rank)."""
+        if response.joined or response.error is not None:
+            return None
+        return self._plan(response.meta).nbytes
+
+    def contribute(self, request, out):
+        """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
+        False if it does not fit them exactly (then it goes the usual way)."""
+        plan = self._plan(request.meta)
+        if plan.nbytes != out.nbytes:
+            return False
+        buffer = out.view(plan.dtype)
+        buffer[...] = request.tensor.reshape(-1)
+        if plan.prescale != 1.0:
+            scale_into(buffer, plan.prescale)
+        return True
+
+    def finish(self, response, request, rows):
+        """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
+        rank): reduced in rank order, as the latency path reduces its gathered rows, so the
+        result is bitwise what that path gives."""
+        started = time.monotonic()
+        meta = response.meta
+        plan = self._plan(meta)
+        output = self._pipeline.host.output(response, request, meta.dtype, None)
+        flat = output.reshape(-1)
+        buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
+        reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
+        if plan.finalize is not None:
+            plan.finalize(buffer)
+        if buffer is not flat:
+            flat[...] = buffer
+        self._span([(response, request)], "ALLREDUCE", started)
+        complete(request, output)
+
+    def _plan(self, meta):
+        """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop
+        repeats one): its wire bytes where the latency path would take it (else None), the
+        wire dtype, the prescale, the reduction and the finalizer. Made again when the
+        route changes (the autotuner's threshold, a forced algorithm)."""
+        version = self._pipeline.route.version
+        plan = self._plans.get(meta)
+        if plan is None or plan.version != version:
+            if len(self._plans) >= _PLANS:
+                self._plans.clear()
+            nbytes = self._foldable_bytes(meta)
+            if nbytes is None:
+                plan = _Plan(None, None, 1.0, None, None, version)
+            else:
+                prescale, finalize = scaling(meta, self._size)
+                plan = _Plan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
+                             REDUCE_BY_NAME[KERNEL_OP[meta.op]], finalize, version)
+            self._plans[meta] = plan
+        return plan
+
+    def _foldable_bytes(self, meta):
+        """The wire bytes of a host allreduce that the latency path would take, else None."""
+        if meta.kind != "allreduce" or meta.device != "cpu" or meta.op == Adasum:
+            return None
+        nbytes = wire_bytes(meta)
+        small = nbytes < self._pipeline.route.small_bytes
+        return nbytes if small and self._pipeline.kind_for(nbytes) == "small" else None

@@ -87,14 +87,12 @@ class LocalExchange:
 
 class RecordingExecutor:
     """Completes each request with its name (an error response with its error), and
-    records the names in the order it was handed them."""
-
-    timeline = None
+    records the names in the order it was handed them; folds nothing."""
 
     def __init__(self):
         self.ran = []
 
-    def execute(self, responses, take, missed=None, cache_id=None):
+    def execute(self, responses, take):
         for response in responses:
             self.ran.append(response.name)
             request = take(response.name)
@@ -105,25 +103,25 @@ class RecordingExecutor:
             else:
                 request.handle.set_result(response.name)
 
-    def inline_bytes(self, response):
+    def lone_bytes(self, response):
         return None
 
 
 class FoldingExecutor(RecordingExecutor):
     """Folds a one-element float64 Sum allreduce into the exchange, as the latency path would."""
 
-    def inline_bytes(self, response):
+    def lone_bytes(self, response):
         return 8 if response.error is None and response.meta.kind == "allreduce" else None
 
-    def inline_contribution(self, request, out):
+    def contribute(self, request, out):
         out.view(np.float64)[0] = request.tensor[0]
         return True
 
-    def finish_inline(self, response, request, rows):
+    def finish(self, response, request, rows):
         self.ran.append(response.name)
         request.handle.set_result(float(rows.view(np.float64).sum()))
 
-    def execute(self, responses, take, missed=None, cache_id=None):
+    def execute(self, responses, take):
         for response in responses:
             self.ran.append(response.name)
             request = take(response.name)
@@ -144,14 +142,20 @@ def _play(size, script, executor=RecordingExecutor, cache_capacity=64):
 
     def rank_main(rank):
         pending = {}
-        cycle = Cycle(LocalExchange(hub, rank), executor(), cache_capacity)
+        runner = executor()  # the driver's side: runs what a cycle decided, and folds
+        cycle = Cycle(LocalExchange(hub, rank), runner, cache_capacity)
 
         def run(fresh, **kwargs):
             pending.update((request.name, request) for request in fresh)
-            responses = cycle.run(fresh, lambda name: pending.pop(name, None),
-                                  deadline=time.monotonic() + 30, **kwargs)
-            assert responses is not None, "a peer never took part in the cycle"
-            return [response.name for response in responses]
+            decision = cycle.run(fresh, deadline=time.monotonic() + 30, **kwargs)
+            assert decision is not None, "a peer never took part in the cycle"
+            take = lambda name: pending.pop(name, None)  # noqa: E731
+            if decision.folded is not None:
+                (response,) = decision.responses
+                runner.finish(response, take(response.name), decision.folded)
+            else:
+                runner.execute(decision.responses, take)
+            return [response.name for response in decision.responses]
         try:
             results[rank] = script(rank, cycle, run)
         except BaseException as error:  # reported after join
