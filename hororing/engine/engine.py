@@ -37,10 +37,6 @@ from .wakeups import Wakeups
 log = logging.getLogger("hororing")
 
 __all__ = ["Engine", "FLAG_FAILED", "FLAG_SHUTDOWN"]
-# How often the stall check runs, and how long a tensor announced by its cache bit may wait
-# before its rank asks for a gathered cycle (so the stall warning can name who is missing).
-# Not a speed setting: one pass over the pending requests a second costs nothing measurable.
-_STALL_CHECK_EVERY_S = 1.0
 
 
 class Engine:
@@ -73,13 +69,13 @@ class Engine:
         self._last_cycle_at = 0.0
         # the last submission, or the last cycle that ran something (deadlock grace)
         self._quiet_since = time.monotonic()
-        self._next_deadlock_check = 0.0
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failure = None      # HorovodInternalError once the engine cannot go on
         self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
         self._stopped = False
-        self._next_stall_check = time.monotonic() + _STALL_CHECK_EVERY_S
+        self._watch = stalls.Watch(lambda: self.config, self.cycle, self.rank, self._blocked,
+                                   self._gather_cycle)
         self._work = threading.Event()
         self._batches = threading.local()  # per thread: requests held by ``batch``
         self._drivers = 0         # user threads inside wait(), driving cycles themselves
@@ -259,14 +255,14 @@ class Engine:
                              - time.monotonic())
                     if delay > 0:
                         time.sleep(delay)
-                elif self._drivers and time.monotonic() < self._next_stall_check:
+                elif self._drivers and time.monotonic() < self._watch.next_stall_check:
                     continue  # a caller is driving cycles: polling too would only contend
                 with self._drive_lock:
                     if self._stopped:
                         return
                     if self._progress(include_queue=self._async_waiting):
                         last_activity = time.monotonic()
-                    self._check_stalls()
+                    self._watch.check()
         except Exception as error:  # an engine bug must not leave callers waiting forever
             log.exception("hororing engine thread failed")
             self._halt(HorovodInternalError(f"hororing engine failed on rank {self.rank}: {error!r}"))
@@ -382,26 +378,7 @@ class Engine:
             return (bool(self._pending) and not self._queue
                     and all(request.awaited for request in self._pending.values()))
 
-    def _check_deadlock(self, now):
-        """Blocked for the grace: run a gathered cycle, in which every rank says whether it is
-        blocked too (once per grace period)."""
-        if now >= self._next_deadlock_check and self._blocked(now):
-            self._next_deadlock_check = now + self.config.deadlock_grace_seconds
-            self.cycle.ask_gather()
-            self._run_cycle(initiate=True)
-
-    def _check_stalls(self):
-        now = time.monotonic()
-        self._check_deadlock(now)
-        if not self.config.stall_check_enabled or now < self._next_stall_check:
-            return
-        self._next_stall_check = now + _STALL_CHECK_EVERY_S
-        if any(now - request.submitted >= _STALL_CHECK_EVERY_S
-               for request in self.cycle.waiting_by_bit()):
-            # announced by bit, it is invisible to the table: a gathered cycle puts it there,
-            # so the ranks that never submit it can be named
-            self.cycle.ask_gather()
-            self._run_cycle(initiate=True)
-            now = time.monotonic()
-        stalls.report(self.cycle.negotiator, self.rank, now, self.config.stall_check_seconds,
-                      self.config.stall_shutdown_seconds)
+    def _gather_cycle(self):
+        """Run a gathered cycle now (the watch's: a stall to name, a deadlock to find)."""
+        self.cycle.ask_gather()
+        self._run_cycle(initiate=True)
