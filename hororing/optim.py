@@ -99,7 +99,7 @@ class DistributedOptimizer:
         self._passes = 0
         self._accumulated = None
         self._handles = {}
-        self._bucketed_for = None  # the fusion threshold the buckets were laid out for
+        self._bucketed_for = None  # the route version the buckets were laid out for
 
     @property
     def params(self):
@@ -127,12 +127,13 @@ class DistributedOptimizer:
         self._handles.clear()
         self._accumulated = None
         engine = current().engine
-        if current().size > 1 and self._bucketed_for != engine.fusion_threshold:
-            # after the first step, and again whenever the autotuner moves the threshold
-            self._bucketed_for = engine.fusion_threshold
+        route = engine.route
+        if current().size > 1 and self._bucketed_for != route.version:
+            # after the first step, and again whenever the route changes (the autotuner)
+            self._bucketed_for = route.version
             order = engine.reduction_order([f"grad.{name}" for name in self.optimizer.grads])
             _into_buckets(self.optimizer.grads, [name[len("grad."):] for name in order],
-                          self._bucketed_for)
+                          route.fusion_threshold)
 
     def step(self):
         """Count a backward pass; on the last of a step, average gradients and step.

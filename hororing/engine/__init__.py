@@ -10,11 +10,12 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
   ``force(kind)`` to make every bucket take one algorithm (``ring``, ``small``,
   ``hierarchical``, ``ps``; None to choose by size again; call it on every rank between
   collectives), ``watch()`` to record the buffers handed to the algorithms,
-  ``device_transport()`` and ``hierarchical_stats()``;
+  ``device_transport()``, ``hierarchical_stats()`` and ``has(kind)``;
 - for the optimizers' gradient buckets: ``assign(metas, limit)``, the engine's own fusion
-  rule (``buckets.py``), ``Engine.fusion_threshold`` (re-bucket when it
-  changes), ``Engine.reduction_order(names)`` (the order the previous step's tensors were
-  reduced in), ``with Engine.batch():`` (submissions that start together);
+  rule (``buckets.py``), ``Engine.route`` (lay out by its ``fusion_threshold``, again when
+  its ``version`` changes), ``Engine.reduction_order(names)`` (the order the previous
+  step's tensors were reduced in), ``with Engine.batch():`` (submissions that start
+  together);
 - for groups and the autotuner: ``Engine.on_missed_error`` (a group's hook for names it
   skips), ``Engine.tuner`` and ``Engine.apply_settings(settings)``.
 

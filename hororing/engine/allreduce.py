@@ -144,6 +144,11 @@ class AllreducePipeline:
         for algorithm in algorithms.values():
             yield from algorithm.rings()
 
+    def has(self, kind):
+        """Whether this job has an allreduce algorithm ``kind`` (``hierarchical`` only where
+        the job spans nodes or it is asked for; ``ps`` in PS mode)."""
+        return kind in self.host.algorithms
+
     def hierarchical_runs(self):
         """Whether the hierarchical allreduce runs where sizes call for it."""
         return self.route.hierarchical and "hierarchical" in self.host.algorithms

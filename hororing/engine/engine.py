@@ -190,10 +190,11 @@ class Engine:
         return self.cycle.reduction_order(names)
 
     @property
-    def fusion_threshold(self):
-        """The fusion threshold in effect (the autotuner's where it runs): what gradient
-        buckets are laid out by."""
-        return self.allreduce.route.fusion_threshold
+    def route(self):
+        """The routing settings in effect (``allreduce.Route``, the autotuner's where it
+        runs): what gradient buckets are laid out by (its ``fusion_threshold``), kept until
+        its ``version`` changes."""
+        return self.allreduce.route
 
     def apply_settings(self, settings):
         """Take the autotuner's ``settings`` (tuning.Settings) from the next cycle on.

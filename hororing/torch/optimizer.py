@@ -125,12 +125,12 @@ class _DistributedOptimizer(WrappingOptimizer):
         # a whole bucket is one allreduce of its flat tensor, where every member would be
         # reduced alike (no compressor's payloads, no per-tensor Adasum)
         self._flat_reduce = compression is Compression.none and op in (ops.Average, ops.Sum)
-        # the fusion threshold the views were last laid out for in the engine's order (None:
-        # not yet, until the first step; the autotuner may change the threshold later)
+        # the route version the views were last laid out for in the engine's order (None:
+        # not yet, until the first step; the autotuner may change the route later)
         self._laid_out_for = None
         if self._reduces():
             self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
-                                              self._group.engine.fusion_threshold))
+                                              self._group.engine.route.fusion_threshold))
             self._register_hooks()
 
     @property
@@ -177,7 +177,8 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._names.update(_generated_names(self._optimizer, skip=self._names))
         if self._reduces():
             self._set_buckets(*_bucket_views(_dense_local([self.param_groups[-1]])[::-1],
-                                              self._group.engine.fusion_threshold), update=True)
+                                              self._group.engine.route.fusion_threshold),
+                              update=True)
             for parameter in param_group["params"]:
                 self._hook(parameter)
 
@@ -223,7 +224,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._handles.clear()
         self._pass_counts.clear()
         self._synchronized = True
-        if self._views and self._laid_out_for != self._group.engine.fusion_threshold:
+        if self._views and self._laid_out_for != self._group.engine.route.version:
             self._lay_out_again()
 
     def _lay_out_again(self):
@@ -231,11 +232,13 @@ class _DistributedOptimizer(WrappingOptimizer):
         kept: moved into its new view. Buckets that start whole keep their layout (reverse
         parameter order): the engine reduces each as one tensor."""
         engine = self._group.engine
-        self._laid_out_for = engine.fusion_threshold
+        route = engine.route
+        self._laid_out_for = route.version
         by_name = {self._names[parameter]: parameter for parameter in self._views
                    if parameter not in self._whole_bucket}
         order = engine.reduction_order(list(by_name))
-        views, buckets = _bucket_views([by_name[name] for name in order], self._laid_out_for)
+        views, buckets = _bucket_views([by_name[name] for name in order],
+                                       route.fusion_threshold)
         for parameter, view in views.items():
             grad = parameter.grad
             if grad is not None and grad.layout == torch.strided:

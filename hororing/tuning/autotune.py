@@ -304,8 +304,7 @@ def attach(engine, comm, config):
                        pipeline.hierarchical_runs())
     fixed = set() if config.autotune_from_set else set(config.explicit)
     tunable = [name for name, fields in _FIXED_BY.items() if not fixed.intersection(fields)]
-    tune_hierarchical = ("hierarchical" in pipeline.host.algorithms
-                         and "hierarchical_allreduce" not in fixed)
+    tune_hierarchical = pipeline.has("hierarchical") and "hierarchical_allreduce" not in fixed
     engine.tuner = Autotuner(
         comm.Dup(), initial, tunable, tune_hierarchical, engine.apply_settings,
         warmup_samples=config.autotune_warmup_samples,
