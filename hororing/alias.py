@@ -90,9 +90,11 @@ def install():
     """Put the alias first in ``sys.meta_path`` (once); return it."""
     finder = installed()
     if finder is None:
-        real = importlib.machinery.PathFinder.find_spec("horovod")
-        finder = HorovodAlias(real.origin or list(real.submodule_search_locations or [""])[0]
-                              if real is not None else None)
+        real = importlib.machinery.PathFinder.find_spec("horovod")  # an installed Horovod
+        where = None
+        if real is not None:
+            where = real.origin or next(iter(real.submodule_search_locations or []), "")
+        finder = HorovodAlias(where)
         sys.meta_path.insert(0, finder)
     return finder
 

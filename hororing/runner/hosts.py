@@ -81,7 +81,7 @@ def parse_lsf_hosts(text):
 
 def _host_and_slots(text, host, slots, path=None, number=None):
     where = f" ({path}, line {number})" if path else ""
-    if not host or (slots and not slots.isdigit()) or slots in ("0", "00"):
+    if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
         raise ValueError(f"cannot read host entry {text!r}{where}: expected host:slots or "
                          f"'host slots=N' with N >= 1")
     return host, int(slots) if slots else 1
