@@ -24,13 +24,17 @@ reduced, through the fusion buffer.
 (``ShardedOptimizer``, ZeRO stage 1): each rank steps its slice of the parameters only.
 """
 
+import itertools
+
 import numpy as np
 
 from . import collectives, ops
 from .compression import Compression
 from .context import current
 from .engine import Meta, assign
-from .zero import Halves, Layout
+from .zero import Buckets, ParameterGather
+
+_INSTANCES = itertools.count()
 
 
 class SGD:
@@ -176,7 +180,8 @@ class ShardedOptimizer:
     this rank's slice of each (one entry per dtype, named ``"shard.<dtype>"``), so its state
     exists for that slice only. ``grads`` are views into one flat gradient vector per dtype:
     write them through the dict (``grads[name][...] = g``), as the protocol says. ``step()``
-    scatter-reduces the gradients, steps the slice, allgathers the updated slices and writes
+    reduce-scatters the gradients through the engine (as the torch sharded optimizer does),
+    steps the slice, allgathers the updated slices and writes
     them into ``params`` (the caller's arrays, in place). After a step, ``grads`` outside this
     rank's slice hold partial sums.
 
@@ -204,8 +209,7 @@ class ShardedOptimizer:
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self._params = optimizer.params
-        context = current()
-        group = context.group
+        group = current().group
         by_dtype = {}
         for name, param in self._params.items():
             if type(param) is not np.ndarray or param.dtype not in (np.float32, np.float64):
@@ -215,12 +219,13 @@ class ShardedOptimizer:
                 raise ValueError(f"sharded=True updates parameters in place and needs them "
                                  f"C-contiguous; '{name}' is not (np.ascontiguousarray it first)")
             by_dtype.setdefault(param.dtype, []).append(name)
-        self._vectors = []  # (dtype, names, Layout, values, gradients)
+        self._prefix = f"sharded.numpy{next(_INSTANCES)}"  # constructed in one order everywhere
+        self._vectors = []  # (dtype, names, Buckets (one bucket), values, gradients)
         self._grads = {}
         shard_params = {}
         for dtype, names in by_dtype.items():
             numel = sum(self._params[name].size for name in names)
-            layout = Layout(numel, dtype.itemsize, group.rank, group.size)
+            buckets = Buckets(numel, dtype.itemsize, group.rank, group.size)
             values = np.empty(numel, dtype=dtype)
             gradients = np.zeros(numel, dtype=dtype)
             offset = 0
@@ -230,14 +235,16 @@ class ShardedOptimizer:
                 self._grads[name] = gradients[offset:offset + size].reshape(
                     self._params[name].shape)
                 offset += size
-            self._vectors.append((dtype, names, layout, values, gradients))
-            shard_params[f"shard.{dtype.name}"] = values[layout.start:layout.stop]
-        self._halves = Halves(group, context.config.subchunk_bytes(across_nodes=False))
-        self._halves.check_same([(dtype.name, layout.numel) for dtype, _, layout, _, _
+            self._vectors.append((dtype, names, buckets, values, gradients))
+            start, stop = buckets.owned[0]
+            shard_params[f"shard.{dtype.name}"] = values[start:stop]
+        self._gather = ParameterGather(group)
+        self._gather.check_same([(dtype.name, values.size) for dtype, _, _, values, _
                                  in self._vectors], "parameters (dtype, elements)")
         self.optimizer = self.optimizer_class(shard_params, **optimizer.defaults)
-        for (dtype, _, layout, _, gradients) in self._vectors:
-            self.optimizer.grads[f"shard.{dtype.name}"] = gradients[layout.start:layout.stop]
+        for (dtype, _, buckets, _, gradients) in self._vectors:
+            start, stop = buckets.owned[0]
+            self.optimizer.grads[f"shard.{dtype.name}"] = gradients[start:stop]
         self._passes = 0
         self._accumulated = None
 
@@ -256,8 +263,9 @@ class ShardedOptimizer:
         inside ``step()``."""
 
     def step(self):
-        """Count a backward pass; on the step's last, reduce-scatter the gradients, step this
-        rank's slices and allgather the parameters. Returns True when it stepped."""
+        """Count a backward pass; on the step's last, reduce-scatter the gradients (through
+        the engine, in place: this rank's chunk of each vector is then its reduced gradient),
+        step this rank's chunks and allgather the parameters. Returns True when it stepped."""
         self._passes += 1
         if self._passes < self.backward_passes_per_step:
             if self._accumulated is None:
@@ -267,17 +275,21 @@ class ShardedOptimizer:
                     total += gradients
             return False
         self._passes = 0
-        for index, (dtype, names, layout, values, gradients) in enumerate(self._vectors):
+        handles = []
+        for index, (dtype, names, buckets, values, gradients) in enumerate(self._vectors):
             if self._accumulated is not None:
                 gradients += self._accumulated[index]
-            # this rank's slice starts from the parameters as they are now (the caller may
+            # this rank's chunk starts from the parameters as they are now (the caller may
             # have assigned them, e.g. from a checkpoint)
-            _pack_slice(self._params, names, values, layout)
-            self._halves.reduce(gradients, layout, self.op)
+            _pack_slice(self._params, names, values, buckets.owned[0])
+            handles.append(collectives.reducescatter_async_(
+                gradients, f"{self._prefix}.{dtype.name}", self.op))
+        for handle in handles:
+            collectives.synchronize(handle)  # a view of this rank's chunk, where it lies
         self._accumulated = None
         self.optimizer.step()
-        for dtype, names, layout, values, _ in self._vectors:
-            self._halves.gather(values, layout)
+        for dtype, names, buckets, values, _ in self._vectors:
+            self._gather.gather(values.view(np.uint8), buckets)
             offset = 0
             for name in names:
                 param = self._params[name]
@@ -286,12 +298,14 @@ class ShardedOptimizer:
         return True
 
 
-def _pack_slice(params, names, values, layout):
-    """Copy the parameters' elements in ``layout``'s own slice into the flat ``values``."""
+def _pack_slice(params, names, values, owned):
+    """Copy the parameters' elements in this rank's ``owned`` (start, stop) range into the
+    flat ``values``."""
+    start, stop = owned
     offset = 0
     for name in names:
         flat = params[name].reshape(-1)
-        low, high = max(offset, layout.start), min(offset + flat.size, layout.stop)
+        low, high = max(offset, start), min(offset + flat.size, stop)
         if low < high:
             values[low:high] = flat[low - offset:high - offset]
         offset += flat.size

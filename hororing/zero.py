@@ -1,32 +1,28 @@
-"""The two halves of a sharded optimizer step (ZeRO), on flat numpy vectors.
+"""What both sharded optimizers (ZeRO) share: how a flat vector is split over the ranks, and
+the allgather of the updated parameters.
 
-A ring allreduce is a scatter-reduce followed by an allgather. A sharded optimizer keeps a
-group's parameters of one dtype as one flat vector, split over the set's ranks as
-``reducescatter`` splits (``Layout``). Each step, ``Halves.reduce`` scatter-reduces the flat
-gradient vector so this rank holds the reduced gradient of its slice; the optimizer steps
-that slice; ``Halves.gather`` allgathers the updated slices into every rank's vector, in
-place. The bindings (``torch/sharded.py``, ``optim.py``) keep the vectors and the wrapped
-optimizer; this module moves the bytes. The torch binding cuts its vectors into buckets
-(``Buckets``), reduce-scatters each through the engine during backward
-(``reducescatter_async_``) and allgathers them here (``Halves.gather_buckets``).
+A ring allreduce is a reduce-scatter followed by an allgather. A sharded optimizer keeps a
+group's parameters of one dtype as one flat vector, cut into buckets (``Buckets``), each
+split over the set's ranks as ``reducescatter`` splits it (``Layout``). Each step every
+bucket's gradient vector is reduce-scattered through the engine, in place
+(``collectives.reducescatter_async_``), so this rank holds the reduced gradient of its chunk
+of every bucket; the optimizer steps those chunks; ``ParameterGather`` allgathers the updated
+chunks into every rank's vector, in place. The bindings (``torch/sharded.py``, ``optim.py``)
+keep the vectors and the wrapped optimizer.
 """
 
 import numpy as np
 
-from . import ops, transport
+from . import transport
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds
-from .algorithms.ring import Ring
-from .engine import Meta, scaling
-from .kernels import scale_into
 
 
 class Layout:
     """How a flat vector of ``numel`` elements of ``itemsize`` bytes is split over ``size``
-    ranks; ``start:stop`` is rank ``rank``'s slice."""
+    ranks; ``start:stop`` is rank ``rank``'s chunk."""
 
     def __init__(self, numel, itemsize, rank, size):
-        self.numel = numel
         self.bounds = tuple(chunk_bounds(numel, size))  # the first numel % size one longer
         self.start, self.stop = self.bounds[rank]
         self.byte_counts = [(stop - start) * itemsize for start, stop in self.bounds]
@@ -35,28 +31,27 @@ class Layout:
 
 class Buckets:
     """A flat vector cut into buckets at the element offsets ``cuts``, each bucket split over
-    the ranks as ``reducescatter`` splits it (``Layout``): a rank's slice of the vector is its
+    the ranks as ``reducescatter`` splits it (``Layout``): a rank's share of the vector is its
     chunk of every bucket, ``owned`` (one absolute ``(start, stop)`` range per bucket, empty
     where a bucket has fewer elements than ranks). Each bucket is reduce-scattered on its own,
     as soon as its gradients are ready, and still every rank steps 1/n of it."""
 
     def __init__(self, numel, itemsize, rank, size, cuts=()):
         edges = [0, *cuts, numel]
-        self.numel, self.itemsize = numel, itemsize
+        self.itemsize = itemsize
         self.ranges = list(zip(edges[:-1], edges[1:]))
         self.layouts = [Layout(high - low, itemsize, rank, size) for low, high in self.ranges]
         self.owned = [(low + layout.start, low + layout.stop)
                       for (low, _), layout in zip(self.ranges, self.layouts)]
 
 
-class Halves:
-    """A process set's sharded steps: the library's ring scatter-reduces, MPI allgathers,
-    on a communicator of their own (made collectively over the set's ``group``)."""
+class ParameterGather:
+    """A process set's allgathers of the updated parameters, on a communicator of its own
+    (made collectively over the set's ``group``)."""
 
-    def __init__(self, group, subchunk_bytes):
+    def __init__(self, group):
         self.rank, self.size = group.rank, group.size
         self._comm = group.comm.Dup()
-        self._ring = Ring(self._comm, subchunk_bytes)
 
     def check_same(self, mine, what):
         """Raise ValueError on every rank unless every rank's ``mine`` (a description of its
@@ -67,33 +62,10 @@ class Halves:
                                  f"rank's {mine}; every rank must wrap the same model's "
                                  f"parameters in the same groups")
 
-    def reduce(self, gradients, layout, op=ops.Average, prescale=1.0, postscale=1.0,
-               dtype=None, wire=""):
-        """Scatter-reduce the flat ``gradients`` (summed in their dtype); return this rank's
-        slice of it, scaled as the engine scales an allreduce of ``dtype`` (default: the
-        vector's) sent as ``wire`` (``engine.allreduce.scaling``: ``prescale`` before,
-        ``postscale`` after, Average's division by the ranks after the sum, or before it for
-        a 16-bit wire; a float16 tensor's float32 sum rounded to float16 first). The rest of
-        ``gradients`` holds partial sums afterwards."""
-        factor, finalize = scaling(Meta("allreduce", dtype=dtype or gradients.dtype.name, op=op,
-                                        prescale=prescale, postscale=postscale, wire=wire),
-                                   self.size)
-        scale_into(gradients, factor)
-        self._ring.reducescatter(gradients, "sum", layout.bounds)
-        mine = gradients[layout.start:layout.stop]
-        if finalize is not None:
-            finalize(mine)
-        return mine
-
-    def gather(self, values, layout):
-        """Fill the flat ``values`` with every rank's slice of it (this rank's in place)."""
-        self._comm.Allgatherv(MPI.IN_PLACE, [values.view(np.uint8),
-                                             (layout.byte_counts, layout.byte_offsets),
-                                             MPI.BYTE])
-
-    def gather_buckets(self, values, buckets):
-        """``gather`` for each bucket of ``buckets`` (a ``Buckets``) in the flat ``values``
-        (its bytes: a uint8 array), the buckets' allgathers in flight together."""
+    def gather(self, values, buckets):
+        """Fill the flat ``values`` (its bytes: a uint8 array) with every rank's chunk of each
+        bucket of ``buckets`` (a ``Buckets``; this rank's in place), the buckets' allgathers
+        in flight together."""
         itemsize = buckets.itemsize
         transport.wait_all([self._comm.Iallgatherv(
             MPI.IN_PLACE, [values[low * itemsize:high * itemsize],

@@ -14,9 +14,5 @@ class Algorithm:
 
     out_of_place = False  # allreduce() takes source=
 
-    def rings(self):
-        """The rings it runs (the autotuner sets their sub-chunk)."""
-        return ()
-
     def free(self):
         """Release what it holds (communicators); after its last allreduce."""

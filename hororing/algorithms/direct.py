@@ -59,9 +59,6 @@ class DeviceDirectRing(Algorithm):
 
     out_of_place = True
 
-    def rings(self):
-        return self.fallback.rings() if self.fallback is not None else ()
-
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
         """Reduce the flat device ``buffer`` over all ranks: in place, or from ``source``."""
         if source is None:

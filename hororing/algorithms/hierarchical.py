@@ -45,7 +45,7 @@ class Hierarchical(Algorithm):
 
     def __init__(self, comm, subchunk_bytes, layout=None, cross_subchunk_bytes=None):
         """``subchunk_bytes``: the ring within each node's; ``cross_subchunk_bytes``: the ring
-        across nodes' (default: the same)."""
+        across nodes' (default: the same); each a size or a function, as ``Ring``'s."""
         self.comm = comm
         self.size = comm.Get_size()
         self.contributors = self.size
@@ -59,9 +59,6 @@ class Hierarchical(Algorithm):
             if self.cross != MPI.COMM_NULL else None
 
     out_of_place = True
-
-    def rings(self):
-        return (self.local_ring,) + ((self.cross_ring,) if self.cross_ring is not None else ())
 
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
         """Reduce the flat ``buffer`` over all ranks (arguments as ``Ring.allreduce``): out of

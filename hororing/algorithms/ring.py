@@ -30,13 +30,15 @@ class Ring(Algorithm):
     """Executes ring collectives on one communicator, reusing its scratch buffers."""
 
     def __init__(self, comm, subchunk_bytes, device=None):
-        """``device``: run on device buffers handed straight to a CUDA-aware MPI; the device
+        """``subchunk_bytes``: the pieces' size, or a function that returns the size in effect
+        at each call (the engine's route: a ring never holds a tunable of its own);
+        ``device``: run on device buffers handed straight to a CUDA-aware MPI; the device
         memory (``gpu.memory``: ``empty_bytes(nbytes)``, ``synchronize()``; None: host)."""
         self.comm = comm
         self.device = device
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
-        self.subchunk_bytes = subchunk_bytes
+        self.chunking = subchunk_bytes if callable(subchunk_bytes) else lambda: subchunk_bytes
         self._schedules = {
             True: ring_schedule(self.size, self.rank, allgather=True),
             False: ring_schedule(self.size, self.rank, allgather=False),
@@ -51,8 +53,10 @@ class Ring(Algorithm):
 
     out_of_place = True  # allreduce and reducescatter take ``source``
 
-    def rings(self):
-        return (self,)
+    @property
+    def subchunk_bytes(self):
+        """The pieces' size in effect now."""
+        return self.chunking()
 
     def allreduce(self, buffer, op, finalize=None, segments=None, stage=None, source=None):
         """Reduce the flat ``buffer`` over all ranks: in place, or from ``source`` into it.
@@ -90,7 +94,8 @@ class Ring(Algorithm):
         """The pieces of every chunk and the elements this rank sends, worked out once per
         buffer shape (a training loop repeats a few). ``bounds``: the chunks' (start, stop)
         ranges, or an element count to cut into ``size`` chunks."""
-        key = (bounds, itemsize, self.subchunk_bytes, len(schedule.steps))
+        subchunk_bytes = self.chunking()
+        key = (bounds, itemsize, subchunk_bytes, len(schedule.steps))
         layout = self._layouts.get(key)
         if layout is None:
             if len(self._layouts) >= _LAYOUTS:
@@ -98,7 +103,7 @@ class Ring(Algorithm):
             if isinstance(bounds, int):
                 bounds = chunk_bounds(bounds, self.size)
             largest = max(stop - start for start, stop in bounds)
-            parts = max(1, math.ceil(largest * itemsize / self.subchunk_bytes))
+            parts = max(1, math.ceil(largest * itemsize / subchunk_bytes))
             layout = self._layouts[key] = _Layout(
                 [_split(start, stop, parts) for start, stop in bounds], largest,
                 sum(bounds[step.send_chunk][1] - bounds[step.send_chunk][0]

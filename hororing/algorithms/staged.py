@@ -37,9 +37,6 @@ class StagedRing(Algorithm):
 
     out_of_place = True
 
-    def rings(self):
-        return self.ring.rings()
-
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
         """Reduce the device ``buffer`` in place, or device ``source`` into it (the host
         copy is taken from ``source``)."""

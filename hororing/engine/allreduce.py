@@ -13,14 +13,15 @@ The algorithm kind for a buffer of n bytes: ``adasum`` for op=Adasum (whatever t
 mode), ``ps`` in parameter-server mode, else ``small``
 (gather and reduce, one latency) below the small-message threshold (``Route.small_bytes``,
 by default 1 MiB / ranks), else ``hierarchical`` when the job spans nodes and n reaches the
-hierarchical threshold, else the ``ring``.
+hierarchical threshold (``Route.hierarchical_bytes``), else the ``ring``.
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
 
-Every setting that routes an allreduce (those thresholds, the fusion threshold, the cycle
-time, the ring's sub-chunk, a forced algorithm) is one value, the pipeline's ``route``: the
-autotuner and ``force`` replace it whole, and what is worked out from it (the fold's plans,
-the optimizers' gradient buckets) is kept with the route's ``version``.
+Every setting that routes an allreduce (those thresholds, the fusion threshold, which also
+caps the fusion buffer's growth, the cycle time, the rings' sub-chunks, a forced algorithm)
+is one value, the pipeline's ``route``: the autotuner and ``force`` replace it whole, the
+rings read their sub-chunk from it at each call, and what is worked out from it (the fold's
+plans, the optimizers' gradient buckets) is kept with the route's ``version``.
 """
 
 import contextlib
@@ -42,41 +43,53 @@ class Route(NamedTuple):
     fusion_threshold: int  # the most bytes a fused bucket holds
     cycle_time_ms: float   # how long the background thread lets submissions gather
     small_bytes: int       # below it, a bucket takes the latency path
-    subchunk_bytes: int    # the pipelining chunk of every ring
+    subchunk_bytes: int    # the pipelining chunk of the flat ring (host and device)
+    node_subchunk_bytes: int   # ... of the hierarchical allreduce's ring within a node
+    cross_subchunk_bytes: int  # ... of its ring across nodes
     hierarchical: bool     # the hierarchical allreduce may run (where the job has one)
+    hierarchical_bytes: int  # from this size up (where it may run)
     forced: Optional[str] = None  # every bucket takes this algorithm (tests, benchmarks)
+
+    @classmethod
+    def configured(cls, config, size, across_nodes):
+        """The route ``config`` sets for a job of ``size`` ranks."""
+        threshold = config.hierarchical_threshold_bytes
+        return cls(
+            version=0, fusion_threshold=config.fusion_threshold,
+            cycle_time_ms=config.cycle_time_ms,
+            small_bytes=config.small_threshold(size, across_nodes),
+            subchunk_bytes=config.subchunk_bytes(across_nodes=across_nodes),
+            node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),
+            cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
+            # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_
+            # ALLREDUCE=0 under autotuning from the set values, or the autotuner's choice)
+            hierarchical=config.hierarchical_allreduce is not False,
+            # asked for outright, or no threshold: every bucket the ring would take
+            hierarchical_bytes=0 if config.hierarchical_allreduce or threshold is None
+            else threshold)
 
 
 class AllreducePipeline:
     """Runs allreduce buckets on one communicator, on host or device buffers."""
 
-    def __init__(self, comm, config, algorithms, span, across_nodes=False):
-        """``algorithms``: the host algorithms by kind; ``span(items, activity, started)``
-        records a timeline activity; ``across_nodes``: the ranks span several nodes."""
+    def __init__(self, comm, config, algorithms, span, route, across_nodes=False):
+        """``algorithms``: the host algorithms by kind (their rings read their sub-chunks
+        from ``self.route``); ``span(items, activity, started)`` records a timeline activity;
+        ``route``: the first Route (``Route.configured``); ``across_nodes``: the ranks span
+        several nodes."""
         self.comm = comm
         self.config = config
-        self.across_nodes = across_nodes
-        self.host = HostBuffers(algorithms, config.fusion_threshold, config.output_pool_bytes)
+        self.host = HostBuffers(algorithms, config.output_pool_bytes)
         self.observers = []  # observer(kind, buffer) before each reduction
         self._span = span
         self._device = None
-        self.route = Route(
-            version=0, fusion_threshold=config.fusion_threshold,
-            cycle_time_ms=config.cycle_time_ms,
-            small_bytes=config.small_threshold(comm.Get_size(), across_nodes),
-            subchunk_bytes=algorithms["ring"].subchunk_bytes,
-            # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_
-            # ALLREDUCE=0 under autotuning from the set values, or the autotuner's choice)
-            hierarchical=config.hierarchical_allreduce is not False)
+        self.route = route
+        self.across_nodes = across_nodes
 
     def reroute(self, **changes):
         """Replace the route by one with ``changes`` (Route's fields), for every bucket from
         now on. Call it on every rank between the same collectives."""
-        route = self.route._replace(version=self.route.version + 1, **changes)
-        if route.subchunk_bytes != self.route.subchunk_bytes:
-            for ring in self.rings():
-                ring.subchunk_bytes = route.subchunk_bytes
-        self.route = route
+        self.route = self.route._replace(version=self.route.version + 1, **changes)
 
     def device(self):
         """The device place; made on the first device collective (it imports numba)."""
@@ -129,20 +142,12 @@ class AllreducePipeline:
 
     def apply_settings(self, settings):
         """Route by the autotuner's ``settings`` (tuning.Settings) from now on."""
+        subchunk = settings.subchunk_bytes  # one size for every ring
         self.reroute(fusion_threshold=settings.fusion_threshold,
                      cycle_time_ms=settings.cycle_time_ms,
                      small_bytes=settings.small_total_bytes // self.comm.Get_size(),
-                     subchunk_bytes=settings.subchunk_bytes, hierarchical=settings.hierarchical)
-
-    def rings(self):
-        """Every ring this pipeline runs (the flat ring, the hierarchical allreduce's,
-        the device's)."""
-        algorithms = dict(self.host.algorithms)
-        if self._device is not None:
-            algorithms.update({f"device {kind}": algorithm for kind, algorithm
-                               in self._device.algorithms.items()})
-        for algorithm in algorithms.values():
-            yield from algorithm.rings()
+                     subchunk_bytes=subchunk, node_subchunk_bytes=subchunk,
+                     cross_subchunk_bytes=subchunk, hierarchical=settings.hierarchical)
 
     def has(self, kind):
         """Whether this job has an allreduce algorithm ``kind`` (``hierarchical`` only where
@@ -163,9 +168,8 @@ class AllreducePipeline:
             return "ps"
         if nbytes < route.small_bytes:
             return "small"
-        threshold = self.config.hierarchical_threshold_bytes
-        if "hierarchical" in algorithms and route.hierarchical and (
-                self.config.hierarchical_allreduce or threshold is None or nbytes >= threshold):
+        if route.hierarchical and nbytes >= route.hierarchical_bytes and \
+                "hierarchical" in algorithms:
             return "hierarchical"
         return "ring"
 
@@ -193,7 +197,8 @@ class AllreducePipeline:
             # reduced where they lie; anything else is packed into the fusion buffer
             buffer = place.span(inputs, outputs) if reduce_dtype == dtype else None
             if buffer is None:
-                buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs))
+                buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs),
+                                           self.route.fusion_threshold)
                 ranges = pack(inputs, buffer)
                 packed = True
                 self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)

@@ -8,7 +8,8 @@ place supplies the handful of operations that differ between host and device buf
 - ``output(response, request, dtype, source)``: where a result goes (in place: the caller's
   array, ``source`` itself when it is the input);
 - ``copy(target, source)``: copy one flat array into another of the same place;
-- ``fusion_view(dtype, count)``: a flat view of the place's fusion buffer;
+- ``fusion_view(dtype, count, limit)``: a flat view of the place's fusion buffer (it grows
+  to at most ``limit`` bytes ahead of need: the route's fusion threshold);
 - ``span(inputs, outputs)``: one flat array over in-place inputs that lie back to back in
   memory, in bucket order (gradients that live in one flat tensor), or None: fuse them;
 - ``algorithms``: the allreduce algorithms by kind (``ring``, ``small``, ``hierarchical``,
@@ -29,19 +30,17 @@ from ..transport import byte_view
 
 class FusionBuffer:
     """One growing flat buffer: when a bucket needs more, it grows to twice the need, capped
-    at the fusion threshold (but never below the need itself)."""
+    at ``limit`` (the fusion threshold; never below the need itself)."""
 
-    def __init__(self, allocate, threshold):
+    def __init__(self, allocate):
         self._allocate = allocate  # nbytes -> a flat uint8 array
-        self._threshold = threshold
         self._held = None
 
-    def view(self, dtype, count):
+    def view(self, dtype, count, limit):
         needed = count * dtype.itemsize
         if self._held is None or self._held.nbytes < needed:
             # at least one element: a device array of no bytes cannot be viewed as a dtype
-            self._held = self._allocate(max(needed, min(self._threshold, 2 * needed),
-                                            dtype.itemsize))
+            self._held = self._allocate(max(needed, min(limit, 2 * needed), dtype.itemsize))
         return self._held[:needed].view(dtype)
 
 
@@ -99,10 +98,9 @@ class OutputPool:
 class HostBuffers:
     """Buckets of numpy arrays, reduced by the host algorithms."""
 
-    def __init__(self, algorithms, fusion_threshold, output_pool_bytes=0):
+    def __init__(self, algorithms, output_pool_bytes=0):
         self.algorithms = algorithms
-        self._fusion = FusionBuffer(lambda nbytes: np.empty(nbytes, dtype=np.uint8),
-                                    fusion_threshold)
+        self._fusion = FusionBuffer(lambda nbytes: np.empty(nbytes, dtype=np.uint8))
         self._outputs = OutputPool(output_pool_bytes)
 
     def prepare(self, items):
@@ -121,8 +119,8 @@ class HostBuffers:
     def copy(self, target, source):
         target[...] = source.reshape(-1)
 
-    def fusion_view(self, dtype, count):
-        return self._fusion.view(dtype, count)
+    def fusion_view(self, dtype, count, limit):
+        return self._fusion.view(dtype, count, limit)
 
     def span(self, inputs, outputs):
         """A flat array over ``inputs`` when each is reduced in place and each begins where

@@ -77,9 +77,6 @@ class BySize(Algorithm):
         self.large, self.small, self.min_bytes = large, small, min_bytes
         self.contributors = large.contributors
 
-    def rings(self):
-        return tuple(self.large.rings()) + tuple(self.small.rings())
-
     def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
         chosen = self.large if buffer.nbytes >= self.min_bytes else self.small
         chosen.allreduce(buffer, op, finalize, segments=segments, source=source)
@@ -99,7 +96,7 @@ class DeviceBuffers:
         host = host_algorithms
         staged = StagedRing(host["ring"], config.staged_copy_bytes, self.memory)
         if self.transport == "cuda-aware":
-            ring = Ring(comm, host["ring"].subchunk_bytes, device=self.memory)
+            ring = Ring(comm, host["ring"].chunking, device=self.memory)
             ring.contributors = host["ring"].contributors
             small = GatherReduce(comm, device=self.memory)
         elif self.transport == "direct":
@@ -118,7 +115,7 @@ class DeviceBuffers:
         if "ps" in host:  # the servers reduce on the host
             self.algorithms["ps"] = HostRoundTrip(host["ps"], self.memory)
         self.algorithms["adasum"] = HostRoundTrip(host["adasum"], self.memory)  # dot products
-        self._fusion = FusionBuffer(self.memory.empty_bytes, config.fusion_threshold)
+        self._fusion = FusionBuffer(self.memory.empty_bytes)
 
     # the place's interface (see buffers.py)
     def prepare(self, items):
@@ -143,8 +140,8 @@ class DeviceBuffers:
     def copy(self, target, source):
         self.memory.copy(target, source.reshape(source.size))
 
-    def fusion_view(self, dtype, count):
-        return self._fusion.view(dtype, count)
+    def fusion_view(self, dtype, count, limit):
+        return self._fusion.view(dtype, count, limit)
 
     def span(self, inputs, outputs):
         """One flat device array over in-place ``inputs`` that lie back to back in memory

@@ -18,7 +18,6 @@ caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-o
 background thread also runs the stall checks.
 """
 
-import contextlib
 import functools
 import logging
 import threading
@@ -32,6 +31,7 @@ from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
 from .exchange import MpiExchange
 from .executor import Executor
 from .fold import LatencyFolding
+from .submissions import Submissions
 from .wakeups import Wakeups
 
 log = logging.getLogger("hororing")
@@ -62,23 +62,15 @@ class Engine:
         self._folding = LatencyFolding(self.allreduce, self.size, self.executor.span)
         self.cycle = Cycle(self._exchange, self._folding, config.cache_capacity)
         self._drive_lock = threading.Lock()
-        self._queue_lock = threading.Lock()
-        self._queue = []          # submitted, not yet announced
-        self._async_waiting = False  # the queue holds a submission nobody is driving
-        self._pending = {}        # name -> Request, until completed
+        self._work = threading.Event()
+        self._submissions = Submissions(self._nudge)
         self._last_cycle_at = 0.0
-        # the last submission, or the last cycle that ran something (deadlock grace)
-        self._quiet_since = time.monotonic()
         self._outgoing_flags = 0
         self._outgoing_message = None
-        self._failure = None      # HorovodInternalError once the engine cannot go on
         self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
         self._stopped = False
         self._watch = stalls.Watch(lambda: self.config, self.cycle, self.rank, self._blocked,
                                    self._gather_cycle)
-        self._work = threading.Event()
-        self._batches = threading.local()  # per thread: requests held by ``batch``
-        self._drivers = 0         # user threads inside wait(), driving cycles themselves
         # called with the name of a collective that failed on every rank but this one never
         # submitted (it was inside join()); the Group keeps its generated names in step
         self.on_missed_error = None
@@ -94,46 +86,14 @@ class Engine:
             blocking: the caller will ``wait`` on the handle at once and drive the cycle
                 itself, so the background thread is not woken for it.
         """
-        with self._queue_lock:
-            if self._failure is not None:
-                raise HorovodInternalError(str(self._failure))
-            if request.name in self._pending:
-                raise ValueError(
-                    f"a collective named '{request.name}' is already in flight on this rank; "
-                    f"synchronize its handle before reusing the name, or pass a different name=")
-            self._pending[request.name] = request
-            request.awaited = blocking
-            batch = getattr(self._batches, "requests", None)
-            (self._queue if batch is None else batch).append(request)
-        request.submitted = self._quiet_since = time.monotonic()
-        if batch is not None:
-            self._batches.blocking &= blocking
-            return request.handle
-        if not blocking:
-            self._async_waiting = True
-            if not self._work.is_set():  # set() takes the event's lock even when set
-                self._work.set()
+        self._submissions.add(request, blocking)
         return request.handle
 
-    @contextlib.contextmanager
     def batch(self):
         """``with engine.batch():`` the requests submitted inside (by this thread) enter the
         queue together, so each rank announces all of them in one cycle and they become
         ready together (a grouped collective: fused, where they fit one bucket)."""
-        if getattr(self._batches, "requests", None) is not None:
-            yield  # nested: the outer batch queues them
-            return
-        self._batches.requests, self._batches.blocking = [], True
-        try:
-            yield
-        finally:
-            requests, self._batches.requests = self._batches.requests, None
-            with self._queue_lock:
-                if self._failure is None:
-                    self._queue.extend(requests)
-            if requests and not self._batches.blocking:
-                self._async_waiting = True
-                self._work.set()
+        return self._submissions.batch()
 
     def wait(self, handle):
         """Block until ``handle`` completes, driving cycles from this thread when useful.
@@ -145,25 +105,17 @@ class Engine:
         if handle.done():  # completed in an earlier cycle (fused with the one waited on)
             return handle.result()
         self.await_(handle)
-        with self._queue_lock:
-            self._drivers += 1
-        try:
+        with self._submissions.driving():
             return self._drive_until(handle)
-        finally:
-            with self._queue_lock:
-                self._drivers -= 1
-                # the background thread polls slowly while a caller drives: if collectives
-                # are still pending, it must answer the peers' wake-ups promptly again
-                resume = not self._drivers and self._pending
-            if resume:
-                self._work.set()
 
     def await_(self, handle):
         """A thread is about to wait for ``handle`` (a grouped call's members, all at once)."""
-        with self._queue_lock:
-            request = self._pending.get(handle.name)
-            if request is not None:
-                request.awaited = True
+        self._submissions.awaited(handle.name)
+
+    def _nudge(self):
+        """A submission waits with nobody driving it: wake the background thread."""
+        if not self._work.is_set():  # set() takes the event's lock even when set
+            self._work.set()
 
     def _drive_until(self, handle):
         idle_wait = 1e-4
@@ -225,12 +177,12 @@ class Engine:
         told = False
         if flags & FLAG_FAILED:
             self._failed_job = True
-        if self._failure is None and not self._stopped:
+        if self._submissions.failure is None and not self._stopped:
             self._outgoing_flags |= flags
             self._outgoing_message = message
             if self._drive_lock.acquire(timeout=deadline_s):
                 try:
-                    if self._failure is None and not self._stopped:
+                    if self._submissions.failure is None and not self._stopped:
                         told = self._run_cycle(initiate=True, deadline=time.monotonic() + deadline_s)
                 finally:
                     self._drive_lock.release()
@@ -247,7 +199,8 @@ class Engine:
                 now = time.monotonic()
                 # while a caller drives, it polls for wake-ups itself: waking often here too
                 # would only take CPU time from the ranks it is waiting for (oversubscribed)
-                busy = now - last_activity < 1.0 and not self._drivers
+                drivers = self._submissions.drivers
+                busy = now - last_activity < 1.0 and not drivers
                 interval = self._poll_active_s if busy else self._poll_idle_s
                 if self._work.wait(interval):
                     self._work.clear()
@@ -256,12 +209,12 @@ class Engine:
                              - time.monotonic())
                     if delay > 0:
                         time.sleep(delay)
-                elif self._drivers and time.monotonic() < self._watch.next_stall_check:
+                elif drivers and time.monotonic() < self._watch.next_stall_check:
                     continue  # a caller is driving cycles: polling too would only contend
                 with self._drive_lock:
                     if self._stopped:
                         return
-                    if self._progress(include_queue=self._async_waiting):
+                    if self._progress(include_queue=self._submissions.async_waiting):
                         last_activity = time.monotonic()
                     self._watch.check()
         except Exception as error:  # an engine bug must not leave callers waiting forever
@@ -275,13 +228,14 @@ class Engine:
         """
         if self._stopped:
             return False
-        news = include_queue and bool(self._queue)
+        submissions = self._submissions
+        news = include_queue and bool(submissions.queue)
         # A rank whose collectives wait for its peers looks for their wake-ups thoroughly.
         # With news, a cycle runs anyway, and one test tells whether a peer started it
         # first; with nothing pending, a wake-up seen at the next poll costs nothing, while
         # one seen at once often starts an empty cycle just before this rank's own caller
         # arrives (measured: 100 us late ranks at 2 ranks, ~50 us more per step)
-        thorough = not news and bool(self._pending)
+        thorough = not news and bool(submissions.pending)
         woken_for = self._wakeups.latest() if thorough else self._wakeups.latest(patience=1)
         if woken_for > self.cycle.number or news:
             self._run_cycle(initiate=woken_for <= self.cycle.number)
@@ -294,9 +248,7 @@ class Engine:
         peers if they do not take part soon."""
         self._last_cycle_at = time.monotonic()
         wake = functools.partial(self._wakeups.send, self.cycle.number + 1) if initiate else None
-        with self._queue_lock:
-            fresh, self._queue = self._queue, []
-            self._async_waiting = False
+        fresh = self._submissions.take_queue()
         try:
             with self._cycle_activity:
                 decision = self.cycle.run(fresh, flags=self._outgoing_flags,
@@ -311,7 +263,7 @@ class Engine:
             self._halt(HorovodInternalError(str(ended)))
             return True
         if responses:
-            self._quiet_since = time.monotonic()
+            self._submissions.quiet_since = time.monotonic()
         if responses and self.tuner is not None and self.tuner.active:
             self.tuner.observe(responses, moved_bytes(responses))
         if self.executor.timeline is not None:  # live: what the cycle recorded is in the file
@@ -325,32 +277,23 @@ class Engine:
             self.executor.timeline.cycle(self.cycle.number)
         if folded is not None:
             response = responses[0]
-            self._folding.finish(response, self._take(response.name), folded)
+            self._folding.finish(response, self._submissions.take(response.name), folded)
         elif responses:
             # a deadlock fails each rank's own names: none were missed
             missed = None if responses[0].deadlock else self._missed
-            self.executor.execute(responses, self._take, missed,
+            self.executor.execute(responses, self._submissions.take, missed,
                                   self.cycle.negotiator.cache.id_of)
 
     def _missed(self, name):
         if self.on_missed_error is not None:
             self.on_missed_error(name)
 
-    def _take(self, name):
-        """Remove and return this rank's request for ``name`` (None if it has none)."""
-        with self._queue_lock:
-            return self._pending.pop(name, None)
-
     def _halt(self, error):
         """Stop for good: fail every pending handle with ``error``."""
-        with self._queue_lock:
-            if self._failure is None:
-                self._failure = error
+        def stop():
             self._stopped = True
-            pending, self._pending, self._queue = self._pending, {}, []
             self.cycle.forget()
-        for request in pending.values():
-            request.handle.set_error(HorovodInternalError(str(self._failure)))
+        self._submissions.fail(error, stop)
         self._work.set()
 
     def close(self):
@@ -371,13 +314,8 @@ class Engine:
         """True when every collective pending here is waited for by some thread, nothing is
         queued, and nothing ran or was submitted for the deadlock grace: this rank can only
         go on if its peers' collectives match its own (``deadlocks.py``)."""
-        now = time.monotonic() if now is None else now
-        grace = self.config.deadlock_grace_seconds
-        if grace <= 0 or now - self._quiet_since < grace:
-            return False
-        with self._queue_lock:
-            return (bool(self._pending) and not self._queue
-                    and all(request.awaited for request in self._pending.values()))
+        return self._submissions.blocked(self.config.deadlock_grace_seconds,
+                                         time.monotonic() if now is None else now)
 
     def _gather_cycle(self):
         """Run a gathered cycle now (the watch's: a stall to name, a deadlock to find)."""

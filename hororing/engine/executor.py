@@ -22,7 +22,7 @@ from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import KERNEL_OP
-from .allreduce import AllreducePipeline, complete, scaling, wire_dtype
+from .allreduce import AllreducePipeline, Route, complete, scaling, wire_dtype
 from .buckets import assign, bucket_key
 
 
@@ -37,19 +37,22 @@ class Executor:
         self.config = config
         self.timeline = timeline
         layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
-        ring = Ring(comm, config.subchunk_bytes(across_nodes=layout[1] > 1))
+        across_nodes = layout[1] > 1
+        # the rings read their sub-chunks from the route in effect at each call
+        ring = Ring(comm, lambda: self.allreduce.route.subchunk_bytes)
         algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm)}
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer
         else:
-            hierarchical = _hierarchical(comm, config, layout)
+            hierarchical = _hierarchical(comm, config, layout, lambda: self.allreduce.route)
             if hierarchical is not None:
                 algorithms["hierarchical"] = hierarchical
         if hierarchical is None:
             layout[0].Free()
-        self.allreduce = AllreducePipeline(comm, config, algorithms, self.span,
-                                           across_nodes=layout[1] > 1)
+        self.allreduce = AllreducePipeline(
+            comm, config, algorithms, self.span,
+            Route.configured(config, self.size, across_nodes), across_nodes=across_nodes)
 
     def execute(self, responses, take, missed=None, cache_id=None):
         """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None.
@@ -188,17 +191,18 @@ class Executor:
                                    response.meta.kind)
 
 
-def _hierarchical(comm, config, layout):
+def _hierarchical(comm, config, layout, route):
     """The hierarchical allreduce for ``comm`` where it applies, else None; it takes over
-    ``layout`` (node_layout(comm)) when it is made."""
+    ``layout`` (node_layout(comm)) when it is made; its rings read ``route()``'s
+    sub-chunks."""
     tuned_from_off = config.autotune and config.autotune_from_set  # made, but starts off
     if config.hierarchical_allreduce is False and not tuned_from_off:
         return None
     nodes = layout[1]
     # automatic: several nodes, and fewer nodes than ranks (one rank per node gains nothing)
     if config.hierarchical_allreduce or 1 < nodes < comm.Get_size():
-        return Hierarchical(comm, config.subchunk_bytes(across_nodes=False), layout,
-                            cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True))
+        return Hierarchical(comm, lambda: route().node_subchunk_bytes, layout,
+                            cross_subchunk_bytes=lambda: route().cross_subchunk_bytes)
     return None
 
 

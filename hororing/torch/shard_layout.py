@@ -1,10 +1,10 @@
 """Where a sharded optimizer's parameters and gradients live (``sharded.py`` steps them).
 
-A ``Slice`` is one parameter group's parameters of one dtype as one flat parameter vector
-(every parameter's data a view into it), cut into ``Bucket``s of whole parameters; each bucket
+A ``GroupVector`` is one parameter group's parameters of one dtype as one flat parameter
+vector (every parameter's data a view into it), cut into ``Bucket``s of whole parameters; each bucket
 has a gradient vector (every ``.grad`` a view into it during backward) split over the ranks
 as ``reducescatter`` splits it (``zero.Buckets``), and this rank's chunk of each is what its
-optimizer steps, as leaf tensors (``parts``) viewing the parameter vector. Stage 2's buckets
+optimizer steps, as leaf tensors (``leaves``) viewing the parameter vector. Stage 2's buckets
 take their gradient vectors from a ``Pool`` and give them back once reduced.
 """
 
@@ -17,7 +17,7 @@ from .bridge import engine_meta, zeros
 
 
 class Bucket:
-    """A run of a slice's parameters, back to back in its flat vectors, whose gradients are
+    """A run of a group vector's parameters, back to back in its flat vectors, whose gradients are
     reduce-scattered together as soon as the last of them is ready (during backward)."""
 
     def __init__(self, index, parameters, low, high, layout, offset):
@@ -25,7 +25,7 @@ class Bucket:
         self.parameters = parameters
         self.low, self.high = low, high
         self.layout = layout  # zero.Layout of the bucket: this rank's chunk of it
-        self.offset = offset  # where this rank's chunk lies in the slice's reduced vector
+        self.offset = offset  # where this rank's chunk lies in the group vector's reduced vector
         self.gradients = None  # the bucket's flat gradient vector, while it is held
         self._vector = None  # what ``gradients`` views (a pool's vector)
         self.views = {}  # parameter -> its .grad's view into ``gradients``
@@ -55,7 +55,7 @@ class Bucket:
 
 
 class Pool:
-    """Gradient vectors for a stage-2 slice's buckets, reused from bucket to bucket: a bucket
+    """Gradient vectors for a stage-2 group vector's buckets, reused from bucket to bucket: a bucket
     takes one at its first gradient and gives it back once its reduction is collected, so
     the vectors in use are as many as buckets are in flight at once (not one per bucket).
     Between steps the pool keeps a few of them (``trim``) (the next step's first buckets pay for no
@@ -89,10 +89,10 @@ class Pool:
         return sum(vector.nbytes for vector in self.made)
 
 
-class Slice:
+class GroupVector:
     """One group's parameters of one dtype, as one flat vector: this rank's slice of it."""
 
-    def __init__(self, parameters, rank, size, bucket_bytes, stage, part):
+    def __init__(self, parameters, rank, size, bucket_bytes, stage, leaf_elements):
         self.parameters = parameters
         self.numel = sum(parameter.numel() for parameter in parameters)
         dtype = parameters[0].dtype
@@ -138,20 +138,20 @@ class Slice:
                 bucket.reduced = bucket.gradients[layout.start:layout.stop]
             else:
                 bucket.reduced = self.reduced[bucket.offset:position]
-        # this rank's chunks in parts of at most ``part`` elements, each its own leaf for the
+        # this rank's chunks as leaves of at most ``leaf_elements`` elements each, for the
         # optimizer: torch's CPU optimizers step tensor by tensor with temporaries of the
         # tensor's size, so one leaf over a whole chunk would raise the step's peak memory
-        self.part_bounds, self.part_grads = [], []
+        self.leaf_bounds, self.leaf_grads = [], []
         for bucket, (start, stop) in zip(self.buckets, owned):
-            for low in range(start, stop, part):
-                high = min(low + part, stop)
-                self.part_bounds.append((low, high))
-                self.part_grads.append(bucket.reduced[low - start:high - start])
-        if not self.part_bounds:  # a rank that owns nothing steps one empty leaf
-            self.part_bounds.append((owned[0][0], owned[0][0]))
-            self.part_grads.append(self.buckets[0].reduced[:0])
-        self.parts = [torch.nn.Parameter(self.values[low:high])
-                      for low, high in self.part_bounds]
+            for low in range(start, stop, leaf_elements):
+                high = min(low + leaf_elements, stop)
+                self.leaf_bounds.append((low, high))
+                self.leaf_grads.append(bucket.reduced[low - start:high - start])
+        if not self.leaf_bounds:  # a rank that owns nothing steps one empty leaf
+            self.leaf_bounds.append((owned[0][0], owned[0][0]))
+            self.leaf_grads.append(self.buckets[0].reduced[:0])
+        self.leaves = [torch.nn.Parameter(self.values[low:high])
+                       for low, high in self.leaf_bounds]
 
     def into_view(self, parameter):
         """Point ``parameter.grad`` at its view in its bucket, copying a gradient autograd
@@ -184,12 +184,12 @@ class Slice:
 
     def split(self, flat):
         """``flat`` (this group's full vector) as one tensor per parameter, shaped like it."""
-        offset, parts = 0, []
+        offset, tensors = 0, []
         for parameter in self.parameters:
             count = parameter.numel()
-            parts.append(flat[offset:offset + count].view_as(parameter).clone())
+            tensors.append(flat[offset:offset + count].view_as(parameter).clone())
             offset += count
-        return parts
+        return tensors
 
     def in_vector_order(self, gathered, size):
         """Every rank's chunks, gathered rank after rank (each rank's in bucket order), put

@@ -19,7 +19,7 @@ Stage 2 (``sharded=2``) lets a bucket's gradient vector go once its reduction is
 Where the vectors, buckets and stage 2's pool live is ``shard_layout.py``; this module is
 the optimizer over them. The wrapped optimizer is rebuilt over this rank's chunks (leaf
 tensors viewing them, the group's hyperparameters kept), so ``optimizer.state`` holds this
-rank's slices only. That is exact for optimizers whose step is elementwise per parameter;
+rank's chunks only. That is exact for optimizers whose step is elementwise per parameter;
 the others are refused.
 """
 
@@ -35,11 +35,11 @@ import torch
 from .. import collectives, ops, transport
 from ..context import current
 from ..process_sets import global_process_set, group_of
-from ..zero import Halves
+from ..zero import ParameterGather
 from . import mpi_ops
 from .compression import Compression
 from .functions import refuse_uninitialized
-from .shard_layout import Slice
+from .shard_layout import GroupVector
 from .wrapping import WrappingOptimizer
 
 # whose step treats each element on its own (a slice steps as the whole tensor would)
@@ -50,7 +50,7 @@ ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
 
 def check_elementwise(optimizer_class):
     """Refuse an optimizer class whose step needs whole tensors (norms, factored moments,
-    a line search): stepped on slices it would compute something else."""
+    a line search): stepped on chunks it would compute something else."""
     if not issubclass(optimizer_class, ELEMENTWISE):
         names = ", ".join(cls.__name__ for cls in ELEMENTWISE)
         raise ValueError(
@@ -66,12 +66,13 @@ _COMPRESSIONS = (Compression.none, Compression.fp16, Compression.bf16)
 # larger ones pay the fixed cost of a collective less often (torch DDP's default is 25 MiB).
 _BUCKET_BYTES = 16 << 20
 _INSTANCES = itertools.count()
-# Stage 2 keeps this many bucket-sized gradient vectors between steps (per slice), reused by
-# the next step's first buckets; more are made while more buckets are in flight at once.
+# Stage 2 keeps this many bucket-sized gradient vectors between steps (per group vector),
+# reused by the next step's first buckets; more are made while more buckets are in flight at once.
 _KEEP = 2
-# The elements of one leaf the wrapped optimizer steps (shard_layout.Slice): 4 Mi (16 MiB of float32),
+# The elements of one leaf the wrapped optimizer steps (shard_layout.GroupVector): 4 Mi
+# (16 MiB of float32),
 # the size of a large layer, so a step's temporaries stay a layer's size.
-_PART = 1 << 22
+_LEAF_ELEMENTS = 1 << 22
 
 
 def _sliced(key, value):
@@ -84,14 +85,14 @@ class ShardedOptimizer(WrappingOptimizer):
     """``DistributedOptimizer(optimizer, sharded=True)``: see the module's docstring.
 
     ``param_groups`` are the rebuilt optimizer's (a group's ``params`` are this rank's
-    slices, its hyperparameters the original group's: LR schedulers work on them). During
+    chunks, its hyperparameters the original group's: LR schedulers work on them). During
     backward each ``.grad`` is a view into its bucket's gradient vector, and once the
     bucket's last gradient is in, the bucket is reduced and the model's ``.grad`` are set to
     None: the gradient then exists only as each rank's reduced slice. Clip it with
     ``clip_grad_norm_`` (after backward, before ``step()``), not through the model's
     ``.grad``. Each parameter's data is a view into its group's flat parameter vector from
     construction on (the step updates it in place).
-    ``state`` holds this rank's slices; ``state_dict()`` gathers the full state in the
+    ``state`` holds this rank's chunks; ``state_dict()`` gathers the full state in the
     wrapped optimizer's own format, and ``load_state_dict`` takes one (saved sharded or not).
     """
 
@@ -148,32 +149,32 @@ class ShardedOptimizer(WrappingOptimizer):
         self.stage = stage
         self._passes = backward_passes_per_step
         self._synchronized = False  # this step's reduce-scatters are done
-        self._in_flight = collections.deque()  # (slice, bucket) launched, not collected
+        self._in_flight = collections.deque()  # (group vector, bucket) launched, not collected
         self._reducing = False  # a reduce-scatter was launched since the last synchronize
         rank, size = self._group.rank, self._group.size
         # the allgather of the parameters (zero.py), on a communicator of its own; the
         # reduce-scatters go through the engine (named, so ranks may launch them in any order)
-        self._halves = Halves(self._group, current().config.subchunk_bytes(across_nodes=False))
+        self._gather = ParameterGather(self._group)
         self._prefix = f"sharded{next(_INSTANCES)}"  # constructed in one order on every rank
-        self._slices = []  # per group: [shard_layout.Slice per dtype]
+        self._vectors = []  # per group: [shard_layout.GroupVector per dtype]
         groups = []
         for group in optimizer.param_groups:
             trained = [parameter for parameter in group["params"] if parameter.requires_grad]
             by_dtype = {}
             for parameter in trained:
                 by_dtype.setdefault(parameter.dtype, []).append(parameter)
-            slices = [Slice(members, rank, size, _BUCKET_BYTES, stage, _PART)
+            vectors = [GroupVector(members, rank, size, _BUCKET_BYTES, stage, _LEAF_ELEMENTS)
                       for members in by_dtype.values()]
-            self._slices.append(slices)
+            self._vectors.append(vectors)
             hyper = {key: value for key, value in group.items() if key != "params"}
-            groups.append({**hyper, "params": [part for piece in slices
-                                               for part in piece.parts]})
-        # the same class and defaults over this rank's slices: its state exists for them only
+            groups.append({**hyper, "params": [leaf for vector in vectors
+                                               for leaf in vector.leaves]})
+        # the same class and defaults over this rank's chunks: its state exists for them only
         self._check_same_layout()
         self._hooks = [parameter.register_post_accumulate_grad_hook(
-            functools.partial(self._accumulated, group_index, piece))
-            for group_index, slices in enumerate(self._slices) for piece in slices
-            for parameter in piece.parameters]
+            functools.partial(self._accumulated, group_index, vector))
+            for group_index, vectors in enumerate(self._vectors) for vector in vectors
+            for parameter in vector.parameters]
         accepted = inspect.signature(type(optimizer)).parameters
         self._wrap(type(optimizer)(groups, **{
             key: value for key, value in optimizer.defaults.items() if key in accepted}))
@@ -183,38 +184,39 @@ class ShardedOptimizer(WrappingOptimizer):
     def __repr__(self):
         return f"DistributedOptimizer({self._original!r}, sharded={self.stage})"
 
-    def _label(self, group_index, piece, what):
-        return f"{self._prefix}.{group_index}.{str(piece.dtype).split('.')[-1]}.{what}"
+    def _label(self, group_index, vector, what):
+        return f"{self._prefix}.{group_index}.{str(vector.dtype).split('.')[-1]}.{what}"
 
     def _check_same_layout(self):
         """Every rank must shard the same parameters: compared before any data moves."""
-        self._halves.check_same([[(str(piece.dtype), piece.numel, piece.buckets_layout.ranges)
-                                  for piece in slices] for slices in self._slices],
+        self._gather.check_same([[(str(vector.dtype), vector.numel,
+                                   vector.buckets_layout.ranges)
+                                  for vector in vectors] for vectors in self._vectors],
                                 "parameters (per group: dtype, elements, buckets)")
 
     # ---- the first half: reduce-scatters launched as gradients become ready -----------------
 
-    def _accumulated(self, group_index, piece, parameter):
+    def _accumulated(self, group_index, vector, parameter):
         """After a parameter's gradient is accumulated (a backward hook): its bucket's
         reduce-scatter starts once every parameter of the bucket has had its last pass."""
-        bucket = piece.bucket_of[parameter]
+        bucket = vector.bucket_of[parameter]
         if bucket.launched is not None or bucket.collected:
             raise RuntimeError(
                 f"a gradient was computed more than backward_passes_per_step="
                 f"{self._passes} times before step(): its bucket was already being reduced. "
                 f"Call step() after that many backward passes, or raise "
                 f"backward_passes_per_step")
-        piece.into_view(parameter)
+        vector.into_view(parameter)
         passes = bucket.passes[parameter] = bucket.passes.get(parameter, 0) + 1
         if passes == self._passes:
             bucket.ready += 1
             if bucket.ready == len(bucket.parameters):
-                self._launch(group_index, piece, bucket)
+                self._launch(group_index, vector, bucket)
         # buckets whose reduction is done give their vector back (stage 2) for the next ones
         while self._in_flight and self._in_flight[0][1].launched[0].done():
             self._collect(*self._in_flight.popleft())
 
-    def _launch(self, group_index, piece, bucket):
+    def _launch(self, group_index, vector, bucket):
         """Start the bucket's reduce-scatter in its own gradient vector (in the engine's
         background, overlapping the rest of backward). The model's ``.grad`` of its
         parameters are let go: nothing may touch the vector while it is reduced.
@@ -225,7 +227,7 @@ class ShardedOptimizer(WrappingOptimizer):
         optimizer sends it: a 16-bit wire sum is divided by the ranks before it (it could
         overflow where the average would not). Alone, nothing is compressed, as with the
         unsharded optimizer."""
-        flat = piece.fill(bucket)
+        flat = vector.fill(bucket)
         for parameter in bucket.parameters:
             parameter.grad = None
         compressing = self._compression is not Compression.none and self._group.size > 1
@@ -233,10 +235,10 @@ class ShardedOptimizer(WrappingOptimizer):
         wire = self._compression.wire if compressing else ""
         carried = payload.float() if payload.dtype == torch.bfloat16 else payload
         handle = collectives.reducescatter_async_(
-            carried.numpy(), self._label(group_index, piece, f"bucket{bucket.index}"),
+            carried.numpy(), self._label(group_index, vector, f"bucket{bucket.index}"),
             self._op, self.process_set, self._prescale, self._postscale, wire=wire)
         bucket.launched = (handle, payload.dtype, ctx if compressing else None)
-        self._in_flight.append((piece, bucket))
+        self._in_flight.append((vector, bucket))
         self._synchronized, self._reducing = False, True
 
     def synchronize(self):
@@ -250,21 +252,21 @@ class ShardedOptimizer(WrappingOptimizer):
             # what is in flight first: its vectors are free again for the buckets left
             while self._in_flight:
                 self._collect(*self._in_flight.popleft())
-            for group_index, slices in enumerate(self._slices):
-                for piece in slices:
-                    for bucket in piece.buckets:
+            for group_index, vectors in enumerate(self._vectors):
+                for vector in vectors:
+                    for bucket in vector.buckets:
                         if bucket.launched is None and not bucket.collected:
-                            self._launch(group_index, piece, bucket)
+                            self._launch(group_index, vector, bucket)
             while self._in_flight:
                 self._collect(*self._in_flight.popleft())
-            for slices in self._slices:
-                for piece in slices:
-                    for bucket in piece.buckets:
+            for vectors in self._vectors:
+                for vector in vectors:
+                    for bucket in vector.buckets:
                         bucket.collected = False
-                    piece.pool.trim(_KEEP)
+                    vector.pool.trim(_KEEP)
         self._synchronized, self._reducing = True, False
 
-    def _collect(self, piece, bucket):
+    def _collect(self, vector, bucket):
         """This rank's chunk of the reduced bucket, into ``bucket.reduced`` (stage 1: where
         the reduce-scatter left it, in the bucket's own vector); a stage-2 bucket's gradient
         vector goes back to the pool."""
@@ -279,7 +281,7 @@ class ShardedOptimizer(WrappingOptimizer):
         bucket.launched, bucket.collected = None, True
         bucket.passes, bucket.ready = {}, 0
         if self.stage == 2:
-            bucket.release(piece.pool)
+            bucket.release(vector.pool)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Clip the reduced gradients by their norm over every rank's slice, as
@@ -288,51 +290,51 @@ class ShardedOptimizer(WrappingOptimizer):
         Collective: every rank calls it. Returns the total norm (before clipping)."""
         self.synchronize()
         norm_type = float(norm_type)
-        pieces = [bucket.reduced for slices in self._slices for piece in slices
-                  for bucket in piece.buckets]
+        chunks = [bucket.reduced for vectors in self._vectors for vector in vectors
+                  for bucket in vector.buckets]
         if norm_type == math.inf:
-            local = max((float(piece.abs().max()) for piece in pieces if piece.numel()),
+            local = max((float(chunk.abs().max()) for chunk in chunks if chunk.numel()),
                         default=0.0)
             total = mpi_ops.allreduce(torch.tensor([local], dtype=torch.float64), op=ops.Max,
                                       name=f"{self._prefix}.clip",
                                       process_set=self.process_set)[0]
         else:
-            local = sum(float(torch.linalg.vector_norm(piece, norm_type, dtype=torch.float64))
-                        ** norm_type for piece in pieces if piece.numel())
+            local = sum(float(torch.linalg.vector_norm(chunk, norm_type, dtype=torch.float64))
+                        ** norm_type for chunk in chunks if chunk.numel())
             total = mpi_ops.allreduce(torch.tensor([local], dtype=torch.float64), op=ops.Sum,
                                       name=f"{self._prefix}.clip",
                                       process_set=self.process_set)[0] ** (1.0 / norm_type)
         coefficient = min(float(max_norm) / (float(total) + 1e-6), 1.0)
-        for piece in pieces:
-            piece.mul_(coefficient)
+        for chunk in chunks:
+            chunk.mul_(coefficient)
         return torch.tensor(float(total))
 
     def held_gradient_bytes(self):
         """The bytes of gradient memory this optimizer holds: the buckets' gradient vectors
         (stage 1: one per bucket, each reduced in place; stage 2: two kept between steps,
         reused) and, in stage 2, this rank's slice of the reduced gradients."""
-        return sum((0 if piece.reduced is None else piece.reduced.nbytes) +
-                   piece.pool.held_bytes() for slices in self._slices for piece in slices)
+        return sum((0 if vector.reduced is None else vector.reduced.nbytes) +
+                   vector.pool.held_bytes() for vectors in self._vectors for vector in vectors)
 
     def step(self, closure=None):
-        """Wait for the reduce-scatters, step this rank's slices, allgather the parameters."""
+        """Wait for the reduce-scatters, step this rank's chunks, allgather the parameters."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self.synchronize()
         with transport.activity("sharded optimizer step"):
-            for slices in self._slices:
-                for piece in slices:
-                    for part, grad in zip(piece.parts, piece.part_grads):
-                        part.grad = grad
+            for vectors in self._vectors:
+                for vector in vectors:
+                    for leaf, grad in zip(vector.leaves, vector.leaf_grads):
+                        leaf.grad = grad
             self._optimizer.step()
-            for slices in self._slices:  # each rank's updated chunks, into every rank's vector
-                for piece in slices:
-                    self._halves.gather_buckets(piece.values.view(torch.uint8).numpy(),
-                                                piece.buckets_layout)
-                    for part in piece.parts:
-                        part.grad = None
+            for vectors in self._vectors:  # each rank's updated chunks, into every rank's vector
+                for vector in vectors:
+                    self._gather.gather(vector.values.view(torch.uint8).numpy(),
+                                        vector.buckets_layout)
+                    for leaf in vector.leaves:
+                        leaf.grad = None
         self._synchronized = False
         return loss
 
@@ -344,9 +346,9 @@ class ShardedOptimizer(WrappingOptimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): the gradients are being reduced "
                 "across the ranks. Call step() (or synchronize()) first")
-        for slices in self._slices:  # backward passes count from here again
-            for piece in slices:
-                for bucket in piece.buckets:
+        for vectors in self._vectors:  # backward passes count from here again
+            for vector in vectors:
+                for bucket in vector.buckets:
                     bucket.passes, bucket.ready = {}, 0
         for parameter in self._originals:
             if parameter.grad is None:
@@ -384,13 +386,13 @@ class ShardedOptimizer(WrappingOptimizer):
         full_state = {}
         index_of = {parameter: index for index, parameter in enumerate(self._originals)}
         position = 0  # the inner optimizer's parameter index, as state_dict numbers them
-        for group_index, slices in enumerate(self._slices):
-            for piece in slices:
+        for group_index, vectors in enumerate(self._vectors):
+            for vector in vectors:
                 states = [inner["state"].get(position + index, {})
-                          for index in range(len(piece.parts))]
-                position += len(piece.parts)
-                gathered = self._gather_state(group_index, piece, states)
-                for offset, parameter in enumerate(piece.parameters):
+                          for index in range(len(vector.leaves))]
+                position += len(vector.leaves)
+                gathered = self._gather_state(group_index, vector, states)
+                for offset, parameter in enumerate(vector.parameters):
                     full_state[index_of[parameter]] = {
                         key: (value[offset] if isinstance(value, list) else value)
                         for key, value in gathered.items()}
@@ -400,46 +402,46 @@ class ShardedOptimizer(WrappingOptimizer):
                            "params": [index_of[parameter] for parameter in original["params"]]})
         return {"state": full_state, "param_groups": groups}
 
-    def _gather_state(self, group_index, piece, states):
+    def _gather_state(self, group_index, vector, states):
         """key -> per-parameter full tensors (list) for sliced state, the value itself for
-        scalars (the same on every rank). ``states``: the state of each of the slice's
-        parts, in order."""
+        scalars (the same on every rank). ``states``: the state of each of the group vector's
+        leaves, in order."""
         gathered = {}
         for key in sorted(states[0]):
             value = states[0][key]
             if _sliced(key, value) and value.dim() == 1:
                 mine = torch.cat([state[key].detach() for state in states])
                 full = mpi_ops.allgather(mine, name=self._label(
-                    group_index, piece, f"state.{key}"), process_set=self.process_set)
-                gathered[key] = piece.split(piece.in_vector_order(full, self._group.size))
+                    group_index, vector, f"state.{key}"), process_set=self.process_set)
+                gathered[key] = vector.split(vector.in_vector_order(full, self._group.size))
             else:
                 gathered[key] = value.clone() if torch.is_tensor(value) else value
         return gathered
 
     def load_state_dict(self, state_dict):
         """Take a full state (from ``state_dict()`` here or of the unsharded optimizer) and
-        keep this rank's slices of it."""
+        keep this rank's chunks of it."""
         groups = state_dict["param_groups"]
-        if len(groups) != len(self._slices):
+        if len(groups) != len(self._vectors):
             raise ValueError(f"the state has {len(groups)} parameter groups, this optimizer "
-                             f"{len(self._slices)}")
+                             f"{len(self._vectors)}")
         # both number the parameters by their position over the groups, frozen ones included
         index_of = {parameter: index for index, parameter in enumerate(self._originals)}
         state = state_dict["state"]
         inner_state, position = {}, 0
-        for group_index, slices in enumerate(self._slices):
-            for piece in slices:
+        for group_index, vectors in enumerate(self._vectors):
+            for vector in vectors:
                 per_parameter = []
-                for parameter in piece.parameters:
+                for parameter in vector.parameters:
                     per_parameter.append(state.get(index_of[parameter]) or {})
                 keys = set().union(*per_parameter) if per_parameter else set()
-                entries = [{} for _ in piece.parts]
+                entries = [{} for _ in vector.leaves]
                 for key in keys:
                     values = [saved.get(key) for saved in per_parameter]
                     if all(_sliced(key, value) and value.shape == parameter.shape
-                           for value, parameter in zip(values, piece.parameters)):
+                           for value, parameter in zip(values, vector.parameters)):
                         flat = torch.cat([value.reshape(-1) for value in values])
-                        for entry, (low, high) in zip(entries, piece.part_bounds):
+                        for entry, (low, high) in zip(entries, vector.leaf_bounds):
                             entry[key] = flat[low:high].clone()
                     else:  # a per-tensor value (Adam's step, which it counts up in place)
                         for entry in entries:
@@ -450,7 +452,7 @@ class ShardedOptimizer(WrappingOptimizer):
                         inner_state[position] = entry
                     position += 1
         inner_groups = []
-        for group, slices, inner in zip(groups, self._slices,
+        for group, vectors, inner in zip(groups, self._vectors,
                                         self._optimizer.state_dict()["param_groups"]):
             inner_groups.append({**{key: value for key, value in group.items()
                                     if key != "params"}, "params": inner["params"]})
@@ -483,7 +485,6 @@ class ZeroRedundancyOptimizer(ShardedOptimizer):
         """Gather the full state onto rank ``to`` (collective: every rank calls it)."""
         full = self.gather_state_dict()
         self._consolidated = full if self._group.rank == to else None
-        self._consolidated_to = to
 
     def state_dict(self):
         """The state gathered by ``consolidate_state_dict`` (on that rank only)."""

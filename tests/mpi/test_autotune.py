@@ -22,7 +22,7 @@ def test_settings_change_together_and_results_stay_right():
     context = current()
     engine = context.engine
     pipeline = engine.executor.allreduce
-    saved_subchunks = [(ring, ring.subchunk_bytes) for ring in pipeline.rings()]
+    saved_route = pipeline.route
     log_path = comm.bcast(os.path.join(tempfile.mkdtemp(), "autotune.csv")
                           if comm.rank == 0 else None)
     config = dataclasses.replace(context.config, autotune=True, autotune_log=log_path,
@@ -46,8 +46,10 @@ def test_settings_change_together_and_results_stay_right():
         engine.tuner = None
         tuner.close()
         engine.apply_settings(tuner.history[0])
-        for ring, subchunk in saved_subchunks:
-            ring.subchunk_bytes = subchunk
+        # the rings' sub-chunks within and across nodes, which the tuner sets as one
+        pipeline.reroute(**{field: getattr(saved_route, field)
+                            for field in ("subchunk_bytes", "node_subchunk_bytes",
+                                          "cross_subchunk_bytes")})
     # every rank ran every setting, in the same order, and ended on the same one
     histories = comm.allgather([dataclasses.astuple(settings) for settings in tuner.history])
     assert all(history == histories[0] for history in histories)

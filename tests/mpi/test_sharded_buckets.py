@@ -32,7 +32,7 @@ def test_reduce_scatters_start_during_backward_and_stage_2_lets_the_gradients_go
     """One bucket per parameter: after backward, every bucket whose parameters all have
     their gradient is being reduced or done (the unused parameter's waits for step()), and
     the model's .grad are let go. Stage 1 keeps a gradient vector per bucket; stage 2 reuses
-    vectors from bucket to bucket and keeps two per slice between steps."""
+    vectors from bucket to bucket and keeps two per group vector between steps."""
     from hororing.torch import sharded
     monkeypatch.setattr(sharded, "_BUCKET_BYTES", 40)
     held = {}
@@ -40,33 +40,33 @@ def test_reduce_scatters_start_during_backward_and_stage_2_lets_the_gradients_go
         parameters = make_parameters()
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(groups_of(parameters), lr=0.1),
                                              sharded=stage)
-        pieces = [piece for slices in optimizer._slices for piece in slices]
+        group_vectors = [vector for vectors in optimizer._vectors for vector in vectors]
         trained_bytes = sum(p.numel() * p.element_size() for p in parameters if p.requires_grad)
         for step in range(2):
             optimizer.zero_grad()
             loss_of(parameters, hvd.rank(), step).backward()
             started = {bucket.parameters[0] is parameters[3]:
                        bucket.launched is not None or bucket.collected
-                       for piece in pieces for bucket in piece.buckets}
+                       for vector in group_vectors for bucket in vector.buckets}
             assert started == {False: True, True: False}  # only the unused one waits
             assert all(parameter.grad is None for parameter in parameters)
             with pytest.raises(RuntimeError, match="before optimizer.step"):
                 optimizer.zero_grad()
             optimizer.step()
         held[stage] = optimizer.held_gradient_bytes()
-        pooled = sum(piece.pool.held_bytes() for piece in pieces)
+        pooled = sum(vector.pool.held_bytes() for vector in group_vectors)
         if stage == 1:  # each bucket reduced in its own vector: this rank's chunk stays there
             assert held[stage] == pooled == trained_bytes
-            assert sum(len(piece.pool.made) for piece in pieces) == 4  # one per parameter
+            assert sum(len(vector.pool.made) for vector in group_vectors) == 4  # one per parameter
         else:  # this rank's slice: 1/n of the trained bytes, one element more per bucket
-            reduced = sum(piece.reduced.nbytes for piece in pieces)
+            reduced = sum(vector.reduced.nbytes for vector in group_vectors)
             assert reduced <= trained_bytes / hvd.size() + 8 * 4
             assert held[stage] == reduced + pooled
-            # each vector as long as its slice's largest bucket
-            assert all(vector.numel() == max(high - low for low, high in
-                                             piece.buckets_layout.ranges)
-                       and len(piece.pool.made) <= sharded._KEEP
-                       for piece in pieces for vector in piece.pool.made)
+            # each pooled vector as long as its group vector's largest bucket
+            assert all(pooled.numel() == max(high - low for low, high in
+                                             vector.buckets_layout.ranges)
+                       and len(vector.pool.made) <= sharded._KEEP
+                       for vector in group_vectors for pooled in vector.pool.made)
         expected, _ = reference_run(torch.optim.SGD, {"lr": 0.1}, steps=2)
         assert_matches(parameters, expected)
 

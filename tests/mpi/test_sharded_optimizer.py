@@ -31,18 +31,18 @@ def test_sharded_steps_equal_large_batch_training_and_hold_a_slice_of_the_state(
                  if torch.is_tensor(value) and key != "step"})
     from mpi4py import MPI
     assert MPI.COMM_WORLD.allreduce(held) == kinds * trained
-    buckets = sum(len(piece.buckets) for slices in optimizer._slices for piece in slices)
+    buckets = sum(len(vector.buckets) for vectors in optimizer._vectors for vector in vectors)
     assert held <= kinds * (trained // hvd.size() + buckets)  # one more per bucket at most
 
 
-@pytest.mark.parametrize("part", [None, 5], ids=["one_part", "parts_of_5"])
+@pytest.mark.parametrize("leaf", [None, 5], ids=["one_leaf", "leaves_of_5"])
 @pytest.mark.parametrize("optimizer_class,options", CONFIGS[:2],
                          ids=[cls.__name__ for cls, _ in CONFIGS[:2]])
 def test_state_dict_is_the_full_state_and_loads_into_a_fresh_sharded_optimizer(
-        optimizer_class, options, part, monkeypatch):
-    if part is not None:  # a rank's slice stepped as several leaves, as a large model's is
+        optimizer_class, options, leaf, monkeypatch):
+    if leaf is not None:  # a rank's slice stepped as several leaves, as a large model's is
         from hororing.torch import sharded
-        monkeypatch.setattr(sharded, "_PART", part)
+        monkeypatch.setattr(sharded, "_LEAF_ELEMENTS", leaf)
     parameters, optimizer = sharded_run(optimizer_class, options, steps=2)
     _, reference = reference_run(optimizer_class, options, steps=2)
     full, expected = optimizer.state_dict(), reference.state_dict()

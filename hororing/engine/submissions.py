@@ -1,0 +1,130 @@
+"""What this rank has submitted and not yet seen completed (the engine's side of the queue).
+
+User threads add requests (``add``, or several at once inside ``batch``); the thread that
+runs the next cycle takes the queue (``take_queue``) and, as responses come, each request
+by name (``take``). ``drivers`` counts the user threads driving cycles themselves inside a
+wait. Every field is guarded by ``lock``; ``wake()`` (given) tells the engine's background
+thread that a submission waits with nobody driving it.
+"""
+
+import contextlib
+import threading
+import time
+
+from ..errors import HorovodInternalError
+
+
+class Submissions:
+    """One rank's queued and pending collectives; thread-safe."""
+
+    def __init__(self, wake):
+        self.lock = threading.Lock()
+        self.queue = []            # submitted, not yet announced
+        self.pending = {}          # name -> Request, until completed
+        self.async_waiting = False  # the queue holds a submission nobody is driving
+        self.drivers = 0           # user threads inside a wait, driving cycles themselves
+        # the last submission, or the last cycle that ran something (deadlock grace)
+        self.quiet_since = time.monotonic()
+        self.failure = None        # HorovodInternalError once the engine cannot go on
+        self._wake = wake
+        self._batches = threading.local()  # per thread: requests held by ``batch``
+
+    def add(self, request, blocking):
+        """Queue ``request`` (or hold it in this thread's batch). Raises ValueError for a
+        name in flight, HorovodInternalError once the engine has stopped.
+
+        Args:
+            blocking: the caller will wait on the handle at once and drive the cycle
+                itself, so the background thread is not woken for it.
+        """
+        with self.lock:
+            if self.failure is not None:
+                raise HorovodInternalError(str(self.failure))
+            if request.name in self.pending:
+                raise ValueError(
+                    f"a collective named '{request.name}' is already in flight on this rank; "
+                    f"synchronize its handle before reusing the name, or pass a different name=")
+            self.pending[request.name] = request
+            request.awaited = blocking
+            batch = getattr(self._batches, "requests", None)
+            (self.queue if batch is None else batch).append(request)
+        request.submitted = self.quiet_since = time.monotonic()
+        if batch is not None:
+            self._batches.blocking &= blocking
+        elif not blocking:
+            self.async_waiting = True
+            self._wake()
+
+    @contextlib.contextmanager
+    def batch(self):
+        """The requests this thread adds inside enter the queue together, so each rank
+        announces all of them in one cycle (a grouped collective)."""
+        if getattr(self._batches, "requests", None) is not None:
+            yield  # nested: the outer batch queues them
+            return
+        self._batches.requests, self._batches.blocking = [], True
+        try:
+            yield
+        finally:
+            requests, self._batches.requests = self._batches.requests, None
+            with self.lock:
+                if self.failure is None:
+                    self.queue.extend(requests)
+            if requests and not self._batches.blocking:
+                self.async_waiting = True
+                self._wake()
+
+    def awaited(self, name):
+        """A thread is about to wait for the request named ``name``."""
+        with self.lock:
+            request = self.pending.get(name)
+            if request is not None:
+                request.awaited = True
+
+    @contextlib.contextmanager
+    def driving(self):
+        """A user thread drives cycles inside the block. The background thread polls slowly
+        meanwhile; if collectives are still pending after it, it is woken to answer the
+        peers' wake-ups promptly again."""
+        with self.lock:
+            self.drivers += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.drivers -= 1
+                resume = not self.drivers and self.pending
+            if resume:
+                self._wake()
+
+    def take_queue(self):
+        """The queue, emptied: what the next cycle announces."""
+        with self.lock:
+            fresh, self.queue = self.queue, []
+            self.async_waiting = False
+        return fresh
+
+    def take(self, name):
+        """Remove and return this rank's request for ``name`` (None if it has none)."""
+        with self.lock:
+            return self.pending.pop(name, None)
+
+    def fail(self, error, forget):
+        """Take no more requests (``error`` is what callers are told); fail every pending
+        one. ``forget()`` runs under the lock (the cycle drops what it holds)."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+            pending, self.pending, self.queue = self.pending, {}, []
+            forget()
+        for request in pending.values():
+            request.handle.set_error(HorovodInternalError(str(self.failure)))
+
+    def blocked(self, grace, now):
+        """True when every pending collective is waited for by some thread, nothing is
+        queued, and nothing ran or was submitted for ``grace`` seconds (0: never)."""
+        if grace <= 0 or now - self.quiet_since < grace:
+            return False
+        with self.lock:
+            return (bool(self.pending) and not self.queue
+                    and all(request.awaited for request in self.pending.values()))
