@@ -13,15 +13,13 @@ class Handle:
     blocking call whose own thread drives the cycle never needs one.
     """
 
-    __slots__ = ("name", "_done", "_event", "_result", "_error", "_engine")
+    __slots__ = ("name", "_engine", "_done", "_event", "_outcome")
 
     def __init__(self, name, engine):
-        self.name = name
+        self.name, self._engine = name, engine
         self._done = False
         self._event = None
-        self._result = None
-        self._error = None
-        self._engine = engine
+        self._outcome = (None, None)  # (result, error) once done
 
     def done(self):
         """Return True once the result (or an error) is available; never blocks."""
@@ -38,11 +36,11 @@ class Handle:
         return self._event.wait(timeout)
 
     def set_result(self, result):
-        self._result = result
+        self._outcome = (result, None)
         self._finish()
 
     def set_error(self, error):
-        self._error = error
+        self._outcome = (None, error)
         self._finish()
 
     def _finish(self):
@@ -63,9 +61,10 @@ class Handle:
 
     def result(self):
         """Return the result of a finished handle, or raise its error."""
-        if self._error is not None:
-            raise self._error
-        return self._result
+        result, error = self._outcome
+        if error is not None:
+            raise error
+        return result
 
     def __repr__(self):
         state = "done" if self.done() else "pending"
