@@ -105,8 +105,11 @@ class Engine:
         if handle.done():  # completed in an earlier cycle (fused with the one waited on)
             return handle.result()
         self.await_(handle)
-        with self._submissions.driving():
+        self._submissions.start_driving()
+        try:
             return self._drive_until(handle)
+        finally:
+            self._submissions.stop_driving()
 
     def await_(self, handle):
         """A thread is about to wait for ``handle`` (a grouped call's members, all at once)."""

@@ -81,21 +81,21 @@ class Submissions:
             if request is not None:
                 request.awaited = True
 
-    @contextlib.contextmanager
-    def driving(self):
-        """A user thread drives cycles inside the block. The background thread polls slowly
-        meanwhile; if collectives are still pending after it, it is woken to answer the
-        peers' wake-ups promptly again."""
+    def start_driving(self):
+        """A user thread drives cycles until its ``stop_driving`` (a plain pair, not a
+        context manager: this runs on every blocking call). The background thread polls
+        slowly meanwhile."""
         with self.lock:
             self.drivers += 1
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.drivers -= 1
-                resume = not self.drivers and self.pending
-            if resume:
-                self._wake()
+
+    def stop_driving(self):
+        """If collectives are still pending when the last driver stops, the background
+        thread is woken to answer the peers' wake-ups promptly again."""
+        with self.lock:
+            self.drivers -= 1
+            resume = not self.drivers and self.pending
+        if resume:
+            self._wake()
 
     def take_queue(self):
         """The queue, emptied: what the next cycle announces."""
