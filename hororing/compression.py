@@ -15,6 +15,7 @@ Example:
 import numpy as np
 
 from .kernels import from_bf16, from_fp16, to_bf16, to_fp16
+from .ops import BFLOAT16, is_floating
 
 
 class Compressor:
@@ -56,7 +57,7 @@ class CastCompressor(Compressor):
     # numpy and device arrays (cupy, numba.cuda); bindings override these
     @staticmethod
     def floating(tensor):
-        return np.dtype(tensor.dtype).kind == "f"
+        return is_floating(tensor.dtype)
 
     @classmethod
     def is_target(cls, tensor):
@@ -88,20 +89,26 @@ class FP16Compressor(CastCompressor):
 
 
 class BF16Compressor(CastCompressor):
-    """Round floating tensors to bfloat16 (float32's range, fewer mantissa bits).
+    """Send floating tensors as bfloat16 (float32's range, 8 mantissa bits): half the bytes
+    of float32 move between ranks.
 
-    numpy has no bfloat16, so the rounded values travel as float32: this saves no bytes on
-    the wire; it gives bfloat16's rounding where a model expects it.
+    As with fp16, each addition is computed in float32 and rounded to bfloat16 between
+    ranks, and Average divides before summing. numpy arrays become ml_dtypes' bfloat16;
+    device arrays (cupy and numba have no bfloat16) are rounded to bfloat16 values and
+    travel as float32: on the device path this saves no bytes.
     """
 
     target = "bfloat16"
+    wire = "bfloat16"
 
     @classmethod
     def is_target(cls, tensor):
-        return False  # no numpy array holds bfloat16: every floating one is rounded
+        return np.dtype(tensor.dtype) == BFLOAT16
 
     @staticmethod
     def cast_to_target(tensor):
+        if isinstance(tensor, np.ndarray):
+            return tensor.astype(BFLOAT16)
         single = tensor if np.dtype(tensor.dtype) == np.float32 else tensor.astype(np.float32)
         bits = _empty_like(single, np.uint16)
         to_bf16(single, bits)
@@ -111,7 +118,7 @@ class BF16Compressor(CastCompressor):
 
     @staticmethod
     def cast_back(tensor, dtype):
-        return tensor if np.dtype(dtype) == np.float32 else tensor.astype(dtype)
+        return tensor if np.dtype(dtype) == np.dtype(tensor.dtype) else tensor.astype(dtype)
 
 
 class Compression:

@@ -13,7 +13,9 @@ import threading
 import time
 
 import numpy as np
+
 from ._mpi import MPI
+from .ops import BFLOAT16
 
 _ABORT_GRACE_S = 1.0
 # a rank whose MPI_Abort has not ended it by then (its proxy cut off) exits by itself
@@ -276,3 +278,13 @@ class Exchange:
 def byte_view(array):
     """Return a contiguous array as a flat uint8 view (for byte-counted MPI calls)."""
     return array.reshape(-1).view(np.uint8)
+
+
+_BITS_OF = {BFLOAT16: np.dtype(np.uint16)}  # dtypes MPI has no type for
+
+
+def sendable(array):
+    """``array`` as MPI takes it: itself, or a view of its memory as unsigned integers of
+    its width where MPI has no type for its dtype (bfloat16)."""
+    bits = _BITS_OF.get(array.dtype) if isinstance(array, np.ndarray) else None
+    return array if bits is None else array.view(bits)

@@ -17,7 +17,7 @@ def scale_into(buffer, factor, stream=0):
         device_kernels().scale_into(buffer, factor, stream)
         return
     xp = array_module(buffer)
-    if buffer.dtype.kind == "f":
+    if _floating(buffer.dtype):
         xp.multiply(buffer, buffer.dtype.type(factor), out=buffer)
         return
     scaled = xp.trunc(buffer.astype(xp.float64) * float(factor))
@@ -56,3 +56,8 @@ def divide_trunc(buffer, divisor, stream=0):
         xp.negative(buffer, out=buffer, where=negative)
     else:  # cupy's ufuncs take no where=
         buffer[...] = xp.where(negative, -buffer, buffer)
+
+
+def _floating(dtype):
+    # bfloat16 (ml_dtypes) is floating though numpy gives it kind "V"
+    return dtype.kind == "f" or dtype.name == "bfloat16"

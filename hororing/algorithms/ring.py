@@ -135,19 +135,22 @@ class Ring(Algorithm):
         pieces = layout.pieces
         in_place = source is buffer
         scratch = self._scratch_halves(buffer.dtype, layout.largest) if in_place else None
+        # what MPI reads and writes: the same memory, bfloat16 as its 16-bit patterns
+        sent, into = transport.sendable(source), transport.sendable(buffer)
+        received = tuple(transport.sendable(half) for half in scratch) if in_place else None
         pending_sends = {}  # chunk -> send requests still reading from it
 
         def post_receives(index):
             step = steps[index]
             chunk_start = pieces[step.recv_chunk][0][0]
             if step.reduce and in_place:
-                half = scratch[index % 2]
+                half = received[index % 2]
                 return [comm.Irecv(half[start - chunk_start:stop - chunk_start], left, tag)
                         for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
             # out of place, a chunk is received into the buffer before this rank has sent it;
             # the allgather writes straight into the buffer: first let earlier sends finish
             transport.wait_all(pending_sends.pop(step.recv_chunk, []))
-            return [comm.Irecv(buffer[start:stop], left, tag)
+            return [comm.Irecv(into[start:stop], left, tag)
                     for tag, (start, stop) in enumerate(pieces[step.recv_chunk])]
 
         first = steps[0].send_chunk
@@ -155,7 +158,7 @@ class Ring(Algorithm):
         sends = pending_sends[first] = []
         for tag, (start, stop) in enumerate(pieces[first]):
             stage.need(start, stop)
-            sends.append(comm.Isend(source[start:stop], right, tag))
+            sends.append(comm.Isend(sent[start:stop], right, tag))
         receives = post_receives(0)
         for index, step in enumerate(steps):
             has_next = index + 1 < len(steps)
@@ -182,7 +185,7 @@ class Ring(Algorithm):
                 if owned_now or not step.reduce:
                     stage.final(start, stop)
                 if has_next:
-                    forwarded.append(comm.Isend(buffer[start:stop], right, tag))
+                    forwarded.append(comm.Isend(into[start:stop], right, tag))
             receives = next_receives if early else (post_receives(index + 1) if has_next else None)
         for requests in pending_sends.values():
             transport.wait_all(requests)

@@ -8,6 +8,7 @@ and combined there by the reduce kernel, row after row.
 
 import numpy as np
 
+from .. import transport
 from ..kernels import REDUCE_UFUNCS, reduce_into
 from .base import Algorithm
 from .ring import copy_flat
@@ -50,7 +51,7 @@ class GatherReduce(Algorithm):
         if self.size > 1 and buffer.size:  # every rank has the same size: all skip alike
             rows = self._rows_for(buffer)
             if self.device is None:
-                self.comm.Allgather(source, rows)
+                self.comm.Allgather(transport.sendable(source), transport.sendable(rows))
                 # the rows combined in rank order: the same bits on every rank
                 reduce_rows(REDUCE_BY_NAME[op], rows, buffer)
             else:

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
-from ..ops import Adasum, Average, KERNEL_OP, Sum
+from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
 from .buffers import HostBuffers
 
 class Route(NamedTuple):
@@ -244,10 +244,17 @@ def _dtype(dtype_name):
 @functools.cache
 def wire_dtype(dtype_name, chosen=""):
     """The dtype a tensor travels and is reduced in: the sender's choice (``Meta.wire``), or
-    its own dtype, except float16."""
+    its own dtype, except the 16-bit floats.
+
+    A 16-bit wire (a compressor's choice) halves the bytes: every hop widens what it
+    receives to float32, adds, and rounds the sum to 16 bits before it is sent on."""
     dtype = np.dtype(chosen or dtype_name)
-    # float16 sums accumulate in float32: an fp16 partial sum loses precision and overflows
-    return np.dtype(np.float32) if dtype == np.float16 and not chosen else dtype
+    # 16-bit sums of the tensors' own accumulate in float32: a 16-bit partial sum loses
+    # precision (and float16 overflows)
+    return np.dtype(np.float32) if dtype in _HALF and not chosen else dtype
+
+
+_HALF = (np.dtype(np.float16), BFLOAT16)
 
 
 def wire_bytes(meta):
@@ -294,7 +301,7 @@ def finalizer(meta, size):
 def _finalizer(meta, size):
     postscale = meta.postscale
     if meta.op == Average:
-        if np.dtype(meta.dtype).kind == "f":
+        if is_floating(meta.dtype):
             if postscale == 1.0:
                 def finalize_divided(piece):
                     divide_into(piece, size)

@@ -6,11 +6,11 @@ import tensorflow as tf
 from .. import compression as kinds
 from ..compression import Compressor, NoneCompressor
 
-__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
-class FP16Compressor(kinds.FP16Compressor):
-    __doc__ = kinds.FP16Compressor.__doc__
+class _TensorFlowCasts:
+    """How a cast kind sees and casts TensorFlow tensors."""
 
     @staticmethod
     def floating(tensor):
@@ -18,19 +18,28 @@ class FP16Compressor(kinds.FP16Compressor):
 
     @classmethod
     def is_target(cls, tensor):
-        return tensor.dtype == tf.float16
+        return tensor.dtype == getattr(tf, cls.target)
 
-    @staticmethod
-    def cast_to_target(tensor):
-        return tf.cast(tensor, tf.float16)
+    @classmethod
+    def cast_to_target(cls, tensor):
+        return tf.cast(tensor, getattr(tf, cls.target))
 
     @staticmethod
     def cast_back(tensor, dtype):
         return tf.cast(tensor, dtype)
 
 
+class FP16Compressor(_TensorFlowCasts, kinds.FP16Compressor):
+    __doc__ = kinds.FP16Compressor.__doc__
+
+
+class BF16Compressor(_TensorFlowCasts, kinds.BF16Compressor):
+    __doc__ = kinds.BF16Compressor.__doc__
+
+
 class Compression:
-    """Horovod's names: ``Compression.none``, ``Compression.fp16``."""
+    """Horovod's names: ``Compression.none``, ``Compression.fp16``; plus ``Compression.bf16``."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor

@@ -3,7 +3,8 @@
 CPU tensors are handed to the engine as numpy views of the same memory (no copy); CUDA
 tensors as themselves (the engine sees them through ``__cuda_array_interface__``, no copy),
 and results come back on the input's device. In-place verbs write straight into the tensor.
-bfloat16, which numpy lacks, travels as float32.
+A bfloat16 tensor travels as float32 (its sums then exact in float32), except a compressor's
+bfloat16 payload on the CPU: that is handed over as ml_dtypes' bfloat16, the same memory.
 """
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 
 from .. import collectives as core
 from ..engine import Meta
+from ..ops import BFLOAT16
 from ..validate import check_ndim
 
 _NUMPY_FREE = (torch.bfloat16,)
@@ -92,12 +94,16 @@ def check_tensors(tensors, verb, min_ndim=0):
     return tensors
 
 
-def as_numpy(tensor, argument="tensor"):
+def as_numpy(tensor, argument="tensor", bfloat16=False):
+    """``tensor``'s data as the engine takes it (see the module docstring); ``bfloat16``: a
+    CPU bfloat16 tensor as a bfloat16 numpy view of its memory, not a float32 copy."""
     check_tensor(tensor, argument)
     if tensor.is_sparse:
         raise ValueError(f"{argument} is sparse; densify it with .to_dense() first, or use "
                          f"sparse_allreduce_async")
     detached = tensor.detach()
+    if detached.dtype == torch.bfloat16 and bfloat16 and detached.device.type == "cpu":
+        return detached.view(torch.int16).numpy().view(BFLOAT16)
     if detached.dtype in _NUMPY_FREE:
         detached = detached.float()
     if detached.device.type == "cuda":
@@ -108,25 +114,35 @@ def as_numpy(tensor, argument="tensor"):
     return detached.numpy()
 
 
+def from_numpy(array):
+    """A tensor over a C-contiguous numpy array's memory (ml_dtypes' bfloat16 as
+    torch.bfloat16)."""
+    if array.dtype == BFLOAT16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def to_torch(array, like):
     if isinstance(array, torch.Tensor):
         result = array
     elif isinstance(array, np.ndarray):
         # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
-        result = torch.from_numpy(array if array.flags.c_contiguous else array.copy())
+        result = from_numpy(array if array.flags.c_contiguous else array.copy())
     else:  # a device array from the engine: viewed in place, on the input's device
         result = torch.as_tensor(array, device=like.device)
     return result.to(like.dtype) if result.dtype != like.dtype else result
 
 
-def in_place(tensor, submit):
-    """Run ``submit(array)`` on a numpy view of ``tensor`` so the result lands in it."""
-    array = as_numpy(tensor)
+def in_place(tensor, submit, bfloat16=False):
+    """Run ``submit(array)`` on a numpy view of ``tensor`` so the result lands in it
+    (``bfloat16``: as ``as_numpy``'s)."""
+    array = as_numpy(tensor, bfloat16=bfloat16)
     if (tensor.device.type == "cuda" and tensor.dtype not in _NUMPY_FREE
             and array.data_ptr() != tensor.data_ptr()):
         raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
                          ".contiguous() first or use the out-of-place form")
-    if tensor.dtype in _NUMPY_FREE:  # the float32 copy comes back into the bf16 tensor
+    if tensor.dtype in _NUMPY_FREE and array.dtype != BFLOAT16:
+        # the float32 copy comes back into the bf16 tensor
         def finish(result):
             tensor.data.copy_(to_torch(result, tensor))
             return tensor

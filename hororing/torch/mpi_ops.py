@@ -60,7 +60,8 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
                                 process_set)
     op = resolve_op(op, allowed=ALLREDUCE_OPS)
     return in_place(tensor, lambda array: core.compressed_allreduce_async_(
-        array, compression, name, op, prescale_factor, postscale_factor, process_set))
+        array, compression, name, op, prescale_factor, postscale_factor, process_set),
+        bfloat16=True)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,

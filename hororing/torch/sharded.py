@@ -37,6 +37,7 @@ from ..context import current
 from ..process_sets import global_process_set, group_of
 from ..zero import ParameterGather
 from . import mpi_ops
+from .bridge import as_numpy, from_numpy
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .shard_layout import GroupVector
@@ -221,11 +222,11 @@ class ShardedOptimizer(WrappingOptimizer):
         background, overlapping the rest of backward). The model's ``.grad`` of its
         parameters are let go: nothing may touch the vector while it is reduced.
 
-        A float16 or bfloat16 vector is summed as float32 and rounded back (bfloat16, which
-        numpy lacks, carried as a float32 copy). Compressed, the payload
-        ``compression.compress`` makes of the vector travels instead, as the unsharded
-        optimizer sends it: a 16-bit wire sum is divided by the ranks before it (it could
-        overflow where the average would not). Alone, nothing is compressed, as with the
+        A float16 or bfloat16 vector is summed as float32 and rounded back (bfloat16 carried
+        as a float32 copy). Compressed, the payload ``compression.compress`` makes of the
+        vector travels instead, as the unsharded optimizer sends it (16 bits on the wire,
+        every hop's sum in float32): a 16-bit wire sum is divided by the ranks before it (it
+        could overflow where the average would not). Alone, nothing is compressed, as with the
         unsharded optimizer."""
         flat = vector.fill(bucket)
         for parameter in bucket.parameters:
@@ -233,9 +234,12 @@ class ShardedOptimizer(WrappingOptimizer):
         compressing = self._compression is not Compression.none and self._group.size > 1
         payload, ctx = self._compression.compress(flat) if compressing else (flat, None)
         wire = self._compression.wire if compressing else ""
-        carried = payload.float() if payload.dtype == torch.bfloat16 else payload
+        # a bfloat16 vector of the model's own is summed as float32; a compressor's
+        # bfloat16 payload travels as it is
+        carried = payload.float() if payload.dtype == torch.bfloat16 and not wire else payload
         handle = collectives.reducescatter_async_(
-            carried.numpy(), self._label(group_index, vector, f"bucket{bucket.index}"),
+            as_numpy(carried, bfloat16=True),
+            self._label(group_index, vector, f"bucket{bucket.index}"),
             self._op, self.process_set, self._prescale, self._postscale, wire=wire)
         bucket.launched = (handle, payload.dtype, ctx if compressing else None)
         self._in_flight.append((vector, bucket))
@@ -271,7 +275,7 @@ class ShardedOptimizer(WrappingOptimizer):
         the reduce-scatter left it, in the bucket's own vector); a stage-2 bucket's gradient
         vector goes back to the pool."""
         handle, payload_dtype, ctx = bucket.launched
-        mine = torch.from_numpy(collectives.synchronize(handle))
+        mine = from_numpy(collectives.synchronize(handle))
         if mine.dtype != payload_dtype:  # bfloat16 carried as float32
             mine = mine.to(payload_dtype)
         if ctx is not None:

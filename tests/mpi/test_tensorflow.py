@@ -217,19 +217,21 @@ def test_distributed_gradient_tape_averages_and_fuses(reduced_buffers):
         assert [count for _, _, count in reduced_buffers] == [sum(np.prod(s) for s in shapes)]
 
 
-def test_fp16_compression_sends_a_tapes_gradients_as_float16(reduced_buffers):
+@pytest.mark.parametrize("kind,wire", [("fp16", "float16"), ("bf16", "bfloat16")])
+def test_16_bit_compression_sends_a_tapes_gradients_in_16_bits(kind, wire, reduced_buffers):
     size, rank = hvd.size(), hvd.rank()
     weights = [tf.Variable(tf.ones([5])), tf.Variable(tf.ones([3]))]
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(weights[0] * float(rank + 1)) + tf.reduce_sum(weights[1])
     del reduced_buffers[:]
-    grads = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16).gradient(
-        loss, weights)
+    grads = hvd.DistributedGradientTape(
+        tape, compression=getattr(hvd.Compression, kind)).gradient(loss, weights)
     assert [grad.dtype for grad in grads] == [tf.float32, tf.float32]
+    # at 1-3 ranks the 16-bit sums of (rank + 1) / size and 1 / size round to these values
     assert grads[0].numpy().tolist() == [(size + 1) / 2] * 5
     assert grads[1].numpy().tolist() == [1.0] * 3
-    if size > 1:  # half the bytes: the fused buffer is float16
-        assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {"float16"}
+    if size > 1:  # half the bytes: the fused buffer is 16-bit
+        assert reduced_buffers and {dtype for _, dtype, _ in reduced_buffers} == {wire}
 
 
 def test_gradient_tape_in_tf_function_and_sparse_gradients():
