@@ -11,8 +11,8 @@ engine fuses them into few exchanges and only one executor thread blocks.
 
 Names: eager calls are numbered by the core as its own unnamed calls are; an op built in a
 graph takes its name when it is built (graph.py), so it is the same on every rank and on
-every run (the engine's response cache then applies). bfloat16 and bool, which the engine
-does not carry, travel as float32 and uint8.
+every run (the engine's response cache then applies). bool, which the engine does not
+carry, travels as uint8.
 """
 
 import re
