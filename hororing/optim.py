@@ -29,12 +29,19 @@ import itertools
 import numpy as np
 
 from . import collectives, ops
+from .comm_hooks import Binding, GradBucket, Reduction, check_hook
 from .compression import Compression
 from .context import current
 from .engine import Meta, assign
 from .zero import Buckets, ParameterGather
 
 _INSTANCES = itertools.count()
+# how the comm hooks start and finish a numpy bucket's allreduce
+NUMPY = Binding(Compression, lambda payload, compressor, name, reduction:
+                collectives.compressed_allreduce_async_(
+                    payload, compressor, name, reduction.op, reduction.prescale,
+                    reduction.postscale, reduction.process_set),
+                collectives.synchronize)
 
 
 class SGD:
@@ -75,18 +82,25 @@ class DistributedOptimizer:
         backward_passes_per_step: local backward passes summed per allreduce and step.
         op: Average (default), Sum or Adasum.
         sharded: shard the optimizer's state over the ranks (``ShardedOptimizer``).
+        comm_hook: reduce the gradients bucket by bucket with ``comm_hook(None, bucket)``
+            (``hororing.comm_hooks``: allreduce, fp16, bf16, powersgd(...)); see also
+            ``register_comm_hook``.
 
     Every rank must call ``step()`` the same number of times.
     """
 
     def __new__(cls, optimizer, compression=None, backward_passes_per_step=1, op=ops.Average,
-                sharded=False):
+                sharded=False, comm_hook=None):
         if sharded:
+            if comm_hook is not None:
+                raise ValueError("sharded=True reduce-scatters its gradients and takes no "
+                                 "comm_hook (a hook returns whole reduced buckets; PowerSGD's "
+                                 "low-rank factors cannot be reduce-scattered)")
             return ShardedOptimizer(optimizer, compression, backward_passes_per_step, op)
         return super().__new__(cls)
 
     def __init__(self, optimizer, compression=None, backward_passes_per_step=1, op=ops.Average,
-                 sharded=False):
+                 sharded=False, comm_hook=None):
         for attribute in ("params", "grads", "step"):
             if not hasattr(optimizer, attribute):
                 raise TypeError(f"optimizer must have .params, .grads and .step() (see "
@@ -104,6 +118,26 @@ class DistributedOptimizer:
         self._accumulated = None
         self._handles = {}
         self._bucketed_for = None  # the route version the buckets were laid out for
+        self._hook = None  # (state, hook) where a comm hook reduces the buckets
+        self._buckets = []  # [(names, flat)] the buckets a hook reduces
+        if comm_hook is not None:
+            self.register_comm_hook(None, comm_hook)
+
+    def register_comm_hook(self, state, hook):
+        """Reduce the gradients bucket by bucket with ``hook(state, bucket)`` from the next
+        step on (``hororing.comm_hooks``): every rank registers the same hook."""
+        check_hook(hook, self.op, self.compression is Compression.none)
+        self._hook = (state, hook)
+
+    def state_dict(self):
+        """The comm hook's state (PowerSGD's), to restore with ``load_state_dict``."""
+        hook = self._hook[1] if self._hook is not None else None
+        return {"comm_hook": hook.state_dict()} if hasattr(hook, "state_dict") else {}
+
+    def load_state_dict(self, state):
+        hook = self._hook[1] if self._hook is not None else None
+        if "comm_hook" in state and hasattr(hook, "load_state_dict"):
+            hook.load_state_dict(state["comm_hook"])
 
     @property
     def params(self):
@@ -114,12 +148,16 @@ class DistributedOptimizer:
         return self.optimizer.grads
 
     def grad_ready(self, name):
-        """Start the allreduce of ``grads[name]`` now (only on the step's last pass)."""
-        if self._passes + 1 == self.backward_passes_per_step and name not in self._handles:
+        """Start the allreduce of ``grads[name]`` now (only on the step's last pass; with a
+        comm hook the buckets start in ``step()``)."""
+        if self._passes + 1 == self.backward_passes_per_step and name not in self._handles \
+                and self._hook is None:
             self._start(name)
 
     def synchronize(self):
         """Finish every gradient's allreduce; ``grads`` then hold the averages."""
+        if self._hook is not None and current().size > 1:
+            self._reduce_buckets()
         for name in self.optimizer.grads:
             if name not in self._handles:
                 self._start(name)
@@ -132,12 +170,37 @@ class DistributedOptimizer:
         self._accumulated = None
         engine = current().engine
         route = engine.route
-        if current().size > 1 and self._bucketed_for != route.version:
+        if current().size > 1 and self._hook is None and self._bucketed_for != route.version:
             # after the first step, and again whenever the route changes (the autotuner)
             self._bucketed_for = route.version
             order = engine.reduction_order([f"grad.{name}" for name in self.optimizer.grads])
             _into_buckets(self.optimizer.grads, [name[len("grad."):] for name in order],
                           route.fusion_threshold)
+
+    def _reduce_buckets(self):
+        """Hand every bucket to the comm hook, wait for all, write the results back."""
+        grads = self.optimizer.grads
+        route = current().engine.route
+        if self._bucketed_for != route.version or any(
+                grads[name].base is not flat for names, flat in self._buckets for name in names):
+            # the first step, a new route, or a gradient replaced by a new array
+            self._bucketed_for = route.version
+            self._buckets = _into_buckets(grads, list(grads), route.fusion_threshold)
+        state, hook = self._hook
+        reduction = Reduction(self.op)
+        pending = []
+        for index, (names, flat) in enumerate(self._buckets):
+            bucket = GradBucket(index, f"bucket.{names[0]}..{names[-1]}.{len(names)}", flat,
+                                flat, [grads[name].shape for name in names], names, reduction,
+                                NUMPY, last=index == len(self._buckets) - 1)
+            pending.append((flat, hook(state, bucket)))
+        for flat, result in pending:
+            reduced = result.wait()
+            if reduced is not flat:
+                flat[...] = reduced
+        for names, _ in self._buckets:  # reduced: nothing left for the per-gradient path
+            for name in names:
+                self._handles[name] = (None, None, None)
 
     def step(self):
         """Count a backward pass; on the last of a step, average gradients and step.
@@ -314,11 +377,12 @@ def _pack_slice(params, names, values, owned):
 def _into_buckets(grads, order, bucket_bytes):
     """Replace the numpy C-contiguous entries of ``grads`` by views into flat arrays, one
     per fused bucket of the names in ``order`` (``engine.assign``, at most
-    ``bucket_bytes``); the values are kept."""
+    ``bucket_bytes``); the values are kept. Returns the buckets, [(names, flat array)]."""
     laid_out = [name for name in order
                 if type(grads[name]) is np.ndarray and grads[name].flags.c_contiguous]
     metas = [Meta("allreduce", dtype=grads[name].dtype.name, shape=grads[name].shape)
              for name in laid_out]
+    buckets = []
     for indices in assign(metas, bucket_bytes):
         bucket = [laid_out[index] for index in indices]
         flat = np.empty(sum(grads[name].size for name in bucket), dtype=grads[bucket[0]].dtype)
@@ -328,6 +392,8 @@ def _into_buckets(grads, order, bucket_bytes):
             view[...] = grads[name]
             grads[name] = view
             offset += view.size
+        buckets.append((bucket, flat))
+    return buckets
 
 
 def _compressor(compression):

@@ -21,13 +21,15 @@ pointed at the view again.
 import contextlib
 import warnings
 
+import numpy as np
 import torch
 
 from .. import ops
+from ..comm_hooks import check_hook
 from ..engine import assign
 from ..process_sets import global_process_set, group_of
-from . import mpi_ops
-from .bridge import engine_meta, zeros
+from . import comm_hooks, mpi_ops
+from .bridge import as_numpy, engine_meta, from_numpy, zeros
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .sharded import ShardedOptimizer
@@ -37,7 +39,7 @@ from .wrapping import WrappingOptimizer
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=ops.Average,
                          gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, sharded=False):
+                         process_set=global_process_set, sharded=False, comm_hook=None):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -63,6 +65,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (ZeRO stage 2): a bucket's gradient memory is let go once it is reduced, and
             each rank keeps its 1/n of the reduced gradients. Elementwise optimizers only
             (SGD, Adam, AdamW, RMSprop, Adagrad, ...).
+        comm_hook: reduce the dense gradients bucket by bucket with ``comm_hook(None,
+            bucket)`` (``hvd.comm_hooks``: allreduce, fp16, bf16, powersgd(rank=...)), as
+            DDP's ``register_comm_hook``; also ``optimizer.register_comm_hook(state, hook)``.
+            With ``sharded``, fp16 and bf16 compress the reduce-scatter (as ``compression=``);
+            other hooks are refused there.
 
     Returns:
         a torch.optim.Optimizer.
@@ -71,12 +78,29 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         >>> optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters())
     """
     if sharded:
+        if comm_hook is not None:
+            compression = _sharded_compression(comm_hook, compression)
         return ShardedOptimizer(optimizer, named_parameters, compression,
                                 backward_passes_per_step, op, gradient_predivide_factor,
                                 process_set, stage=sharded)
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                  op, gradient_predivide_factor, groups, sparse_as_dense,
-                                 process_set)
+                                 process_set, comm_hook)
+
+
+def _sharded_compression(hook, compression):
+    """The compression a sharded optimizer's reduce-scatter takes for ``hook``, or a
+    ValueError naming why the hook makes no sense there."""
+    if compression is not Compression.none:
+        raise ValueError("pass either compression= or comm_hook=, not both")
+    chosen = {comm_hooks.allreduce: Compression.none, comm_hooks.fp16: Compression.fp16,
+              comm_hooks.bf16: Compression.bf16}.get(hook)
+    if chosen is None:
+        raise ValueError(f"sharded=True reduce-scatters each gradient bucket, so that each "
+                         f"rank keeps its slice; it takes comm_hooks.allreduce, .fp16 or .bf16 "
+                         f"(or compression=), not {hook!r}: PowerSGD's low-rank factors (and "
+                         f"any hook that returns whole reduced buckets) have no slice to keep")
+    return chosen
 
 
 class _DistributedOptimizer(WrappingOptimizer):
@@ -84,7 +108,7 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense=False,
-                 process_set=global_process_set):
+                 process_set=global_process_set, comm_hook=None):
         # Optimizer.__init__ is not called: the wrapped optimizer's groups and state are used
         # as they are, shared, not rebuilt.
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -128,10 +152,27 @@ class _DistributedOptimizer(WrappingOptimizer):
         # the route version the views were last laid out for in the engine's order (None:
         # not yet, until the first step; the autotuner may change the route later)
         self._laid_out_for = None
+        self._comm_hook = None  # (state, hook): every bucket starts whole and goes through it
+        if comm_hook is not None:
+            check_hook(comm_hook, op, compression is Compression.none)
+            self._comm_hook = (None, comm_hook)
         if self._reduces():
             self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
                                               self._group.engine.route.fusion_threshold))
             self._register_hooks()
+
+    def register_comm_hook(self, state, hook):
+        """Reduce the dense gradients bucket by bucket with ``hook(state, bucket)`` from the
+        next backward pass on, as DDP's ``register_comm_hook`` (``hvd.comm_hooks``). Every
+        rank registers the same hook, between steps."""
+        check_hook(hook, self._op, self._compression is Compression.none)
+        if self._handles:
+            raise RuntimeError("register_comm_hook was called while gradients are being "
+                               "reduced; call it before backward() or after step()")
+        self._comm_hook = (state, hook)
+        if self._reduces():  # every bucket now starts whole
+            self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
+                                              self._group.engine.route.fusion_threshold))
 
     @property
     def _parameter_names(self):
@@ -167,9 +208,21 @@ class _DistributedOptimizer(WrappingOptimizer):
         return self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
-        return self._optimizer.state_dict()
+        """The wrapped optimizer's, with the comm hook's state (PowerSGD's) under
+        ``"comm_hook"``."""
+        state = self._optimizer.state_dict()
+        hook = self._comm_hook[1] if self._comm_hook is not None else None
+        if hasattr(hook, "state_dict"):
+            state["comm_hook"] = hook.state_dict()
+        return state
 
     def load_state_dict(self, state_dict):
+        if "comm_hook" in state_dict:
+            state_dict = dict(state_dict)
+            hook_state = state_dict.pop("comm_hook")
+            hook = self._comm_hook[1] if self._comm_hook is not None else None
+            if hasattr(hook, "load_state_dict"):
+                hook.load_state_dict(hook_state)
         return self._optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, param_group):
@@ -213,6 +266,9 @@ class _DistributedOptimizer(WrappingOptimizer):
         for parameter, (handle, ctx, payload, was_sparse) in self._handles.items():
             if handle is None:  # a member of a bucket reduced whole: its first member's handle
                 continue
+            if payload is _HOOKED:  # a comm hook's: the reduced flat vector, into the bucket
+                _write_back(handle.wait(), ctx)
+                continue
             if payload is _SPARSE:  # sparse_allreduce_async: the summed sparse gradient
                 parameter.grad = mpi_ops.synchronize(handle)
                 continue
@@ -251,11 +307,12 @@ class _DistributedOptimizer(WrappingOptimizer):
         if not update:
             self._views, self._whole_bucket, self._flats = {}, {}, {}
         self._views.update(views)
-        for bucket, flat in buckets:
-            if _starts_whole(bucket):
+        for index, (bucket, flat) in enumerate(buckets):
+            if self._comm_hook is not None or _starts_whole(bucket):
                 self._whole_bucket.update(dict.fromkeys(bucket, bucket))
                 first, last = self._names[bucket[0]], self._names[bucket[-1]]
-                self._flats[bucket] = (flat, f"bucket.{first}..{last}.{len(bucket)}")
+                self._flats[bucket] = (flat, f"bucket.{first}..{last}.{len(bucket)}", index,
+                                       index == len(buckets) - 1)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -309,7 +366,10 @@ class _DistributedOptimizer(WrappingOptimizer):
         """Start every member of a whole bucket: one in-place allreduce of its flat tensor
         where the members' gradients are its views and reduced alike, else one per member,
         announced together."""
-        flat, name = self._flats[bucket]
+        flat, name, index, last = self._flats[bucket]
+        if self._comm_hook is not None:
+            self._hand_to_hook(bucket, flat, name, index, last)
+            return
         if self._flat_reduce and all(self._in_view(member) for member in bucket):
             handle = mpi_ops.compressed_allreduce_async_(
                 flat, self._compression, name=name, op=self._op,
@@ -322,6 +382,28 @@ class _DistributedOptimizer(WrappingOptimizer):
         with self._group.engine.batch():
             for member in bucket:
                 self._start(member)
+
+    def _hand_to_hook(self, bucket, flat, name, index, last):
+        """Give a whole bucket to the comm hook (its gradients moved into their views)."""
+        for member in bucket:
+            if not self._in_view(member):
+                grad = member.grad
+                view = self._views[member]
+                view.copy_(grad.to_dense() if grad.is_sparse else grad)
+                member.grad = view
+        state, hook = self._comm_hook
+        array = as_numpy(flat, bfloat16=True) if flat.device.type == "cpu" else flat
+        reduction = comm_hooks.Reduction(self._op, self._prescale, self._postscale,
+                                         self.process_set)
+        result = hook(state, comm_hooks.bucket_of(index, name, flat, array, list(bucket),
+                                                  reduction, last))
+        if not hasattr(result, "wait"):
+            raise TypeError(f"a comm_hook returns something with wait() that gives the reduced "
+                            f"bucket (hororing.comm_hooks.Pending, a torch.futures.Future); "
+                            f"{hook!r} returned {type(result).__name__}")
+        self._handles[bucket[0]] = (result, flat, _HOOKED, False)
+        for member in bucket[1:]:
+            self._handles[member] = (None, None, member.grad, False)
 
     def _in_view(self, parameter):
         """The parameter's gradient is its view into its bucket (so the flat tensor holds it)."""
@@ -390,6 +472,18 @@ def _bucket_views(parameters, bucket_bytes):
 
 
 _SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_handles)
+_HOOKED = object()  # the payload of a bucket a comm hook reduces (_handles)
+
+
+def _write_back(reduced, flat):
+    """Put a hook's reduced vector (a tensor or a numpy array) into the bucket's ``flat``
+    tensor, unless it is already there."""
+    if isinstance(reduced, np.ndarray):
+        if reduced.ctypes.data == flat.data_ptr() and flat.device.type == "cpu":
+            return
+        reduced = from_numpy(np.ascontiguousarray(reduced))
+    if reduced.data_ptr() != flat.data_ptr():
+        flat.copy_(reduced.reshape(flat.shape))
 _NONE_HELD = frozenset()
 
 

@@ -68,7 +68,7 @@ FLOORS = [
                   "hororing.grad_rules"]),  # "hororing" itself: the numpy API
     ("launch", ["hororing.launcher", "hororing.runner"]),
     ("above the engine", ["hororing.elastic", "hororing.optim", "hororing.zero", "hororing.data",
-                          "hororing.ps.optimizer"]),
+                          "hororing.ps.optimizer", "hororing.comm_hooks", "hororing.powersgd"]),
     ("verbs", ["hororing.collectives", "hororing.validate", "hororing.compression",
                "hororing.objects"]),
     ("job state", ["hororing.context", "hororing.running", "hororing.world", "hororing.slurm",
