@@ -10,6 +10,7 @@ and a restarted job resumes from it (--resume), every rank starting from rank 0'
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -42,6 +43,13 @@ def parse_args():
     parser.add_argument("--sharded", type=int, nargs="?", const=1, default=0, choices=[1, 2],
                         help="shard the optimizer's state across the ranks (ZeRO stage 1; "
                              "--sharded 2: the gradients too, stage 2)")
+    parser.add_argument("--comm-hook", choices=["allreduce", "fp16", "bf16", "powersgd"],
+                        help="reduce the gradients through this communication hook "
+                             "(hvd.comm_hooks; default: the optimizer's own allreduce)")
+    parser.add_argument("--powersgd-rank", type=int, default=4)
+    parser.add_argument("--powersgd-start", type=int,
+                        help="plain steps before PowerSGD (default: a tenth of all steps)")
+    parser.add_argument("--history", help="write each epoch's train loss and accuracy (JSON)")
     parser.add_argument("--save-params", help="write the final parameters here (.npz)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model and data live; cuda: GPU local_rank %% GPU count")
@@ -78,6 +86,16 @@ def build_model():
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
                                torch.nn.Linear(128, 64), torch.nn.ReLU(),
                                torch.nn.Linear(64, 10))
+
+
+def comm_hook(args, total_steps):
+    """The communication hook ``--comm-hook`` names (None: the optimizer's own allreduce)."""
+    if args.comm_hook is None:
+        return None
+    if args.comm_hook == "powersgd":
+        start = args.powersgd_start if args.powersgd_start is not None else total_steps // 10
+        return hvd.comm_hooks.powersgd(rank=args.powersgd_rank, start_iter=start)
+    return getattr(hvd.comm_hooks, args.comm_hook)
 
 
 def averaged(values):
@@ -132,12 +150,13 @@ def main():
         # the servers hold the weights and apply each rank's gradient as it arrives, with
         # the unscaled learning rate: every push is one SGD step of one rank's batch
         optimizer = hvd.AsyncPSOptimizer(model.named_parameters(), lr=args.lr, momentum=0.9)
-    else:
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             sharded=args.sharded)
-
+    history = []
     # the same number of steps on every rank, so no rank waits for a collective that never comes
     steps = int(hvd.allreduce(torch.tensor([len(train_x) // args.batch_size]), op=hvd.Min)[0])
+    if not args.ps_async:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             sharded=args.sharded,
+                                             comm_hook=comm_hook(args, steps * args.epochs))
     loss_fn = torch.nn.CrossEntropyLoss()
     started = time.time()
     for epoch in range(first_epoch, args.epochs):
@@ -159,6 +178,7 @@ def main():
         loss_sum, correct, count = averaged(totals)
         # a sharded optimizer gathers its full state from every rank: all of them ask
         state = optimizer.state_dict() if rank == 0 or args.sharded else None
+        history.append({"epoch": epoch, "loss": loss_sum / count, "accuracy": correct / count})
         if rank == 0:
             print(f"  train loss {loss_sum / count:.4f} acc {correct / count:.3f}")
             os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
@@ -179,6 +199,10 @@ def main():
     if rank == 0:
         print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits "
               f"({size} ranks, {mode}, {time.time() - started:.1f} s of training)")
+        if args.history:
+            with open(args.history, "w") as handle:
+                json.dump({"hook": args.comm_hook, "ranks": size, "epochs": history,
+                           "test_accuracy": correct / count}, handle, indent=1)
         if args.save_params:
             np.savez(args.save_params, **{name: value.detach().cpu().numpy()
                                           for name, value in model.state_dict().items()})

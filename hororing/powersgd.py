@@ -89,28 +89,34 @@ class PowerSGD:
             self._finish_step()
         return entry.bucket.array()
 
-    # ---- one bucket's first half: P = M Q, and its allreduces -----------------------------------
+    # ---- one bucket's first half: P = M Q, and its allreduces ---------------------------
 
     def _start(self, entry):
         bucket = entry.bucket
         array, reduction = bucket.array(), bucket.reduction
+        source = array  # what this rank sends: its gradients, plus its error where kept
         if self.use_error_feedback:
+            # the error vector becomes what is sent, and after the step what was left out
+            # (no copy of the bucket: the approximation is written into the gradients)
             error = self._errors.get(bucket.name)
-            if error is None or error.shape != array.shape:
-                self._errors[bucket.name] = np.zeros_like(array)
-            else:
-                array += error
-            entry.before = array.copy()
+            if error is None or error.shape != array.shape or error.dtype != array.dtype:
+                error = self._errors[bucket.name] = np.zeros_like(array)
+            np.add(error, array, out=error)
+            source = entry.source = error
+        offset = 0
         for gradient in bucket.gradients():
+            sent = source[offset:offset + gradient.size].reshape(gradient.shape)
+            offset += gradient.size
             n = gradient.shape[0] if gradient.ndim >= 2 else 0
             m = gradient.size // n if n else 0
             rank = min(n, m, self.rank)
             if n and n * m > self.min_compression_rate * (n + m) * rank:
-                entry.matrices.append((gradient.reshape(n, m), rank))
+                entry.matrices.append((sent.reshape(n, m), rank))
+                entry.outputs.append(gradient.reshape(n, m))
             else:
-                entry.rest.append(gradient)
+                entry.rest.append((sent, gradient))
         if entry.rest:  # uncompressed, as the optimizer reduces without a hook
-            entry.rest_flat = np.concatenate([gradient.reshape(-1) for gradient in entry.rest])
+            entry.rest_flat = np.concatenate([sent.reshape(-1) for sent, _ in entry.rest])
             entry.handles.append(collectives.allreduce_async_(
                 entry.rest_flat, name=f"{bucket.name}.powersgd.rest", op=reduction.op,
                 prescale_factor=reduction.prescale, postscale_factor=reduction.postscale,
@@ -139,7 +145,7 @@ class PowerSGD:
             entry.p_flat, name=f"{bucket.name}.powersgd.p", op=ops.Sum,
             process_set=reduction.process_set))
 
-    # ---- every bucket of the step: Q = Mᵀ P, one allreduce, M = P Qᵀ -----------------------------
+    # ---- every bucket of the step: Q = Mᵀ P, one allreduce, M = P Qᵀ ---------------------
 
     def _finish_step(self):
         entries, self._step = self._step, []
@@ -175,17 +181,17 @@ class PowerSGD:
         reduction = bucket.reduction
         if entry.rest:
             offset = 0
-            for gradient in entry.rest:
+            for _, gradient in entry.rest:
                 gradient[...] = entry.rest_flat[offset:offset + gradient.size].reshape(
                     gradient.shape)
                 offset += gradient.size
         factor = reduction.prescale * reduction.postscale
-        for (matrix, _), p, q in zip(entry.matrices, entry.ps, entry.qs):
-            np.matmul(p, q.T, out=matrix)
+        for output, p, q in zip(entry.outputs, entry.ps, entry.qs):
+            np.matmul(p, q.T, out=output)
             if factor != 1.0:
-                matrix *= factor
-        if entry.before is not None:
-            np.subtract(entry.before, bucket.array(), out=self._errors[bucket.name])
+                output *= factor
+        if entry.source is not None:  # what was sent less what every rank applies
+            np.subtract(entry.source, bucket.array(), out=entry.source)
         if not self.warm_start:
             self._qs.pop(bucket.name, None)
         entry.done = True
@@ -224,12 +230,13 @@ class _Entry:
     def __init__(self, bucket):
         self.bucket = bucket
         self.handles = []     # its allreduces in flight (plain, or uncompressed and P)
-        self.matrices = []    # (the gradient as an n x m view, its rank)
-        self.rest = []        # the gradients sent uncompressed
+        self.matrices = []    # (what is sent of a gradient, as an n x m view; its rank)
+        self.outputs = []     # the gradients those approximate, n x m views
+        self.rest = []        # (what is sent, the gradient) of those sent uncompressed
         self.rest_flat = None
         self.p_flat = self.q_flat = None
         self.ps = self.qs = ()
-        self.before = None    # the vector with the error added, before approximation
+        self.source = None    # the error vector holding what was sent (error feedback)
         self.done = False
 
 

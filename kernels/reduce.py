@@ -1,5 +1,6 @@
 """Element-wise reduction of one buffer into another: ``target = target (op) source``."""
 
+from . import half
 from ._xp import NUMBA, array_module, backend, device_kernels
 
 # Reduction names are the ones the engine uses on the wire; Average is a Sum followed by
@@ -33,5 +34,10 @@ def reduce_into(target, source, op, stream=0):
         kernels = device_kernels()
         kernels.reduce_into(target, source, kernels.OP_CODES[op], stream)
         return
+    if op == "sum":
+        fast = half.tensor(target)
+        if fast is not None:
+            fast.add_(half.tensor(source))
+            return
     ufunc = getattr(array_module(target), ufunc_name)
     ufunc(target, source, out=target)

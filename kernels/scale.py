@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from . import half
 from ._xp import NUMBA, array_module, backend, device_kernels
 
 
@@ -15,6 +16,10 @@ def scale_into(buffer, factor, stream=0):
         return
     if backend(buffer) == NUMBA:
         device_kernels().scale_into(buffer, factor, stream)
+        return
+    fast = half.tensor(buffer)
+    if fast is not None:
+        fast.mul_(half.factor(factor))
         return
     xp = array_module(buffer)
     if _floating(buffer.dtype):

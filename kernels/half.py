@@ -1,0 +1,35 @@
+"""float16 arithmetic on host arrays through torch's kernels, where the process has imported
+torch.
+
+numpy computes float16 elementwise in scalar code, converting each element through float32,
+and takes a slow path for subnormal values, which gradients are once divided by the ranks
+(float16's smallest normal value is 6.1e-5): multiplying 16.8 M such float16 values took
+561 ms here, normal ones 60 ms; torch's vectorized kernels take 4 ms either way. Both compute
+each operation in float32 and round the result to float16, so the results are the same bits
+(a factor is rounded to float16 first, as numpy does). Only additions and multiplications
+go through torch: its division by a scalar multiplies by the reciprocal, which is not always
+the correctly rounded quotient. torch is never imported here: a process
+that has not imported it keeps numpy's kernels.
+"""
+
+import sys
+
+import numpy as np
+
+_HALF = np.dtype(np.float16)
+
+
+def tensor(array):
+    """A torch tensor over a float16 numpy ``array``'s memory, or None where there is none to
+    use (another dtype or kind of array, or torch not imported)."""
+    if type(array) is not np.ndarray or array.dtype != _HALF:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "from_numpy"):
+        return None
+    return torch.from_numpy(array)
+
+
+def factor(value):
+    """``value`` as numpy applies it to float16: rounded to float16."""
+    return float(np.float16(value))
