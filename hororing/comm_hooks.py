@@ -23,6 +23,8 @@ matches them by name), as the optimizers do.
 
 from typing import NamedTuple
 
+from .powersgd import PowerSGD
+
 
 class Reduction(NamedTuple):
     """How the optimizer reduces its gradients: the op (Average or Sum), the factors
@@ -125,8 +127,6 @@ def powersgd(rank=1, start_iter=1000, min_compression_rate=2.0, use_error_feedba
              warm_start=True, seed=0):
     """A PowerSGD hook (``powersgd.PowerSGD``) with DDP's ``PowerSGDState`` defaults; its
     state (error feedback, the Q matrices, the step count) is saved with the optimizer's."""
-    from .powersgd import PowerSGD
-
     return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback, warm_start,
                     seed)
 

@@ -28,7 +28,6 @@ import zlib
 import numpy as np
 
 from . import collectives, ops
-from .comm_hooks import Pending
 
 
 class PowerSGD:
@@ -82,12 +81,7 @@ class PowerSGD:
         else:
             self._start(entry)
         self._step.append(entry)
-        return Pending(lambda: self._wait(entry))
-
-    def _wait(self, entry):
-        if not entry.done:
-            self._finish_step()
-        return entry.bucket.array()
+        return _Waiting(self, entry)
 
     # ---- one bucket's first half: P = M Q, and its allreduces ---------------------------
 
@@ -222,6 +216,19 @@ class PowerSGD:
         self.iter = int(state["iter"])
         self._errors = {name: np.array(error) for name, error in state["errors"].items()}
         self._qs = {name: np.array(q) for name, q in state["qs"].items()}
+
+
+class _Waiting:
+    """What the hook returns for a bucket: ``wait()`` finishes the step's buckets (the
+    first call of the step) and gives this one's reduced vector."""
+
+    def __init__(self, hook, entry):
+        self._hook, self._entry = hook, entry
+
+    def wait(self):
+        if not self._entry.done:
+            self._hook._finish_step()
+        return self._entry.bucket.array()
 
 
 class _Entry:
