@@ -129,6 +129,43 @@ class Compression:
     bf16 = BF16Compressor
 
 
+class FrameworkCasts:
+    """How a framework's tensors meet the cast kinds: a subclass gives ``dtype_of(name)``
+    (the framework's dtype of a numpy name), ``is_floating(dtype)`` and ``cast(tensor,
+    dtype)``; ``framework_kinds`` mixes it into fp16 and bf16."""
+
+    @classmethod
+    def floating(cls, tensor):
+        return cls.is_floating(tensor.dtype)
+
+    @classmethod
+    def is_target(cls, tensor):
+        return tensor.dtype == cls.dtype_of(cls.target)
+
+    @classmethod
+    def cast_to_target(cls, tensor):
+        return cls.cast(tensor, cls.dtype_of(cls.target))
+
+    @classmethod
+    def cast_back(cls, tensor, dtype):
+        return cls.cast(tensor, dtype)
+
+
+def framework_kinds(casts):
+    """A framework's ``FP16Compressor``, ``BF16Compressor`` and ``Compression``: the kinds
+    here, each rule written once, with ``casts`` (a ``FrameworkCasts``) for its tensors; named
+    as in the framework's module, so they pickle by reference."""
+    def kind(base):
+        return type(base.__name__, (casts, base), {"__doc__": base.__doc__,
+                                                    "__module__": casts.__module__,
+                                                    "__qualname__": base.__name__})
+    fp16, bf16 = kind(FP16Compressor), kind(BF16Compressor)
+    namespace = type("Compression", (), {"__doc__": Compression.__doc__, "none": NoneCompressor,
+                                         "fp16": fp16, "bf16": bf16,
+                                         "__module__": casts.__module__})
+    return fp16, bf16, namespace
+
+
 def wire_of(compressor):
     """The wire dtype name of ``compressor``'s payloads ("" for a compressor that does not
     derive from ``Compressor``: its payload travels as it is)."""
