@@ -21,6 +21,7 @@ Every hook must be called by every rank for the same buckets in any order (the e
 matches them by name), as the optimizers do.
 """
 
+import math
 from typing import NamedTuple
 
 from .powersgd import PowerSGD
@@ -73,9 +74,7 @@ class GradBucket:
         """Views of ``array()``, one per parameter, shaped like it."""
         views, offset = [], 0
         for shape in self._shapes:
-            count = 1
-            for extent in shape:
-                count *= extent
+            count = math.prod(shape)
             views.append(self._array[offset:offset + count].reshape(shape))
             offset += count
         return views

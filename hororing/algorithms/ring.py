@@ -53,11 +53,6 @@ class Ring(Algorithm):
 
     out_of_place = True  # allreduce and reducescatter take ``source``
 
-    @property
-    def subchunk_bytes(self):
-        """The pieces' size in effect now."""
-        return self.chunking()
-
     def allreduce(self, buffer, op, finalize=None, segments=None, stage=None, source=None):
         """Reduce the flat ``buffer`` over all ranks: in place, or from ``source`` into it.
 

@@ -14,9 +14,12 @@ Example:
     ...                                      comm_hook=hvd.comm_hooks.powersgd(rank=4))
 """
 
+import numpy as np
+
 from ..comm_hooks import (Binding, GradBucket, Pending, Reduction, allreduce, bf16, fp16,
                           powersgd)
 from . import mpi_ops
+from .bridge import from_numpy
 from .compression import Compression
 
 __all__ = ["GradBucket", "Pending", "Reduction", "allreduce", "bf16", "fp16", "powersgd"]
@@ -35,3 +38,29 @@ def bucket_of(index, name, flat, array, parameters, reduction, last):
     return GradBucket(index, name, flat, array, [tuple(parameter.shape) for parameter
                                                   in parameters], parameters, reduction,
                       TORCH, last)
+
+
+def sharded_compression(hook, compression):
+    """The compression a sharded optimizer's reduce-scatter takes for ``hook``, or a
+    ValueError naming why the hook makes no sense there."""
+    if compression is not Compression.none:
+        raise ValueError("pass either compression= or comm_hook=, not both")
+    chosen = {allreduce: Compression.none, fp16: Compression.fp16,
+              bf16: Compression.bf16}.get(hook)
+    if chosen is None:
+        raise ValueError(f"sharded=True reduce-scatters each gradient bucket, so that each "
+                         f"rank keeps its slice; it takes comm_hooks.allreduce, .fp16 or .bf16 "
+                         f"(or compression=), not {hook!r}: PowerSGD's low-rank factors (and "
+                         f"any hook that returns whole reduced buckets) have no slice to keep")
+    return chosen
+
+
+def write_back(reduced, flat):
+    """Put a hook's reduced vector (a tensor or a numpy array) into the bucket's ``flat``
+    tensor, unless it is already there."""
+    if isinstance(reduced, np.ndarray):
+        if reduced.ctypes.data == flat.data_ptr() and flat.device.type == "cpu":
+            return
+        reduced = from_numpy(np.ascontiguousarray(reduced))
+    if reduced.data_ptr() != flat.data_ptr():
+        flat.copy_(reduced.reshape(flat.shape))

@@ -21,7 +21,6 @@ pointed at the view again.
 import contextlib
 import warnings
 
-import numpy as np
 import torch
 
 from .. import ops
@@ -29,7 +28,7 @@ from ..comm_hooks import check_hook
 from ..engine import assign
 from ..process_sets import global_process_set, group_of
 from . import comm_hooks, mpi_ops
-from .bridge import as_numpy, engine_meta, from_numpy, zeros
+from .bridge import as_numpy, engine_meta, zeros
 from .compression import Compression
 from .functions import refuse_uninitialized
 from .sharded import ShardedOptimizer
@@ -79,28 +78,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     if sharded:
         if comm_hook is not None:
-            compression = _sharded_compression(comm_hook, compression)
+            compression = comm_hooks.sharded_compression(comm_hook, compression)
         return ShardedOptimizer(optimizer, named_parameters, compression,
                                 backward_passes_per_step, op, gradient_predivide_factor,
                                 process_set, stage=sharded)
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                  op, gradient_predivide_factor, groups, sparse_as_dense,
                                  process_set, comm_hook)
-
-
-def _sharded_compression(hook, compression):
-    """The compression a sharded optimizer's reduce-scatter takes for ``hook``, or a
-    ValueError naming why the hook makes no sense there."""
-    if compression is not Compression.none:
-        raise ValueError("pass either compression= or comm_hook=, not both")
-    chosen = {comm_hooks.allreduce: Compression.none, comm_hooks.fp16: Compression.fp16,
-              comm_hooks.bf16: Compression.bf16}.get(hook)
-    if chosen is None:
-        raise ValueError(f"sharded=True reduce-scatters each gradient bucket, so that each "
-                         f"rank keeps its slice; it takes comm_hooks.allreduce, .fp16 or .bf16 "
-                         f"(or compression=), not {hook!r}: PowerSGD's low-rank factors (and "
-                         f"any hook that returns whole reduced buckets) have no slice to keep")
-    return chosen
 
 
 class _DistributedOptimizer(WrappingOptimizer):
@@ -267,7 +251,7 @@ class _DistributedOptimizer(WrappingOptimizer):
             if handle is None:  # a member of a bucket reduced whole: its first member's handle
                 continue
             if payload is _HOOKED:  # a comm hook's: the reduced flat vector, into the bucket
-                _write_back(handle.wait(), ctx)
+                comm_hooks.write_back(handle.wait(), ctx)
                 continue
             if payload is _SPARSE:  # sparse_allreduce_async: the summed sparse gradient
                 parameter.grad = mpi_ops.synchronize(handle)
@@ -475,15 +459,6 @@ _SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_han
 _HOOKED = object()  # the payload of a bucket a comm hook reduces (_handles)
 
 
-def _write_back(reduced, flat):
-    """Put a hook's reduced vector (a tensor or a numpy array) into the bucket's ``flat``
-    tensor, unless it is already there."""
-    if isinstance(reduced, np.ndarray):
-        if reduced.ctypes.data == flat.data_ptr() and flat.device.type == "cpu":
-            return
-        reduced = from_numpy(np.ascontiguousarray(reduced))
-    if reduced.data_ptr() != flat.data_ptr():
-        flat.copy_(reduced.reshape(flat.shape))
 _NONE_HELD = frozenset()
 
 
