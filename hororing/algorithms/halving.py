@@ -1,0 +1,154 @@
+"""Allreduces whose step count grows as log n: Rabenseifner's and recursive doubling.
+
+``Rabenseifner``: a reduce-scatter by recursive halving, then an allgather by recursive
+doubling (``plan.halving_schedule``): 2·log2(n) steps where the ring takes 2(n-1), with the
+same bytes on the wire, 2(n-1)/n of the buffer. ``RecursiveDoubling``: log2(n) steps, each
+exchanging and combining the whole buffer, for small buffers where the steps are the cost.
+Rank counts that are not powers of two fold their extra ranks in first (``plan.fold``);
+Rabenseifner's runs on the count's own prime factors instead where they are small
+(``plan.halving_factors``).
+
+Both give every rank the same bits: a block is reduced on one rank and copied to the rest
+(Rabenseifner), or both partners of a step combine the same two operands in the same order,
+the lower virtual rank's first (recursive doubling). Host buffers; the pipeline copies an
+out-of-place input into the buffer first.
+"""
+
+import math
+
+import numpy as np
+
+from .. import transport
+from ..kernels import reduce_into
+from .base import Algorithm
+from .plan import (chunk_bounds, doubling_partners, fold, halving_factors, halving_schedule,
+                   real_rank)
+from .ring import copy_flat
+
+
+class _Recursive(Algorithm):
+    """What both share: the fold of extra ranks, scratch memory, send-and-receive."""
+
+    def __init__(self, comm, members):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.members = members
+        self.contributors = self.size
+        self.fold = fold(self.size, self.rank, members)
+        self._scratch = np.empty(0, dtype=np.uint8)
+        self.bytes_sent = 0
+
+    def real(self, virtual):
+        return real_rank(virtual, self.size, self.members)
+
+    def allreduce(self, buffer, op, finalize=None, segments=None):
+        if self.size == 1 or not buffer.size:
+            if finalize is not None:
+                finalize(buffer)
+            return
+        with transport.activity(self._describe):
+            if self.fold.virtual is None:  # hand the buffer over; take the result back
+                partner = self.fold.partner
+                self._exchange(buffer, partner)
+                self._exchange(None, None, buffer, partner)
+                return
+            if self.fold.partner is not None:
+                self._exchange(None, None, self.scratch(buffer, buffer.size), self.fold.partner)
+                # the partner is the lower rank: its operand first, as recursive doubling's
+                received = self.scratch(buffer, buffer.size)
+                reduce_into(received, buffer, op)
+                copy_flat(buffer, received)
+            self._run(buffer, op, finalize)
+            if self.fold.partner is not None:
+                self._exchange(buffer, self.fold.partner)
+
+    def scratch(self, buffer, count):
+        needed = count * buffer.itemsize
+        if self._scratch.nbytes < needed:
+            self._scratch = np.empty(needed, dtype=np.uint8)
+        return self._scratch[:needed].view(buffer.dtype)
+
+    def _exchange(self, send, send_to, recv=None, recv_from=None):
+        """Send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from`` (either
+        None: that half is skipped); returns when both are done."""
+        requests = []
+        if recv is not None:
+            requests.append(self.comm.Irecv(transport.sendable(recv), recv_from))
+        if send is not None:
+            self.bytes_sent += send.nbytes
+            requests.append(self.comm.Isend(transport.sendable(send), send_to))
+        for request in requests:
+            transport.wait(request)
+
+    def _describe(self):
+        return f"{self.kind} among {self.size} ranks (rank {self.rank})"
+
+
+class Rabenseifner(_Recursive):
+    """Reduce-scatter by recursive halving, allgather by recursive doubling."""
+
+    kind = "Rabenseifner's allreduce"
+
+    def __init__(self, comm, factors=None):
+        """``factors``: the members' factors (``plan.halving_factors`` by default)."""
+        size = comm.Get_size()
+        members, factors = halving_factors(size) if factors is None else (
+            math.prod(factors), tuple(factors))
+        super().__init__(comm, members)
+        self.factors = factors
+        self.steps = ()
+        if self.fold.virtual is not None:
+            self.steps, self.owned = halving_schedule(self.fold.virtual, factors, self.real)
+
+    def _run(self, buffer, op, finalize):
+        bounds = chunk_bounds(buffer.size, self.members)
+
+        def elements(blocks):
+            return bounds[blocks[0]][0], bounds[blocks[1] - 1][1]
+        largest = max((elements(step.recv)[1] - elements(step.recv)[0]
+                       for step in self.steps if step.reduce), default=0)
+        received = self.scratch(buffer, largest)
+        finalized = finalize is None
+        for step in self.steps:
+            if not step.reduce and not finalized:  # the reduce-scatter is done: own block
+                start, stop = elements(self.owned)
+                finalize(buffer[start:stop])
+                finalized = True
+            send_start, send_stop = elements(step.send)
+            recv_start, recv_stop = elements(step.recv)
+            if step.reduce:
+                target = received[:recv_stop - recv_start]
+                self._exchange(buffer[send_start:send_stop], step.send_to, target,
+                               step.recv_from)
+                reduce_into(buffer[recv_start:recv_stop], target, op)
+            else:
+                self._exchange(buffer[send_start:send_stop], step.send_to,
+                               buffer[recv_start:recv_stop], step.recv_from)
+        if not finalized:  # one member: nothing exchanged
+            finalize(buffer)
+
+
+class RecursiveDoubling(_Recursive):
+    """log2(n) exchanges of the whole buffer, each partner combining both halves alike."""
+
+    kind = "recursive doubling"
+
+    def __init__(self, comm):
+        size = comm.Get_size()
+        super().__init__(comm, 1 << (size.bit_length() - 1))
+        self.partners = () if self.fold.virtual is None else \
+            doubling_partners(self.fold.virtual, self.members)
+
+    def _run(self, buffer, op, finalize):
+        received = self.scratch(buffer, buffer.size)
+        for partner in self.partners:
+            self._exchange(buffer, self.real(partner), received, self.real(partner))
+            if partner > self.fold.virtual:
+                reduce_into(buffer, received, op)
+            else:  # the partner's operand first, so that both compute the same bits
+                reduce_into(received, buffer, op)
+                copy_flat(buffer, received)
+        if finalize is not None:
+            finalize(buffer)
+
