@@ -10,10 +10,14 @@ pipeline asks it for inputs, outputs, the fusion buffer and its algorithms, and 
 branches on host or device itself.
 
 The algorithm kind for a buffer of n bytes: ``adasum`` for op=Adasum (whatever the size or
-mode), ``ps`` in parameter-server mode, else ``small``
-(gather and reduce, one latency) below the small-message threshold (``Route.small_bytes``,
-by default 1 MiB / ranks), else ``hierarchical`` when the job spans nodes and n reaches the
-hierarchical threshold (``Route.hierarchical_bytes``), else the ``ring``.
+mode), ``ps`` in parameter-server mode, else the cost model's choice for n bytes over this
+many ranks (``Route.table``, ``algorithms/cost.py``): ``small`` (gather and reduce, one
+MPI call; only below the small-message threshold, ``Route.small_bytes``, by default
+1 MiB / ranks), ``recursive_doubling``, the ``ring`` or ``rabenseifner``; where that is the
+ring or Rabenseifner's, ``hierarchical`` instead when the job spans nodes and n reaches the
+hierarchical threshold (``Route.hierarchical_bytes``). At 2 and 3 ranks the model picks
+``small`` below the threshold and the ring above; from 4 ranks the halving algorithms
+take over where their fewer steps pay.
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
 
@@ -32,6 +36,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ..algorithms import cost
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
 from .buffers import HostBuffers
@@ -49,16 +54,19 @@ class Route(NamedTuple):
     hierarchical: bool     # the hierarchical allreduce may run (where the job has one)
     hierarchical_bytes: int  # from this size up (where it may run)
     forced: Optional[str] = None  # every bucket takes this algorithm (tests, benchmarks)
+    table: tuple = ()  # ((below bytes, kind), ...): the cost model's choice by size
 
     @classmethod
     def configured(cls, config, size, across_nodes):
         """The route ``config`` sets for a job of ``size`` ranks."""
         threshold = config.hierarchical_threshold_bytes
+        small_bytes = config.small_threshold(size, across_nodes)
+        subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
         return cls(
             version=0, fusion_threshold=config.fusion_threshold,
             cycle_time_ms=config.cycle_time_ms,
-            small_bytes=config.small_threshold(size, across_nodes),
-            subchunk_bytes=config.subchunk_bytes(across_nodes=across_nodes),
+            small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
+            table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes),
             node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),
             cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
             # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_
@@ -67,6 +75,16 @@ class Route(NamedTuple):
             # asked for outright, or no threshold: every bucket the ring would take
             hierarchical_bytes=0 if config.hierarchical_allreduce or threshold is None
             else threshold)
+
+
+def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes):
+    """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
+    this host's measured constants, its memory as the link within a node and 10 Gbit/s
+    Ethernet between nodes. The same on every rank: it depends on nothing measured at run
+    time."""
+    far = cost.PRESETS["10gbe"] if across_nodes else cost.PRESETS["shm"]
+    return cost.choices(size, cost.HOST, far, cost.PRESETS["shm"], small_bytes=small_bytes,
+                        subchunk_bytes=subchunk_bytes)
 
 
 class AllreducePipeline:
@@ -143,11 +161,13 @@ class AllreducePipeline:
     def apply_settings(self, settings):
         """Route by the autotuner's ``settings`` (tuning.Settings) from now on."""
         subchunk = settings.subchunk_bytes  # one size for every ring
+        small_bytes = settings.small_total_bytes // self.comm.Get_size()
         self.reroute(fusion_threshold=settings.fusion_threshold,
-                     cycle_time_ms=settings.cycle_time_ms,
-                     small_bytes=settings.small_total_bytes // self.comm.Get_size(),
+                     cycle_time_ms=settings.cycle_time_ms, small_bytes=small_bytes,
                      subchunk_bytes=subchunk, node_subchunk_bytes=subchunk,
-                     cross_subchunk_bytes=subchunk, hierarchical=settings.hierarchical)
+                     cross_subchunk_bytes=subchunk, hierarchical=settings.hierarchical,
+                     table=algorithm_table(self.comm.Get_size(), self.across_nodes,
+                                           small_bytes, subchunk))
 
     def has(self, kind):
         """Whether this job has an allreduce algorithm ``kind`` (``hierarchical`` only where
@@ -166,12 +186,11 @@ class AllreducePipeline:
         algorithms = self.host.algorithms
         if "ps" in algorithms:
             return "ps"
-        if nbytes < route.small_bytes:
-            return "small"
-        if route.hierarchical and nbytes >= route.hierarchical_bytes and \
-                "hierarchical" in algorithms:
+        kind = cost.lookup(route.table, nbytes)
+        if kind in _BANDWIDTH and route.hierarchical and nbytes >= route.hierarchical_bytes \
+                and "hierarchical" in algorithms:
             return "hierarchical"
-        return "ring"
+        return kind
 
     def run(self, items):
         """Reduce the bucket ``items`` ((response, request) pairs; request None on a rank
@@ -233,6 +252,9 @@ class AllreducePipeline:
         place.finish()
         for (_, request), output in zip(items, outputs):
             complete(request, place.result(request, output))
+
+
+_BANDWIDTH = ("ring", "rabenseifner")  # where the hierarchical allreduce may stand in
 
 
 # cached: numpy builds dtypes from names in Python, and these run on every allreduce

@@ -15,6 +15,7 @@ from .._mpi import MPI
 
 from .. import transport
 from ..algorithms.adasum import Adasum as AdasumAllreduce
+from ..algorithms.halving import Rabenseifner, RecursiveDoubling
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
@@ -40,7 +41,9 @@ class Executor:
         across_nodes = layout[1] > 1
         # the rings read their sub-chunks from the route in effect at each call
         ring = Ring(comm, lambda: self.allreduce.route.subchunk_bytes)
-        algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm)}
+        algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm),
+                      "rabenseifner": Rabenseifner(comm),
+                      "recursive_doubling": RecursiveDoubling(comm)}
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer

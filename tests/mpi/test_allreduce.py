@@ -151,7 +151,7 @@ def test_grouped_allreduce():
 
 def _kinds():
     from hororing.context import current
-    available = ["ring", "small"]
+    available = ["ring", "small", "rabenseifner", "recursive_doubling"]
     if current().engine.allreduce.hierarchical_stats() is not None:
         available.append("hierarchical")
     return available
@@ -186,22 +186,28 @@ def test_every_algorithm_forced_gives_the_reference(dtype, length):
 @pytest.mark.skipif("os.environ.get('HORORING_SMALL_ALLREDUCE_BYTES')",
                     reason="a fixed threshold is set")
 def test_the_latency_path_ends_where_the_gathered_rows_reach_one_mib():
-    """The automatic threshold: a lone float32 allreduce goes to the latency path while
+    """The automatic threshold: a lone float32 allreduce may take the latency path while
     ranks x bytes < 1 MiB (256 KiB in a job across nodes, where the rows cross the links),
-    to the ring (or the hierarchical path) from there."""
+    never from there; on either side the cost model's table names the algorithm (the
+    hierarchical allreduce standing in for the ring or Rabenseifner's where it runs)."""
+    from hororing.algorithms import cost
     from hororing.context import current
     pipeline = current().engine.allreduce
     total = (1 << 20) if hvd.cross_size() == 1 else (256 << 10)
     if os.environ.get("HORORING_SMALL_ALLREDUCE_TOTAL_BYTES"):
         total = int(os.environ["HORORING_SMALL_ALLREDUCE_TOTAL_BYTES"])
     limit = total // hvd.size()  # bytes
+    assert pipeline.route.small_bytes == limit
     first_over = -(-limit // 4)  # the fewest float32 values that fill at least limit bytes
-    for count, wanted in ((first_over - 1, {"small"}), (first_over, {"ring", "hierarchical"})):
+    for count in (first_over - 1, first_over):
         inputs = all_inputs(hvd.size(), (count,), "float32", seed=count)
         with pipeline.watch() as seen:
             result = hvd.allreduce(inputs[hvd.rank()], op=hvd.Sum, name=f"threshold.{count}")
         assert_close(result, reference_allreduce(inputs, hvd.Sum))
-        assert len(seen) == 1 and seen[0][0] in wanted, (count, seen)
+        table_kind = cost.lookup(pipeline.route.table, count * 4)
+        assert len(seen) == 1 and seen[0][0] in {table_kind, "hierarchical"}, (count, seen)
+        if count == first_over:
+            assert seen[0][0] != "small"
 
 
 def test_forcing_an_algorithm_the_job_lacks_names_what_it_has():

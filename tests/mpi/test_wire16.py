@@ -29,7 +29,7 @@ def bound(inputs, kind, divisor=1):
     return (2 * len(inputs) + 2) * 0.5 * EPSILON[kind] * magnitude + 1e-30
 
 
-@pytest.fixture(params=["ring", "small"])
+@pytest.fixture(params=["ring", "small", "rabenseifner", "recursive_doubling"])
 def algorithm(request):
     """Force each path a bucket can take, so both reduce 16-bit payloads."""
     pipeline = current().engine.allreduce

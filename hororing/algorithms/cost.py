@@ -1,0 +1,221 @@
+"""What each allreduce algorithm costs, as hororing runs it: its steps, messages and bytes
+as functions of the rank count and the buffer, priced on a host and a link.
+
+The classic alpha-beta-gamma models (``costmodel.py``) price the network alone. Here a
+step also pays hororing's own work on the CPU: posting the sends and receives, waiting,
+Python's loop (``Host.step_s``, measured tens of microseconds here, against a few for the
+link), each extra message of a step (the ring's sub-chunks), the numpy reductions and
+copies. The algorithms' shapes (``plan.py`` schedules):
+
+============  ==========================  =============================  ===================
+algorithm     Python steps                bytes on a rank's link         bytes reduced
+============  ==========================  =============================  ===================
+ring          2(n-1), pieces each         2(n-1)/n·S                     (n-1)/n·S
+rabenseifner  2·Σ(f-1) (+2 if folded)     2(m-1)/m·S (+2S if folded)     (m-1)/m·S (+S)
+rec. doubl.   log2 m (+2 if folded)       log2 m·S (+2S if folded)       log2 m·S (+S)
+small         one MPI_Allgather call      (n-1)·S                        (n-1)·S
+============  ==========================  =============================  ===================
+
+m is the members (``plan.halving_factors``: n, or the largest power of two below it with
+the extra ranks folded in), f its factors. The gathered path's own steps run inside MPI
+(ceil(log2 n) latencies, no Python). With k ranks per node, the steps between nodes share
+the node's link: Rabenseifner's phases whose partners lie on other nodes carry k ranks'
+bytes at once, as does every step of recursive doubling and the gather; the ring's
+neighbours cross one link per node pair, one rank's bytes each.
+
+``contention`` multiplies the CPU terms where ranks outnumber cores (an oversubscribed run).
+"""
+
+import dataclasses
+import math
+
+from .plan import halving_factors
+
+KINDS = ("small", "recursive_doubling", "ring", "rabenseifner")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """The network between two ranks: one message's latency, each rank's bandwidth."""
+
+    name: str
+    latency_s: float
+    bandwidth_Bps: float  # bytes per second, each direction
+    copies: bool = False  # its transfers are copies made by the ranks' CPUs (shared memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """hororing's CPU costs on one core of a host."""
+
+    step_s: float      # one exchange of an algorithm written in Python: post, wait, loop
+    piece_s: float     # each further message within a step (the ring's sub-chunks)
+    call_s: float      # one allreduce called: its setup in Python, or MPI's collective call
+    reduce_Bps: float  # a numpy reduction, bytes of result per second
+    copy_Bps: float    # a numpy copy
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """An algorithm's work for one allreduce, on its busiest rank."""
+
+    steps: float = 0.0        # exchanges run from Python
+    messages: float = 0.0     # further messages within those steps
+    calls: float = 0.0        # calls: an algorithm's setup, or an MPI collective's
+    mpi_steps: float = 0.0    # latencies paid inside MPI's own collectives
+    near_bytes: float = 0.0   # bytes over links within a node
+    far_bytes: float = 0.0    # bytes over the node's link (already multiplied by sharing)
+    far_steps: float = 0.0    # exchanges (of steps and mpi_steps) that cross nodes
+    reduced: float = 0.0      # bytes of reductions
+    copied: float = 0.0       # bytes of copies
+    pieces: float = 1.0       # messages a step's data is cut into: the ring reduces one piece
+                              # while the next ones arrive
+
+    def time(self, host, far, near=None, contention=1.0):
+        """Seconds on ``host`` with ``far`` the link between nodes, ``near`` within one
+        (default ``far``: one rank per node)."""
+        near = near or far
+        cpu = (self.steps * host.step_s + self.messages * host.piece_s
+               + self.calls * host.call_s + self.copied / host.copy_Bps)
+        wire = (self.far_bytes / far.bandwidth_Bps * (contention if far.copies else 1.0)
+                + self.near_bytes / near.bandwidth_Bps * (contention if near.copies else 1.0))
+        reduce = contention * self.reduced / host.reduce_Bps
+        if self.pieces > 1:
+            data = max(wire, reduce) + min(wire, reduce) / self.pieces
+        else:
+            data = wire + reduce
+        all_steps = self.steps + self.mpi_steps
+        return (contention * cpu + data + self.far_steps * far.latency_s
+                + (all_steps - self.far_steps) * near.latency_s)
+
+
+def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
+    """The Shape of allreduce ``kind`` of ``nbytes`` over ``ranks`` ranks, ``per_node`` to a
+    node (consecutive ranks share a node)."""
+    n, size, k = ranks, float(nbytes), max(1, min(per_node, ranks))
+    if n <= 1:
+        return Shape()
+    nodes = math.ceil(n / k)
+    if kind == "ring":
+        steps = 2 * (n - 1)
+        pieces = max(1, math.ceil(size / n / subchunk_bytes))
+        wire = 2 * (n - 1) / n * size
+        far = wire if nodes > 1 else 0.0
+        return Shape(steps=steps, calls=1, messages=steps * (pieces - 1), near_bytes=wire - far,
+                     far_bytes=far, far_steps=steps if nodes > 1 else 0,
+                     reduced=(n - 1) / n * size, pieces=pieces)
+    if kind == "small":
+        rounds = math.ceil(math.log2(n))
+        far_rounds = math.ceil(math.log2(nodes)) if nodes > 1 else 0
+        # the rows from other nodes reach each node through its link, k ranks' worth
+        far = (n - k) * size * k if nodes > 1 else 0.0
+        return Shape(calls=1, mpi_steps=rounds, far_steps=far_rounds,
+                     near_bytes=(k - 1) * size, far_bytes=far, reduced=(n - 1) * size)
+    members, factors = halving_factors(n) if kind == "rabenseifner" else \
+        (1 << (n.bit_length() - 1), None)
+    folded = members < n
+    if kind == "recursive_doubling":
+        rounds = members.bit_length() - 1
+        # partners 1, 2, 4, ... apart: those at least k apart are on other nodes
+        far_rounds = sum(1 for bit in range(rounds) if (1 << bit) >= k)
+        fold_bytes = 2 * size if folded else 0.0
+        return Shape(steps=rounds + 2 * folded, calls=1, near_bytes=(rounds - far_rounds) * size
+                     + fold_bytes, far_bytes=far_rounds * size * k, far_steps=far_rounds,
+                     reduced=(rounds + folded) * size,
+                     copied=(rounds / 2 + folded) * size)
+    if kind == "rabenseifner":
+        steps = near_bytes = far_bytes = far_steps = 0.0
+        length, stride = size, 1
+        for factor in factors:
+            phase_steps = 2 * (factor - 1)
+            phase_bytes = 2 * (factor - 1) / factor * length
+            if stride >= k:  # the group's members lie on different nodes, k ranks per link
+                far_bytes += phase_bytes * k
+                far_steps += phase_steps
+            else:
+                near_bytes += phase_bytes
+            steps += phase_steps
+            length /= factor
+            stride *= factor
+        if folded:
+            steps += 2
+            near_bytes += 2 * size
+        return Shape(steps=steps, calls=1, near_bytes=near_bytes, far_bytes=far_bytes,
+                     far_steps=far_steps, reduced=(members - 1) / members * size
+                     + folded * size, copied=folded * size)
+    raise ValueError(f"unknown allreduce {kind!r}; one of {', '.join(KINDS)}")
+
+
+def predict(kind, ranks, nbytes, host, far, near=None, per_node=1, contention=1.0,
+            subchunk_bytes=1 << 20):
+    """Seconds of allreduce ``kind``; see ``Shape.time`` and ``shape``."""
+    return shape(kind, ranks, nbytes, per_node, subchunk_bytes).time(host, far, near,
+                                                                     contention)
+
+
+def bandwidth_bound(ranks, nbytes, far):
+    """No allreduce moves less than 2(n-1)/n of the buffer through each rank's link."""
+    return 2 * (ranks - 1) / ranks * nbytes / far.bandwidth_Bps if ranks > 1 else 0.0
+
+
+def latency_bound(ranks, far):
+    """No allreduce finishes in fewer than ceil(log2 n) latencies."""
+    return math.ceil(math.log2(ranks)) * far.latency_s if ranks > 1 else 0.0
+
+
+def choose(ranks, nbytes, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
+           subchunk_bytes=1 << 20):
+    """The fastest of ``kinds`` by the model (the gathered path only below ``small_bytes``,
+    where given). Ties go to the earlier kind in ``kinds``."""
+    best = None
+    for kind in kinds:
+        if kind == "small" and small_bytes is not None and nbytes >= small_bytes:
+            continue
+        seconds = predict(kind, ranks, nbytes, host, far, near, per_node,
+                          subchunk_bytes=subchunk_bytes)
+        if best is None or seconds < best[0] * (1 - 1e-9):
+            best = (seconds, kind)
+    return best[1]
+
+
+def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
+            subchunk_bytes=1 << 20, largest=1 << 31):
+    """The choice by size as ranges: ``((below_bytes, kind), ...)``, the last one below
+    None (any size). Sizes are tried at powers of two and at ``small_bytes``; a range runs
+    up to the next size where the choice changes."""
+    sizes = sorted({1 << shift for shift in range(0, largest.bit_length())}
+                   | ({small_bytes - 1, small_bytes} if small_bytes else set()))
+    table = []
+    for nbytes in sizes:
+        kind = choose(ranks, nbytes, host, far, near, per_node, kinds, small_bytes,
+                      subchunk_bytes)
+        if not table or table[-1][1] != kind:
+            if table:
+                table[-1] = (nbytes, table[-1][1])
+            table.append((None, kind))
+    return tuple(table)
+
+
+def lookup(table, nbytes):
+    """The kind ``choices`` gives for a buffer of ``nbytes``."""
+    for below, kind in table:
+        if below is None or nbytes < below:
+            return kind
+    raise ValueError("an empty choice table")
+
+
+# Links: latency and each rank's bandwidth. "shm" is this host's memory between processes
+# (MPICH's shared-memory transport), calibrated with HOST (docs/scale.md); the networks
+# are presets for the simulator and the choice between nodes.
+PRESETS = {
+    "shm": Link("one host's shared memory", 4.8e-6, 9.9e9, copies=True),
+    "1gbe": Link("1 Gbit/s Ethernet", 50e-6, 125e6),
+    "10gbe": Link("10 Gbit/s Ethernet", 25e-6, 1.25e9),
+    "100gbe": Link("100 Gbit/s Ethernet", 10e-6, 12.5e9),
+    "ib200": Link("200 Gbit/s InfiniBand", 2e-6, 25e9),
+}
+
+# hororing's CPU costs on one core of the development host, a rank per core (a 2-core Xeon VM;
+# fitted to scripts/bench_scale.py's runs at 2 ranks, unshaped and across emulated 1 Gbit/s
+# hosts: docs/scale.md)
+HOST = Host(step_s=5.1e-6, piece_s=69e-6, call_s=0.0, reduce_Bps=3.2e9, copy_Bps=10.6e9)

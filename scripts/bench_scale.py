@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""Allreduce algorithms timed one against another, for the scale model (simulate_scale.py).
+
+Run under MPI, e.g.  mpiexec -n 8 python scripts/bench_scale.py --json results/scale_8.json
+
+Each algorithm runs alone on its own communicator (no negotiation): hororing's ring, its
+Rabenseifner, recursive doubling and gathered path, and MPI_Allreduce; then the library's
+whole path, hvd.allreduce with the algorithm it chooses by default and with the ring forced.
+A Barrier precedes every call, so each call starts with every rank present and the time is
+the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
+ranks). Algorithms take turns in --rounds rounds, sizes from --min-bytes to --max-bytes by
+factors of 4; the median over rounds is reported, and every result is checked against an
+exact reference (integer-valued float32 inputs) on every rank.
+
+It also measures the host's constants the model needs: one Python step (an 8-byte
+Isend/Irecv exchange with a neighbour, through hororing's wait), numpy's add and copy on
+4 MiB. --emulated names the link the ranks stand behind (for the JSON).
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hororing as hvd
+from benchinfo import machine_info, machine_line
+from hororing import transport
+from hororing.algorithms.halving import Rabenseifner, RecursiveDoubling
+from hororing.algorithms.ring import Ring
+from hororing.algorithms.small import GatherReduce
+from hororing.config import RING_SUBCHUNK_ACROSS_NODES, RING_SUBCHUNK_IN_NODE
+
+COMM = MPI.COMM_WORLD
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    rank, size = COMM.Get_rank(), COMM.Get_size()
+    across_nodes = hvd.cross_size() > 1
+    subchunk = RING_SUBCHUNK_ACROSS_NODES if across_nodes else RING_SUBCHUNK_IN_NODE
+    own = COMM.Dup()
+    algorithms = {
+        "ring": Ring(own, subchunk).allreduce,
+        "rabenseifner": Rabenseifner(own).allreduce,
+        "recursive_doubling": RecursiveDoubling(own).allreduce,
+        "small": GatherReduce(own).allreduce,
+        "mpi": lambda buffer, op: own.Allreduce(MPI.IN_PLACE, buffer, MPI.SUM),
+    }
+    pipeline = hvd.context.current().engine.allreduce
+    library = {"library": None, "library_ring": "ring"}
+    constants = host_constants(own)
+    if rank == 0:
+        print(machine_line(machine_info()))
+        print(f"# {size} ranks, {hvd.cross_size()} node(s); link: {args.emulated}; "
+              f"host: step {constants['step_s'] * 1e6:.1f} us, add "
+              f"{constants['reduce_Bps'] / 1e9:.2f} GB/s, copy {constants['copy_Bps'] / 1e9:.2f}"
+              f" GB/s")
+        print(f"{'bytes':>10} " + " ".join(f"{name:>18}" for name in
+                                           list(algorithms) + list(library)) + "  chosen")
+    rows = []
+    nbytes = args.min_bytes
+    while nbytes <= args.max_bytes:
+        count = max(1, nbytes // 4)
+        inputs = np.arange(count, dtype=np.float32) % 7 + rank
+        expected = (np.arange(count, dtype=np.float32) % 7) * size + size * (size - 1) / 2
+        times = {name: [] for name in list(algorithms) + list(library)}
+        with pipeline.watch() as seen:
+            check = hvd.allreduce(inputs, op=hvd.Sum, name=f"scale.check.{count}")
+        chosen = seen[0][0] if seen else "?"
+        wrong = int(np.count_nonzero(check != expected))
+        for run in algorithms.values():
+            buffer = inputs.copy()
+            run(buffer, "sum")
+            wrong += int(np.count_nonzero(buffer != expected))
+        calls = max(1, min(args.max_calls, int(args.seconds / max(nbytes * 4e-9, 1e-4))))
+        for round_index in range(args.rounds):
+            names = list(algorithms) + list(library)
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name in algorithms:
+                    times[name].append(timed(algorithms[name], inputs, calls))
+                else:
+                    times[name].append(timed_library(pipeline, library[name], inputs, calls,
+                                                     f"scale.{name}.{count}"))
+        wrong = COMM.allreduce(wrong)
+        row = {"bytes": count * 4, "chosen": chosen, "wrong": wrong,
+               "time_us": {name: float(np.median(values)) * 1e6
+                           for name, values in times.items()},
+               "round_times_us": {name: [value * 1e6 for value in values]
+                                  for name, values in times.items()}}
+        rows.append(row)
+        if rank == 0:
+            print(f"{count * 4:>10} " + " ".join(f"{row['time_us'][name]:>18.1f}"
+                                                 for name in times) + f"  {chosen}"
+                  + (f"  WRONG {wrong}" if wrong else ""), flush=True)
+        nbytes *= 4
+    if rank == 0 and args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as handle:
+            json.dump({"ranks": size, "nodes": hvd.cross_size(), "link": args.emulated,
+                       "subchunk_bytes": subchunk, "host": socket.gethostname(),
+                       "machine": machine_info(), "constants": constants, "rows": rows,
+                       "date": time.strftime("%Y-%m-%d")}, handle, indent=1)
+    own.Free()
+    hvd.shutdown()
+    return 1 if any(row["wrong"] for row in rows) else 0
+
+
+def timed(run, inputs, calls):
+    """The slowest rank's mean seconds per call, a Barrier before each."""
+    buffer = inputs.copy()
+    total = 0.0
+    for _ in range(calls):
+        buffer[...] = inputs
+        COMM.Barrier()
+        started = time.perf_counter()
+        run(buffer, "sum")
+        total += time.perf_counter() - started
+    return COMM.allreduce(total / calls, op=MPI.MAX)
+
+
+def timed_library(pipeline, kind, inputs, calls, name):
+    pipeline.force(kind)
+    try:
+        def run(buffer, op):
+            hvd.allreduce_(buffer, op=hvd.Sum, name=name)
+        return timed(run, inputs, calls)
+    finally:
+        pipeline.force(None)
+
+
+def host_constants(comm):
+    """One Python exchange step (8 bytes, with both neighbours), numpy's add and copy."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send, receive = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    steps = 200
+    comm.Barrier()
+    started = time.perf_counter()
+    for _ in range(steps):
+        requests = [comm.Irecv(receive, left), comm.Isend(send, right)]
+        for request in requests:
+            transport.wait(request)
+    step_s = comm.allreduce((time.perf_counter() - started) / steps, op=MPI.MAX)
+    a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
+    started = time.perf_counter()
+    for _ in range(20):
+        np.add(a, b, out=a)
+    reduce_Bps = 20 * a.nbytes / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for _ in range(20):
+        np.copyto(a, b)
+    copy_Bps = 20 * a.nbytes / (time.perf_counter() - started)
+    return {"step_s": step_s, "reduce_Bps": comm.allreduce(reduce_Bps, op=MPI.MIN),
+            "copy_Bps": comm.allreduce(copy_Bps, op=MPI.MIN)}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--min-bytes", type=int, default=4096)
+    parser.add_argument("--max-bytes", type=int, default=16 << 20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=0.05,
+                        help="about how long one algorithm's block of calls takes")
+    parser.add_argument("--max-calls", type=int, default=20)
+    parser.add_argument("--emulated", default="this host (no shaping)",
+                        help="the link the ranks stand behind, for the JSON")
+    parser.add_argument("--json", help="write the results here (rank 0)")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The halving algorithms in a job of 6 ranks (not a power of two): the default picks them
+by the cost model's table, every algorithm gives the reference with the same bits on every
+rank, on buffers not divisible by the rank count."""
+
+import pytest
+
+import hororing
+
+pytestmark = pytest.mark.timeout(300)
+
+COUNTS = (1, 1001, 40_003, 300_007)
+
+
+def allreduce_every_way():
+    import hashlib
+
+    import numpy as np
+
+    import hororing as hvd
+    from hororing.algorithms import cost
+    from hororing.context import current
+
+    hvd.init()
+    pipeline = current().engine.allreduce
+    size, rank = hvd.size(), hvd.rank()
+    report = {"default": [], "digests": [], "wrong": 0}
+    for count in COUNTS:
+        for dtype, op in (("float64", hvd.Sum), ("int32", hvd.Max), ("float32", hvd.Average)):
+            inputs = [np.random.default_rng([count, peer]).integers(-50, 50, count)
+                      .astype(dtype) for peer in range(size)]
+            stacked = np.stack(inputs).astype(np.float64)
+            expected = {hvd.Sum: stacked.sum(0), hvd.Max: stacked.max(0),
+                        hvd.Average: stacked.mean(0)}[op]
+            for kind in (None, "ring", "small", "rabenseifner", "recursive_doubling"):
+                pipeline.force(kind)
+                try:
+                    with pipeline.watch() as seen:
+                        result = hvd.allreduce(inputs[rank], op=op,
+                                               name=f"every.{count}.{dtype}.{kind}")
+                finally:
+                    pipeline.force(None)
+                if kind is None:
+                    nbytes = count * np.dtype(dtype).itemsize
+                    report["default"].append((nbytes, seen[0][0],
+                                              cost.lookup(pipeline.route.table, nbytes)))
+                else:
+                    assert seen[0][0] == kind, (kind, seen)
+                if not np.allclose(result.astype(np.float64), expected, rtol=1e-6):
+                    report["wrong"] += 1
+                report["digests"].append(hashlib.sha1(result.tobytes()).hexdigest())
+    report["table"] = pipeline.route.table
+    hvd.shutdown()
+    return report
+
+
+def test_six_ranks_choose_by_the_model_and_agree_bitwise():
+    reports = hororing.run(allreduce_every_way, np=6)
+    assert all(report["wrong"] == 0 for report in reports), [r["wrong"] for r in reports]
+    first = reports[0]
+    for report in reports[1:]:
+        assert report["digests"] == first["digests"]
+        assert report["default"] == first["default"]
+    for nbytes, seen, table_kind in first["default"]:
+        assert seen == table_kind, (nbytes, seen, table_kind)
+    kinds = {kind for _, kind in first["table"]}
+    # at 6 ranks on one host the model takes Rabenseifner's (on 2 x 3) for mid sizes
+    assert "rabenseifner" in kinds, first["table"]
+    assert {seen for _, seen, _ in first["default"]} >= {"small", "rabenseifner"}
