@@ -153,9 +153,16 @@ def predict(kind, ranks, nbytes, host, far, near=None, per_node=1, contention=1.
                                                                      contention)
 
 
-def bandwidth_bound(ranks, nbytes, far):
-    """No allreduce moves less than 2(n-1)/n of the buffer through each rank's link."""
-    return 2 * (ranks - 1) / ranks * nbytes / far.bandwidth_Bps if ranks > 1 else 0.0
+def bandwidth_bound(ranks, nbytes, far, host=None, per_node=1):
+    """What a bandwidth-optimal allreduce pays: 2(N-1)/N of the buffer through each node's
+    link (N nodes of ``per_node`` ranks) and, with ``host``, (n-1)/n of it reduced on each
+    rank (the classic lower bound's beta and gamma terms: every element is combined n-1
+    times, spread over n ranks)."""
+    nodes = math.ceil(ranks / max(1, per_node))
+    if ranks <= 1:
+        return 0.0
+    reduce = (ranks - 1) / ranks * nbytes / host.reduce_Bps if host is not None else 0.0
+    return 2 * (nodes - 1) / nodes * nbytes / far.bandwidth_Bps + reduce
 
 
 def latency_bound(ranks, far):
