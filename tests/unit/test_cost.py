@@ -1,0 +1,59 @@
+"""The cost model of hororing's allreduce algorithms and the choice table the engine uses."""
+
+import math
+
+import pytest
+
+from hororing.algorithms import cost
+
+HOST = cost.Host(step_s=5e-6, piece_s=50e-6, call_s=0.0, reduce_Bps=3e9, copy_Bps=10e9)
+NET = cost.PRESETS["10gbe"]
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8, 64, 1024])
+def test_power_of_two_shapes_have_the_textbook_counts(ranks):
+    nbytes = 1 << 24
+    ring = cost.shape("ring", ranks, nbytes)
+    halving = cost.shape("rabenseifner", ranks, nbytes)
+    doubling = cost.shape("recursive_doubling", ranks, nbytes)
+    log = int(math.log2(ranks))
+    assert ring.steps == 2 * (ranks - 1) and halving.steps == 2 * log and doubling.steps == log
+    assert halving.far_bytes == pytest.approx(ring.far_bytes)
+    assert halving.far_bytes == pytest.approx(2 * (ranks - 1) / ranks * nbytes)
+    assert doubling.far_bytes == pytest.approx(log * nbytes)
+    assert cost.shape("small", ranks, nbytes).far_bytes == pytest.approx((ranks - 1) * nbytes)
+
+
+def test_a_folded_count_pays_two_whole_buffers_more():
+    folded = cost.shape("rabenseifner", 11, 1 << 20)  # 11: the largest power of two, 8
+    assert folded.steps == 2 * 3 + 2
+    assert folded.near_bytes == pytest.approx(2 * (1 << 20))
+    exact = cost.shape("rabenseifner", 12, 1 << 20)  # 12 = 2 x 2 x 3: no fold
+    assert exact.steps == 2 * (1 + 1 + 2) and exact.near_bytes == 0
+
+
+def test_many_ranks_take_the_log_step_algorithms_and_few_keep_the_ring():
+    many = cost.choices(1024, HOST, NET, small_bytes=1024)
+    assert cost.lookup(many, 4096) == "recursive_doubling"
+    assert cost.lookup(many, 16 << 20) == "rabenseifner"
+    two = cost.choices(2, HOST, NET, small_bytes=1 << 19)
+    assert cost.lookup(two, 64 << 20) == "ring"
+    # the gathered path never runs from the threshold up, whatever the model says
+    assert all(kind != "small" for below, kind in cost.choices(2, HOST, NET, small_bytes=1)
+               if below is None or below > 1)
+
+
+def test_the_table_gives_choose_s_answer_at_every_power_of_two():
+    table = cost.choices(48, HOST, NET, small_bytes=(1 << 20) // 48)
+    for shift in range(4, 30):
+        assert cost.lookup(table, 1 << shift) == cost.choose(
+            48, 1 << shift, HOST, NET, small_bytes=(1 << 20) // 48)
+
+
+def test_the_bounds():
+    assert cost.bandwidth_bound(4, 1000, NET) == pytest.approx(1500 / NET.bandwidth_Bps)
+    assert cost.bandwidth_bound(16, 1600, NET, per_node=4) == pytest.approx(
+        2400 / NET.bandwidth_Bps)
+    assert cost.latency_bound(1000, NET) == 10 * NET.latency_s
+    with pytest.raises(ValueError, match="unknown allreduce 'tree'"):
+        cost.shape("tree", 4, 10)
