@@ -47,7 +47,7 @@ def main():
     own = COMM.Dup()
     algorithms = {
         "ring": Ring(own, subchunk).allreduce,
-        "rabenseifner": Rabenseifner(own).allreduce,
+        "rabenseifner": Rabenseifner(own, subchunk_bytes=subchunk).allreduce,
         "recursive_doubling": RecursiveDoubling(own).allreduce,
         "small": GatherReduce(own).allreduce,
         "mpi": lambda buffer, op: own.Allreduce(MPI.IN_PLACE, buffer, MPI.SUM),
@@ -58,7 +58,9 @@ def main():
     if rank == 0:
         print(machine_line(machine_info()))
         print(f"# {size} ranks, {hvd.cross_size()} node(s); link: {args.emulated}; "
-              f"host: step {constants['step_s'] * 1e6:.1f} us, add "
+              f"host: step {constants['step_s'] * 1e6:.1f} us (pairs "
+              f"{constants['pair_step_s'] * 1e6:.1f}, MPI's {constants['mpi_step_s'] * 1e6:.1f})"
+              f", add "
               f"{constants['reduce_Bps'] / 1e9:.2f} GB/s, copy {constants['copy_Bps'] / 1e9:.2f}"
               f" GB/s")
         print(f"{'bytes':>10} " + " ".join(f"{name:>18}" for name in
@@ -136,18 +138,38 @@ def timed_library(pipeline, kind, inputs, calls, name):
 
 
 def host_constants(comm):
-    """One Python exchange step (8 bytes, with both neighbours), numpy's add and copy."""
+    """One Python exchange step (8 bytes) with both ring neighbours and with partners
+    rank XOR 1, 2, 4, ... (as the halving algorithms pair), one step of MPI's own
+    (an 8-byte MPI_Allreduce over ceil(log2 n) steps), numpy's add and copy."""
     size, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % size, (rank - 1) % size
     send, receive = np.zeros(2, np.float32), np.zeros(2, np.float32)
     steps = 200
+
+    def exchange_steps(peers):
+        comm.Barrier()
+        started = time.perf_counter()
+        for index in range(steps):
+            send_to, recv_from = peers(index)
+            requests = [comm.Irecv(receive, recv_from), comm.Isend(send, send_to)]
+            for request in requests:
+                transport.wait(request)
+        return comm.allreduce((time.perf_counter() - started) / steps, op=MPI.MAX)
+    step_s = exchange_steps(lambda index: (right, left))
+    power = 1 << (size.bit_length() - 1)
+    rounds = max(1, power.bit_length() - 1)
+
+    def partner(index):
+        other = rank ^ (1 << (index % rounds)) if rank < power else rank
+        other = other if other < size and other != rank else (rank + 1) % size
+        return other, other
+    pair_step_s = exchange_steps(partner) if power == size else step_s
     comm.Barrier()
     started = time.perf_counter()
     for _ in range(steps):
-        requests = [comm.Irecv(receive, left), comm.Isend(send, right)]
-        for request in requests:
-            transport.wait(request)
-    step_s = comm.allreduce((time.perf_counter() - started) / steps, op=MPI.MAX)
+        comm.Allreduce(MPI.IN_PLACE, send, MPI.SUM)
+    mpi_step_s = comm.allreduce((time.perf_counter() - started) / steps, op=MPI.MAX) / \
+        max(1, (size - 1).bit_length())
     a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
     started = time.perf_counter()
     for _ in range(20):
@@ -157,7 +179,8 @@ def host_constants(comm):
     for _ in range(20):
         np.copyto(a, b)
     copy_Bps = 20 * a.nbytes / (time.perf_counter() - started)
-    return {"step_s": step_s, "reduce_Bps": comm.allreduce(reduce_Bps, op=MPI.MIN),
+    return {"step_s": step_s, "pair_step_s": pair_step_s, "mpi_step_s": mpi_step_s,
+            "reduce_Bps": comm.allreduce(reduce_Bps, op=MPI.MIN),
             "copy_Bps": comm.allreduce(copy_Bps, op=MPI.MIN)}
 
 

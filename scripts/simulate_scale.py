@@ -40,10 +40,11 @@ class Model:
     """Everything the predictions need.
 
     The host's CPU costs are the ones bench_scale.py measures in each run (one Python
-    exchange step, numpy's add and copy, all ranks busy at once: an oversubscribed run
-    measures them slowed down as its algorithms meet them) times fitted factors: a step of
-    an algorithm against the bare exchange, a further piece, one MPI collective call, a
-    step inside MPI's own collectives (its latency on this host). ``measured`` is the run
+    exchange step with ring neighbours and with XOR partners, one step of MPI's own
+    allreduce, numpy's add and copy, all ranks busy at once: an oversubscribed run measures
+    them slowed down as its algorithms meet them) times fitted factors: a step of an
+    algorithm against the bare exchange, a further piece, one call's setup, a step inside
+    MPI's own collectives against the measured one, the reduction against numpy's add. ``measured`` is the run
     predictions are made for; at scale, the 2-rank run (a core per rank)."""
 
     measured: dict         # step_s, reduce_Bps, copy_Bps of a run
@@ -57,13 +58,15 @@ class Model:
         step, f = measured["step_s"], self.factors
         return cost.Host(step_s=f["step"] * step, piece_s=f["piece"] * step,
                          call_s=f["call"] * step, reduce_Bps=f["reduce"] * measured["reduce_Bps"],
-                         copy_Bps=measured["copy_Bps"])
+                         copy_Bps=measured["copy_Bps"],
+                         pair_step_s=f["step"] * measured.get("pair_step_s", step))
 
     def near(self, measured=None):
         """This host's shared memory as a link: its latency is a step inside MPI."""
         measured = measured or self.measured
+        mpi_step = measured.get("mpi_step_s", measured["step_s"])
         return dataclasses.replace(self.links["shm"],
-                                   latency_s=self.factors["mpi_step"] * measured["step_s"])
+                                   latency_s=self.factors["mpi_step"] * mpi_step)
 
     def predict(self, kind, ranks, nbytes, far=None, per_node=1, measured=None,
                 ranks_here=None, subchunk=1 << 20):

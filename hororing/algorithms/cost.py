@@ -49,10 +49,12 @@ class Host:
     """hororing's CPU costs on one core of a host."""
 
     step_s: float      # one exchange of an algorithm written in Python: post, wait, loop
+                       # (with both ring neighbours)
     piece_s: float     # each further message within a step (the ring's sub-chunks)
     call_s: float      # one allreduce called: its setup in Python, or MPI's collective call
     reduce_Bps: float  # a numpy reduction, bytes of result per second
     copy_Bps: float    # a numpy copy
+    pair_step_s: float = None  # one exchange with a partner (rank XOR 2^i); None: step_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +72,15 @@ class Shape:
     copied: float = 0.0       # bytes of copies
     pieces: float = 1.0       # messages a step's data is cut into: the ring reduces one piece
                               # while the next ones arrive
+    pairs: bool = False       # the steps exchange with partners, not ring neighbours
 
     def time(self, host, far, near=None, contention=1.0):
         """Seconds on ``host`` with ``far`` the link between nodes, ``near`` within one
         (default ``far``: one rank per node)."""
         near = near or far
-        cpu = (self.steps * host.step_s + self.messages * host.piece_s
+        step_s = host.pair_step_s if self.pairs and host.pair_step_s is not None \
+            else host.step_s
+        cpu = (self.steps * step_s + self.messages * host.piece_s
                + self.calls * host.call_s + self.copied / host.copy_Bps)
         wire = (self.far_bytes / far.bandwidth_Bps * (contention if far.copies else 1.0)
                 + self.near_bytes / near.bandwidth_Bps * (contention if near.copies else 1.0))
@@ -122,13 +127,18 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
         return Shape(steps=rounds + 2 * folded, calls=1, near_bytes=(rounds - far_rounds) * size
                      + fold_bytes, far_bytes=far_rounds * size * k, far_steps=far_rounds,
                      reduced=(rounds + folded) * size,
-                     copied=(rounds / 2 + folded) * size)
+                     copied=(rounds / 2 + folded) * size, pairs=True)
     if kind == "rabenseifner":
-        steps = near_bytes = far_bytes = far_steps = 0.0
+        steps = near_bytes = far_bytes = far_steps = messages = 0.0
         length, stride = size, 1
+        first_pieces = None
         for factor in factors:
             phase_steps = 2 * (factor - 1)
             phase_bytes = 2 * (factor - 1) / factor * length
+            # a reduce-scatter message is cut into sub-chunk pieces, reduced as they arrive
+            pieces = max(1, math.ceil(length / factor / subchunk_bytes))
+            first_pieces = first_pieces or pieces
+            messages += (factor - 1) * (pieces - 1)
             if stride >= k:  # the group's members lie on different nodes, k ranks per link
                 far_bytes += phase_bytes * k
                 far_steps += phase_steps
@@ -140,9 +150,11 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
         if folded:
             steps += 2
             near_bytes += 2 * size
-        return Shape(steps=steps, calls=1, near_bytes=near_bytes, far_bytes=far_bytes,
-                     far_steps=far_steps, reduced=(members - 1) / members * size
-                     + folded * size, copied=folded * size)
+        return Shape(steps=steps, calls=1, messages=messages, near_bytes=near_bytes,
+                     far_bytes=far_bytes, far_steps=far_steps,
+                     reduced=(members - 1) / members * size + folded * size,
+                     copied=folded * size, pieces=first_pieces or 1,
+                     pairs=all(factor == 2 for factor in factors))
     raise ValueError(f"unknown allreduce {kind!r}; one of {', '.join(KINDS)}")
 
 

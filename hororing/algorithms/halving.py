@@ -90,13 +90,18 @@ class Rabenseifner(_Recursive):
 
     kind = "Rabenseifner's allreduce"
 
-    def __init__(self, comm, factors=None):
-        """``factors``: the members' factors (``plan.halving_factors`` by default)."""
+    def __init__(self, comm, factors=None, subchunk_bytes=None):
+        """``factors``: the members' factors (``plan.halving_factors`` by default);
+        ``subchunk_bytes``: a reduce-scatter message is cut into pieces of about this size,
+        each reduced while the next ones arrive (as the ring's); a size, a function that
+        returns the size in effect at each call (the engine's route), or None: whole."""
         size = comm.Get_size()
         members, factors = halving_factors(size) if factors is None else (
             math.prod(factors), tuple(factors))
         super().__init__(comm, members)
         self.factors = factors
+        self.chunking = subchunk_bytes if callable(subchunk_bytes) else \
+            (lambda: subchunk_bytes)
         self.steps = ()
         if self.fold.virtual is not None:
             self.steps, self.owned = halving_schedule(self.fold.virtual, factors, self.real)
@@ -110,6 +115,7 @@ class Rabenseifner(_Recursive):
                        for step in self.steps if step.reduce), default=0)
         received = self.scratch(buffer, largest)
         finalized = finalize is None
+        piece_bytes = self.chunking()
         for step in self.steps:
             if not step.reduce and not finalized:  # the reduce-scatter is done: own block
                 start, stop = elements(self.owned)
@@ -118,15 +124,35 @@ class Rabenseifner(_Recursive):
             send_start, send_stop = elements(step.send)
             recv_start, recv_stop = elements(step.recv)
             if step.reduce:
-                target = received[:recv_stop - recv_start]
-                self._exchange(buffer[send_start:send_stop], step.send_to, target,
-                               step.recv_from)
-                reduce_into(buffer[recv_start:recv_stop], target, op)
+                self._reduce_step(buffer[send_start:send_stop], step.send_to,
+                                  buffer[recv_start:recv_stop], step.recv_from,
+                                  received[:recv_stop - recv_start], op, piece_bytes)
             else:
                 self._exchange(buffer[send_start:send_stop], step.send_to,
                                buffer[recv_start:recv_stop], step.recv_from)
         if not finalized:  # one member: nothing exchanged
             finalize(buffer)
+
+    def _reduce_step(self, send, send_to, target, recv_from, scratch, op, piece_bytes):
+        """Send ``send`` while receiving the peer's copy of ``target`` into ``scratch`` in
+        pieces, combining each piece into ``target`` as it arrives."""
+        receives = [self.comm.Irecv(transport.sendable(scratch[start:stop]), recv_from, tag)
+                    for tag, (start, stop) in enumerate(_pieces(scratch, piece_bytes))]
+        self.bytes_sent += send.nbytes
+        sends = [self.comm.Isend(transport.sendable(send[start:stop]), send_to, tag)
+                 for tag, (start, stop) in enumerate(_pieces(send, piece_bytes))]
+        for request, (start, stop) in zip(receives, _pieces(scratch, piece_bytes)):
+            transport.wait(request)
+            reduce_into(target[start:stop], scratch[start:stop], op)
+        for request in sends:
+            transport.wait(request)
+
+
+def _pieces(array, piece_bytes):
+    """The (start, stop) pieces a message of ``array`` travels in: both ends of a message
+    work them out from its length alike."""
+    parts = 1 if not piece_bytes else max(1, -(-array.nbytes // piece_bytes))
+    return chunk_bounds(array.size, parts)
 
 
 class RecursiveDoubling(_Recursive):

@@ -42,7 +42,8 @@ class Executor:
         # the rings read their sub-chunks from the route in effect at each call
         ring = Ring(comm, lambda: self.allreduce.route.subchunk_bytes)
         algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm),
-                      "rabenseifner": Rabenseifner(comm),
+                      "rabenseifner": Rabenseifner(
+                          comm, subchunk_bytes=lambda: self.allreduce.route.subchunk_bytes),
                       "recursive_doubling": RecursiveDoubling(comm)}
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers

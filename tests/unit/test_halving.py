@@ -86,7 +86,9 @@ def run_ranks(size, make, inputs, op="sum", finalize=None):
     return results, algorithms, network
 
 
-ALGORITHMS = {"rabenseifner": Rabenseifner, "recursive_doubling": RecursiveDoubling}
+ALGORITHMS = {"rabenseifner": Rabenseifner, "recursive_doubling": RecursiveDoubling,
+              # reduce-scatter messages in pieces of 40 bytes (reduced as they arrive)
+              "rabenseifner_pieces": lambda comm: Rabenseifner(comm, subchunk_bytes=40)}
 REFERENCE = {"sum": np.sum, "min": np.min, "max": np.max, "product": np.prod}
 
 
@@ -146,7 +148,7 @@ def test_the_finalizer_runs_once_on_every_element(kind, size):
 def test_float16_buffers_are_reduced_in_float16_the_same_everywhere():
     inputs = _inputs(6, 100, "float16", "sum", seed=4)
     for make in ALGORITHMS.values():
-        results, _, _ = run_ranks(6, make, inputs)
+        results, _, _ = run_ranks(6, make, inputs)  # 6: on its factors, 2 x 3
         np.testing.assert_allclose(results[0].astype(np.float64),
                                    np.sum(np.stack(inputs).astype(np.float64), axis=0), atol=0.2)
         assert len({result.tobytes() for result in results}) == 1
@@ -164,6 +166,14 @@ def test_a_power_of_two_moves_the_ring_s_bytes_in_log_steps(size):
     _, algorithms, network = run_ranks(size, RecursiveDoubling, inputs)
     assert set(network.sent.values()) == {steps // 2}
     assert {algorithm.bytes_sent for algorithm in algorithms} == {steps // 2 * count * 4}
+    # in pieces of 4 KiB: the first halving step's 32 KiB message (of 64 KiB) as 8 pieces
+    _, algorithms, network = run_ranks(size, lambda comm: Rabenseifner(
+        comm, subchunk_bytes=4096), inputs)
+    halves = [count * 4 // 2 >> step for step in range(int(math.log2(size)))]
+    pieces = sum(max(1, -(-half // 4096)) for half in halves)
+    assert set(network.sent.values()) == {pieces + steps // 2}
+    assert {algorithm.bytes_sent for algorithm in algorithms} == {
+        2 * (size - 1) * count * 4 // size}
 
 
 def test_a_count_with_small_prime_factors_runs_on_them_without_a_fold():
