@@ -48,7 +48,7 @@ def main():
     algorithms = {
         "ring": Ring(own, subchunk).allreduce,
         "rabenseifner": Rabenseifner(own, subchunk_bytes=subchunk).allreduce,
-        "recursive_doubling": RecursiveDoubling(own).allreduce,
+        "recursive_doubling": RecursiveDoubling(own, subchunk_bytes=subchunk).allreduce,
         "small": GatherReduce(own).allreduce,
         "mpi": lambda buffer, op: own.Allreduce(MPI.IN_PLACE, buffer, MPI.SUM),
     }

@@ -29,7 +29,13 @@ from .ring import copy_flat
 class _Recursive(Algorithm):
     """What both share: the fold of extra ranks, scratch memory, send-and-receive."""
 
-    def __init__(self, comm, members):
+    def __init__(self, comm, members, subchunk_bytes=None):
+        """``subchunk_bytes``: every message travels in pieces of about this size (a shaped
+        link moves pieces faster than one large message, and a reduction combines each piece
+        as it arrives): a size, a function that returns the size in effect at each call (the
+        engine's route), or None: whole messages."""
+        self.chunking = subchunk_bytes if callable(subchunk_bytes) else \
+            (lambda: subchunk_bytes)
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
@@ -47,21 +53,25 @@ class _Recursive(Algorithm):
             if finalize is not None:
                 finalize(buffer)
             return
+        piece_bytes = self.chunking()
         with transport.activity(self._describe):
             if self.fold.virtual is None:  # hand the buffer over; take the result back
                 partner = self.fold.partner
-                self._exchange(buffer, partner)
-                self._exchange(None, None, buffer, partner)
+                self._exchange(piece_bytes, buffer, partner)
+                self._exchange(piece_bytes, None, None, buffer, partner)
                 return
             if self.fold.partner is not None:
-                self._exchange(None, None, self.scratch(buffer, buffer.size), self.fold.partner)
-                # the partner is the lower rank: its operand first, as recursive doubling's
                 received = self.scratch(buffer, buffer.size)
-                reduce_into(received, buffer, op)
-                copy_flat(buffer, received)
-            self._run(buffer, op, finalize)
+
+                def combine(start, stop):
+                    # the partner is the lower rank: its operand first, as recursive
+                    # doubling's partners combine
+                    reduce_into(received[start:stop], buffer[start:stop], op)
+                    copy_flat(buffer[start:stop], received[start:stop])
+                self._exchange(piece_bytes, None, None, received, self.fold.partner, combine)
+            self._run(buffer, op, finalize, piece_bytes)
             if self.fold.partner is not None:
-                self._exchange(buffer, self.fold.partner)
+                self._exchange(piece_bytes, buffer, self.fold.partner)
 
     def scratch(self, buffer, count):
         needed = count * buffer.itemsize
@@ -69,16 +79,23 @@ class _Recursive(Algorithm):
             self._scratch = np.empty(needed, dtype=np.uint8)
         return self._scratch[:needed].view(buffer.dtype)
 
-    def _exchange(self, send, send_to, recv=None, recv_from=None):
+    def _exchange(self, piece_bytes, send, send_to, recv=None, recv_from=None, combine=None):
         """Send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from`` (either
-        None: that half is skipped); returns when both are done."""
-        requests = []
-        if recv is not None:
-            requests.append(self.comm.Irecv(transport.sendable(recv), recv_from))
+        None: that half is skipped), both in pieces; ``combine(start, stop)`` is called for
+        each piece of ``recv`` as it arrives. Returns when everything is done."""
+        pieces = _pieces(recv, piece_bytes) if recv is not None else []
+        receives = [self.comm.Irecv(transport.sendable(recv[start:stop]), recv_from, tag)
+                    for tag, (start, stop) in enumerate(pieces)]
+        sends = []
         if send is not None:
             self.bytes_sent += send.nbytes
-            requests.append(self.comm.Isend(transport.sendable(send), send_to))
-        for request in requests:
+            sends = [self.comm.Isend(transport.sendable(send[start:stop]), send_to, tag)
+                     for tag, (start, stop) in enumerate(_pieces(send, piece_bytes))]
+        for request, (start, stop) in zip(receives, pieces):
+            transport.wait(request)
+            if combine is not None:
+                combine(start, stop)
+        for request in sends:
             transport.wait(request)
 
     def _describe(self):
@@ -92,21 +109,18 @@ class Rabenseifner(_Recursive):
 
     def __init__(self, comm, factors=None, subchunk_bytes=None):
         """``factors``: the members' factors (``plan.halving_factors`` by default);
-        ``subchunk_bytes``: a reduce-scatter message is cut into pieces of about this size,
-        each reduced while the next ones arrive (as the ring's); a size, a function that
-        returns the size in effect at each call (the engine's route), or None: whole."""
+        ``subchunk_bytes``: as ``_Recursive``'s (a reduce-scatter piece is reduced while
+        the next ones arrive, as the ring's are)."""
         size = comm.Get_size()
         members, factors = halving_factors(size) if factors is None else (
             math.prod(factors), tuple(factors))
-        super().__init__(comm, members)
+        super().__init__(comm, members, subchunk_bytes)
         self.factors = factors
-        self.chunking = subchunk_bytes if callable(subchunk_bytes) else \
-            (lambda: subchunk_bytes)
         self.steps = ()
         if self.fold.virtual is not None:
             self.steps, self.owned = halving_schedule(self.fold.virtual, factors, self.real)
 
-    def _run(self, buffer, op, finalize):
+    def _run(self, buffer, op, finalize, piece_bytes):
         bounds = chunk_bounds(buffer.size, self.members)
 
         def elements(blocks):
@@ -115,7 +129,6 @@ class Rabenseifner(_Recursive):
                        for step in self.steps if step.reduce), default=0)
         received = self.scratch(buffer, largest)
         finalized = finalize is None
-        piece_bytes = self.chunking()
         for step in self.steps:
             if not step.reduce and not finalized:  # the reduce-scatter is done: own block
                 start, stop = elements(self.owned)
@@ -123,29 +136,19 @@ class Rabenseifner(_Recursive):
                 finalized = True
             send_start, send_stop = elements(step.send)
             recv_start, recv_stop = elements(step.recv)
+            send = buffer[send_start:send_stop]
             if step.reduce:
-                self._reduce_step(buffer[send_start:send_stop], step.send_to,
-                                  buffer[recv_start:recv_stop], step.recv_from,
-                                  received[:recv_stop - recv_start], op, piece_bytes)
+                target, scratch = buffer[recv_start:recv_stop], received[:recv_stop - recv_start]
+
+                def combine(start, stop, target=target, scratch=scratch):
+                    reduce_into(target[start:stop], scratch[start:stop], op)
+                self._exchange(piece_bytes, send, step.send_to, scratch, step.recv_from,
+                               combine)
             else:
-                self._exchange(buffer[send_start:send_stop], step.send_to,
-                               buffer[recv_start:recv_stop], step.recv_from)
+                self._exchange(piece_bytes, send, step.send_to, buffer[recv_start:recv_stop],
+                               step.recv_from)
         if not finalized:  # one member: nothing exchanged
             finalize(buffer)
-
-    def _reduce_step(self, send, send_to, target, recv_from, scratch, op, piece_bytes):
-        """Send ``send`` while receiving the peer's copy of ``target`` into ``scratch`` in
-        pieces, combining each piece into ``target`` as it arrives."""
-        receives = [self.comm.Irecv(transport.sendable(scratch[start:stop]), recv_from, tag)
-                    for tag, (start, stop) in enumerate(_pieces(scratch, piece_bytes))]
-        self.bytes_sent += send.nbytes
-        sends = [self.comm.Isend(transport.sendable(send[start:stop]), send_to, tag)
-                 for tag, (start, stop) in enumerate(_pieces(send, piece_bytes))]
-        for request, (start, stop) in zip(receives, _pieces(scratch, piece_bytes)):
-            transport.wait(request)
-            reduce_into(target[start:stop], scratch[start:stop], op)
-        for request in sends:
-            transport.wait(request)
 
 
 def _pieces(array, piece_bytes):
@@ -160,16 +163,17 @@ class RecursiveDoubling(_Recursive):
 
     kind = "recursive doubling"
 
-    def __init__(self, comm):
+    def __init__(self, comm, subchunk_bytes=None):
         size = comm.Get_size()
-        super().__init__(comm, 1 << (size.bit_length() - 1))
+        super().__init__(comm, 1 << (size.bit_length() - 1), subchunk_bytes)
         self.partners = () if self.fold.virtual is None else \
             doubling_partners(self.fold.virtual, self.members)
 
-    def _run(self, buffer, op, finalize):
+    def _run(self, buffer, op, finalize, piece_bytes):
         received = self.scratch(buffer, buffer.size)
         for partner in self.partners:
-            self._exchange(buffer, self.real(partner), received, self.real(partner))
+            self._exchange(piece_bytes, buffer, self.real(partner), received,
+                           self.real(partner))
             if partner > self.fold.virtual:
                 reduce_into(buffer, received, op)
             else:  # the partner's operand first, so that both compute the same bits

@@ -39,12 +39,12 @@ class Executor:
         self.timeline = timeline
         layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
         across_nodes = layout[1] > 1
-        # the rings read their sub-chunks from the route in effect at each call
-        ring = Ring(comm, lambda: self.allreduce.route.subchunk_bytes)
+        def subchunk():  # the algorithms read their sub-chunk from the route at each call
+            return self.allreduce.route.subchunk_bytes
+        ring = Ring(comm, subchunk)
         algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm),
-                      "rabenseifner": Rabenseifner(
-                          comm, subchunk_bytes=lambda: self.allreduce.route.subchunk_bytes),
-                      "recursive_doubling": RecursiveDoubling(comm)}
+                      "rabenseifner": Rabenseifner(comm, subchunk_bytes=subchunk),
+                      "recursive_doubling": RecursiveDoubling(comm, subchunk_bytes=subchunk)}
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer

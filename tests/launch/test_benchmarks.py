@@ -160,3 +160,30 @@ def test_bench_call_phases_splits_a_call_into_phases_that_add_up():
         # the medians of the phases need not add up to the median total; their scale does
         assert sum(phases) < 3 * total
     assert float(rows[1][5]) > 0  # 1 MiB takes the ring: the algorithm phase is timed
+
+
+def test_bench_scale_times_every_algorithm_and_the_model_fits_and_predicts(tmp_path):
+    """bench_scale on 3 ranks (every result checked), then simulate_scale calibrating on its
+    output and predicting from the fit the engine uses."""
+    output = tmp_path / "scale.json"
+    run_under_mpi(3, "bench_scale.py", "--max-bytes", "65536", "--rounds", "2",
+                  "--seconds", "0.01", "--json", str(output))
+    report = json.loads(output.read_text())
+    assert [row["bytes"] for row in report["rows"]] == [4096, 16384, 65536]
+    assert all(row["wrong"] == 0 for row in report["rows"])
+    assert set(report["rows"][0]["time_us"]) == {"ring", "rabenseifner", "recursive_doubling",
+                                                 "small", "mpi", "library", "library_ring"}
+    fit = tmp_path / "fit.json"
+    calibrated = subprocess.run([sys.executable, str(SCRIPTS / "simulate_scale.py"),
+                                 "--calibrate", str(output), str(output), "--fit", str(fit)],
+                                capture_output=True, text=True, timeout=300)
+    assert calibrated.returncode == 0, calibrated.stderr[-3000:]
+    assert "worst measured/predicted" in calibrated.stdout
+    assert set(json.loads(fit.read_text())["factors"]) == {"step", "piece", "call",
+                                                           "mpi_step", "reduce"}
+    docs_fit = SCRIPTS.parent / "docs" / "results" / "scale_fit.json"
+    predicted = subprocess.run([sys.executable, str(SCRIPTS / "simulate_scale.py"),
+                                "--fit", str(docs_fit)], capture_output=True, text=True,
+                               timeout=300)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert "| 4096 | " in predicted.stdout and "targets at 64-4096 ranks" in predicted.stdout

@@ -1,6 +1,7 @@
-"""The halving algorithms in a job of 6 ranks (not a power of two): the default picks them
-by the cost model's table, every algorithm gives the reference with the same bits on every
-rank, on buffers not divisible by the rank count."""
+"""The halving algorithms in jobs of 6 ranks (2 x 3, on its factors) and 11 (Rabenseifner's
+and recursive doubling's fold onto 8): the default picks them by the cost model's table,
+every algorithm gives the reference with the same bits on every rank, on buffers not
+divisible by the rank count."""
 
 import pytest
 
@@ -53,8 +54,9 @@ def allreduce_every_way():
     return report
 
 
-def test_six_ranks_choose_by_the_model_and_agree_bitwise():
-    reports = hororing.run(allreduce_every_way, np=6)
+@pytest.mark.parametrize("ranks", [6, 11])
+def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks):
+    reports = hororing.run(allreduce_every_way, np=ranks)
     assert all(report["wrong"] == 0 for report in reports), [r["wrong"] for r in reports]
     first = reports[0]
     for report in reports[1:]:
@@ -63,6 +65,6 @@ def test_six_ranks_choose_by_the_model_and_agree_bitwise():
     for nbytes, seen, table_kind in first["default"]:
         assert seen == table_kind, (nbytes, seen, table_kind)
     kinds = {kind for _, kind in first["table"]}
-    # at 6 ranks on one host the model takes Rabenseifner's (on 2 x 3) for mid sizes
+    # on one host the model takes Rabenseifner's for mid sizes
     assert "rabenseifner" in kinds, first["table"]
     assert {seen for _, seen, _ in first["default"]} >= {"small", "rabenseifner"}
