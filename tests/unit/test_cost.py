@@ -60,3 +60,24 @@ def test_the_bounds():
     assert cost.latency_bound(1000, NET) == 10 * NET.latency_s
     with pytest.raises(ValueError, match="unknown allreduce 'tree'"):
         cost.shape("tree", 4, 10)
+
+
+def test_the_engine_s_constants_are_the_published_fit():
+    """cost.HOST and the shared-memory link are docs/results/scale_fit.json's (2%)."""
+    import json
+    import pathlib
+
+    fit = json.loads((pathlib.Path(__file__).resolve().parents[2] / "docs" / "results"
+                      / "scale_fit.json").read_text())
+    measured, factors = fit["measured"], fit["factors"]
+    expected = {"step_s": factors["step"] * measured["step_s"],
+                "pair_step_s": factors["step"] * measured["pair_step_s"],
+                "piece_s": factors["piece"] * measured["step_s"],
+                "reduce_Bps": factors["reduce"] * measured["reduce_Bps"],
+                "copy_Bps": measured["copy_Bps"]}
+    for name, value in expected.items():
+        assert getattr(cost.HOST, name) == pytest.approx(value, rel=0.02), name
+    shm = cost.PRESETS["shm"]
+    assert shm.bandwidth_Bps == pytest.approx(fit["links"]["shm"]["bandwidth_Bps"], rel=0.02)
+    assert shm.latency_s == pytest.approx(factors["mpi_step"] * measured["mpi_step_s"],
+                                          rel=0.02)
