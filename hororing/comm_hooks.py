@@ -104,20 +104,46 @@ class Pending:
 
 def compressed(kind):
     """A hook that sends each bucket as compressor ``kind`` (a name of the binding's
-    ``Compression``: "none", "fp16", "bf16") makes it, in place where it can."""
+    ``Compression``: "none", "fp16", "bf16") makes it. A cast bucket is cast into a 16-bit
+    payload kept for it from step to step and cast back into the bucket itself: one pass
+    each way, nothing allocated per step (where the binding's tensors allow it)."""
+    payloads = {}  # bucket name -> its payload, reused while the bucket keeps its shape
+
     def hook(state, bucket):
         binding, flat = bucket.binding, bucket.buffer()
         compressor = getattr(binding.compression, kind)
-        payload, ctx = compressor.compress(flat)
+        payload = _payload(compressor, flat, payloads, bucket.name)
+        if payload is None:
+            payload, ctx = compressor.compress(flat)
+            handle = binding.start(payload, compressor, bucket.name, bucket.reduction)
+            return Pending(lambda: compressor.decompress(binding.synchronize(handle), ctx))
+        compressor.compress_into(flat, payload)
         handle = binding.start(payload, compressor, bucket.name, bucket.reduction)
 
-        return Pending(lambda: compressor.decompress(binding.synchronize(handle), ctx))
+        def finish():
+            compressor.decompress_into(binding.synchronize(handle), flat)
+            return flat
+        return Pending(finish)
     hook.__name__ = hook.__qualname__ = {"none": "allreduce"}.get(kind, kind)
     hook.__doc__ = f"Reduce each bucket as Compression.{kind} sends a tensor."
     return hook
 
 
-allreduce = compressed("none")
+def _payload(compressor, flat, payloads, name):
+    """The kept payload of bucket ``name`` for ``compressor`` (None: no in-place cast:
+    not a cast kind, not a floating bucket, already the target dtype, or tensors that
+    cannot be written)."""
+    payload_for = getattr(compressor, "payload_for", None)
+    if payload_for is None or not compressor.floating(flat) or compressor.is_target(flat):
+        return None
+    payload = payloads.get(name)  # always the compressor's target dtype
+    if payload is None or payload.shape != flat.shape or \
+            getattr(payload, "device", None) != getattr(flat, "device", None):
+        payload = payloads[name] = payload_for(flat)
+    return payload
+
+
+allreduce = compressed("none")  # the built-ins; compressed(kind) makes a hook of one's own
 fp16 = compressed("fp16")
 bf16 = compressed("bf16")
 

@@ -54,6 +54,24 @@ class CastCompressor(Compressor):
     def decompress(cls, tensor, ctx):
         return tensor if ctx is None else cls.cast_back(tensor, ctx)
 
+    # in place, for a caller that keeps one payload per tensor across steps (the comm hooks):
+    # the same bits as compress/decompress, without allocating the payload and the result
+    @classmethod
+    def payload_for(cls, tensor):
+        """An uninitialized payload for ``tensor`` (None: this kind of tensor has no
+        in-place path; use compress)."""
+        if not isinstance(tensor, np.ndarray):
+            return None
+        return np.empty(tensor.shape, BFLOAT16 if cls.target == "bfloat16" else cls.target)
+
+    @classmethod
+    def compress_into(cls, tensor, payload):
+        payload[...] = tensor
+
+    @classmethod
+    def decompress_into(cls, payload, tensor):
+        tensor[...] = payload
+
     # numpy and device arrays (cupy, numba.cuda); bindings override these
     @staticmethod
     def floating(tensor):
@@ -86,6 +104,14 @@ class FP16Compressor(CastCompressor):
         output = _empty_like(tensor, dtype)
         from_fp16(tensor, output)
         return output
+
+    @classmethod
+    def compress_into(cls, tensor, payload):
+        to_fp16(tensor, payload)
+
+    @classmethod
+    def decompress_into(cls, payload, tensor):
+        from_fp16(payload, tensor)
 
 
 class BF16Compressor(CastCompressor):
@@ -132,7 +158,9 @@ class Compression:
 class FrameworkCasts:
     """How a framework's tensors meet the cast kinds: a subclass gives ``dtype_of(name)``
     (the framework's dtype of a numpy name), ``is_floating(dtype)`` and ``cast(tensor,
-    dtype)``; ``framework_kinds`` mixes it into fp16 and bf16."""
+    dtype)``, and where its tensors can be written in place ``empty_like(tensor, dtype)``
+    and ``copy_into(target, source)`` (a cast); ``framework_kinds`` mixes it into fp16 and
+    bf16."""
 
     @classmethod
     def floating(cls, tensor):
@@ -149,6 +177,22 @@ class FrameworkCasts:
     @classmethod
     def cast_back(cls, tensor, dtype):
         return cls.cast(tensor, dtype)
+
+    empty_like = None  # empty_like(tensor, dtype), where the framework's tensors are mutable
+
+    @classmethod
+    def payload_for(cls, tensor):
+        if cls.empty_like is None:
+            return None
+        return cls.empty_like(tensor, cls.dtype_of(cls.target))
+
+    @classmethod
+    def compress_into(cls, tensor, payload):
+        cls.copy_into(payload, tensor)
+
+    @classmethod
+    def decompress_into(cls, payload, tensor):
+        cls.copy_into(tensor, payload)
 
 
 def framework_kinds(casts):

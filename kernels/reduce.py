@@ -35,9 +35,9 @@ def reduce_into(target, source, op, stream=0):
         kernels.reduce_into(target, source, kernels.OP_CODES[op], stream)
         return
     if op == "sum":
-        fast = half.tensor(target)
+        fast = half.tensor(target, bfloat16=True)
         if fast is not None:
-            fast.add_(half.tensor(source))
+            fast.add_(half.tensor(source, bfloat16=True))
             return
     ufunc = getattr(array_module(target), ufunc_name)
     ufunc(target, source, out=target)

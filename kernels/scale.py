@@ -17,9 +17,9 @@ def scale_into(buffer, factor, stream=0):
     if backend(buffer) == NUMBA:
         device_kernels().scale_into(buffer, factor, stream)
         return
-    fast = half.tensor(buffer)
+    fast = half.tensor(buffer, bfloat16=True)
     if fast is not None:
-        fast.mul_(half.factor(factor))
+        fast.mul_(half.factor(factor, buffer.dtype))
         return
     xp = array_module(buffer)
     if _floating(buffer.dtype):

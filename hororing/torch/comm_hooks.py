@@ -16,13 +16,14 @@ Example:
 
 import numpy as np
 
-from ..comm_hooks import (Binding, GradBucket, Pending, Reduction, allreduce, bf16, fp16,
-                          powersgd)
+from ..comm_hooks import (Binding, GradBucket, Pending, Reduction, allreduce, bf16,
+                          compressed, fp16, powersgd)
 from . import mpi_ops
 from .bridge import from_numpy
 from .compression import Compression
 
-__all__ = ["GradBucket", "Pending", "Reduction", "allreduce", "bf16", "fp16", "powersgd"]
+__all__ = ["GradBucket", "Pending", "Reduction", "allreduce", "bf16", "compressed", "fp16",
+           "powersgd"]
 
 # how the hooks start and finish a torch bucket's allreduce
 TORCH = Binding(Compression, lambda payload, compressor, name, reduction:

@@ -21,5 +21,13 @@ class _TorchCasts(FrameworkCasts):
     def cast(tensor, dtype):
         return tensor.to(dtype)
 
+    @staticmethod
+    def empty_like(tensor, dtype):
+        return torch.empty_like(tensor, dtype=dtype)
+
+    @staticmethod
+    def copy_into(target, source):
+        target.copy_(source)
+
 
 FP16Compressor, BF16Compressor, Compression = framework_kinds(_TorchCasts)

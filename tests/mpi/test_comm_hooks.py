@@ -176,6 +176,42 @@ def test_torch_hooks_average_the_gradients(name, hook, tolerance):
         assert_identical_on_every_rank(grad.numpy())
 
 
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_16_bit_hooks_give_compressions_bits_casting_into_the_bucket_and_a_kept_payload(
+        kind, monkeypatch):
+    """The hooks cast each bucket into a 16-bit payload made once and kept from step to step,
+    and cast the reduced payload back into the bucket itself: the same bits as Compression's
+    casts of each gradient."""
+    compression = getattr(hvd.Compression, kind)
+    made = []
+    payload_for = compression.payload_for
+
+    def counted(tensor):
+        made.append(tensor.numel())
+        return payload_for(tensor)
+    monkeypatch.setattr(compression, "payload_for", counted)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         model.named_parameters(),
+                                         comm_hook=hvd.comm_hooks.compressed(kind))
+    inputs, labels = torch_batch(hvd.rank())
+    for step in range(3):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.synchronize()
+        got = [parameter.grad.clone() for parameter in model.parameters()]
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    plain = make_model()
+    torch.nn.functional.cross_entropy(plain(inputs), labels).backward()
+    for parameter, grad in zip(plain.parameters(), got):
+        expected = hvd.allreduce(parameter.grad, compression=compression,
+                                 name=f"hookbits.{kind}.{tuple(parameter.shape)}")
+        assert torch.equal(grad, expected)
+    # one payload per bucket, made at the first step only
+    assert sum(made) == sum(parameter.numel() for parameter in model.parameters())
+
+
 def test_a_hook_of_ones_own_returning_a_torch_future():
     seen = []
 
