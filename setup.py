@@ -40,7 +40,8 @@ setup(
     package_dir={"hororing.kernels": "kernels"},
     cmdclass={"build_py": BuildWithAlias},
     entry_points={"console_scripts": ["hororun = hororing.launcher:main"]},
-    install_requires=["numpy>=1.22", "mpi4py>=3.1", "cloudpickle>=2", "ml_dtypes>=0.3"],
+    install_requires=["numpy>=1.22", "mpi4py>=3.1", "cloudpickle>=2", "ml_dtypes>=0.3",
+                      "threadpoolctl>=3"],
     extras_require={
         "mpi": ["mpich"],
         "torch": ["torch>=2.1"],

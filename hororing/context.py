@@ -137,6 +137,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         else:
             _State.context = Context(user_comm.Dup(), config)
         slurm.set_framework_threads(_State.context.local_size)
+        slurm.set_blas_threads(_State.context.local_size)
         global_process_set.ranks = list(range(_State.context.size))
         global_process_set.mpi_comm = user_comm
         if not _State.hooks_installed:

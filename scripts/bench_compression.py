@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchinfo import machine_info, machine_line  # noqa: E402
@@ -272,7 +273,11 @@ def report(model, rows, size, link):
 
 def main():
     args = parse_args()
-    torch.set_num_threads(1)  # the ranks share this machine's cores
+    # the ranks share this machine's cores: one thread each for torch and for numpy's BLAS
+    # (hororing's PowerSGD multiplies with it; on emulated hosts every rank is alone on its
+    # "node", so hororing's own per-node share would leave it a thread per core)
+    torch.set_num_threads(1)
+    threadpool_limits(limits=1, user_api="blas")
     hvd.init()
     comm = MPI.COMM_WORLD
     link, address = interface(comm)

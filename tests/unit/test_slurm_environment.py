@@ -132,3 +132,23 @@ def test_under_srun_torch_gets_its_share_of_the_cores(monkeypatch):
     assert slurm.set_framework_threads(4, step(OMP_NUM_THREADS="3")) is None
     assert slurm.set_framework_threads(4, launch_environment({})) is None
     assert threads == [2]
+
+
+def test_numpy_blas_gets_this_ranks_share_of_the_cores_unless_the_user_chose():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from hororing.slurm import per_rank_threads, set_blas_threads
+
+    blas = [info for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+    if not blas:
+        pytest.skip("numpy has no BLAS threadpoolctl can see")
+    before = blas[0]["num_threads"]
+    try:
+        assert set_blas_threads(1, environ={}) is None  # alone on the node: left alone
+        assert set_blas_threads(4, environ={"OMP_NUM_THREADS": "3"}) is None
+        assert set_blas_threads(4, environ={"OPENBLAS_NUM_THREADS": "2"}) is None
+        threads = set_blas_threads(4, environ={})
+        assert threads == per_rank_threads(4)
+        assert {info["num_threads"] for info in threadpoolctl.threadpool_info()
+                if info["user_api"] == "blas"} == {threads}
+    finally:
+        threadpoolctl.threadpool_limits(limits=before, user_api="blas")
