@@ -55,6 +55,11 @@ PEERS = {"none": "allreduce", "fp16": "fp16", "bf16": "bf16", "powersgd1": "powe
          "powersgd4": "powersgd4"}
 
 
+def known_variants():
+    return [f"hororing {kind}" for kind in HOROVOD_VARIANTS] + \
+        [f"ddp {kind}" for kind in DDP_VARIANTS]
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--models", nargs="+", default=["large", "train"],
@@ -64,7 +69,12 @@ def parse_args():
     parser.add_argument("--variants", nargs="+",
                         help="only these (e.g. 'hororing none' 'ddp fp16'; default: all)")
     parser.add_argument("--json", help="write the results here (rank 0)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    unknown = sorted(set(args.variants or ()) - set(known_variants()))
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(map(repr, unknown))}; the variants are "
+                     f"{', '.join(map(repr, known_variants()))}")
+    return args
 
 
 def build(model):
