@@ -187,3 +187,21 @@ def test_bench_scale_times_every_algorithm_and_the_model_fits_and_predicts(tmp_p
                                timeout=300)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     assert "| 4096 | " in predicted.stdout and "targets at 64-4096 ranks" in predicted.stdout
+
+
+def test_bench_compression_refuses_an_unknown_variant_naming_the_variants():
+    job = subprocess.run([sys.executable, str(SCRIPTS / "bench_compression.py"), "--variants",
+                          "hororing:fp16"], capture_output=True, text=True, timeout=120)
+    assert job.returncode == 2
+    assert "unknown variant(s) 'hororing:fp16'; the variants are 'hororing none'" in job.stderr
+
+
+def test_bench_compression_times_every_variant_on_the_small_model(tmp_path):
+    output = tmp_path / "compression.json"
+    run_under_mpi(2, "bench_compression.py", "--models", "train", "--rounds", "1", "--steps",
+                  "1", "--json", str(output), timeout=600)
+    rows = json.loads(output.read_text())["models"]["train"]
+    timed = {row["variant"] for row in rows if row["error"] is None}
+    assert {"hororing none", "hororing fp16", "hororing bf16", "hororing powersgd1",
+            "hororing powersgd4", "ddp allreduce", "ddp fp16"} <= timed
+    assert all(row["step_ms"] > 0 for row in rows if row["error"] is None)
