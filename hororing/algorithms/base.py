@@ -16,3 +16,9 @@ class Algorithm:
 
     def free(self):
         """Release what it holds (communicators); after its last allreduce."""
+
+
+def read_at_each_call(setting):
+    """``setting`` (a value, or a function returning the value in effect) as a function: an
+    algorithm reads its tunables (the sub-chunk) at each call, never holding one of its own."""
+    return setting if callable(setting) else (lambda: setting)

@@ -14,13 +14,14 @@ the lower virtual rank's first (recursive doubling). Host buffers; the pipeline 
 out-of-place input into the buffer first.
 """
 
+import functools
 import math
 
 import numpy as np
 
 from .. import transport
 from ..kernels import reduce_into
-from .base import Algorithm
+from .base import Algorithm, read_at_each_call
 from .plan import (chunk_bounds, doubling_partners, fold, halving_factors, halving_schedule,
                    real_rank)
 from .ring import copy_flat
@@ -34,8 +35,7 @@ class _Recursive(Algorithm):
         link moves pieces faster than one large message, and a reduction combines each piece
         as it arrives): a size, a function that returns the size in effect at each call (the
         engine's route), or None: whole messages."""
-        self.chunking = subchunk_bytes if callable(subchunk_bytes) else \
-            (lambda: subchunk_bytes)
+        self.chunking = read_at_each_call(subchunk_bytes)
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
@@ -121,7 +121,7 @@ class Rabenseifner(_Recursive):
             self.steps, self.owned = halving_schedule(self.fold.virtual, factors, self.real)
 
     def _run(self, buffer, op, finalize, piece_bytes):
-        bounds = chunk_bounds(buffer.size, self.members)
+        bounds = _block_bounds(buffer.size, self.members)
 
         def elements(blocks):
             return bounds[blocks[0]][0], bounds[blocks[1] - 1][1]
@@ -149,6 +149,11 @@ class Rabenseifner(_Recursive):
                                step.recv_from)
         if not finalized:  # one member: nothing exchanged
             finalize(buffer)
+
+
+@functools.lru_cache(maxsize=64)  # a training loop repeats a few buffer lengths
+def _block_bounds(count, members):
+    return tuple(chunk_bounds(count, members))
 
 
 def _pieces(array, piece_bytes):

@@ -22,7 +22,7 @@ import numpy as np
 from ..kernels import reduce_into
 
 from .. import transport
-from .base import Algorithm
+from .base import Algorithm, read_at_each_call
 from .plan import chunk_bounds, ring_schedule
 
 
@@ -38,7 +38,7 @@ class Ring(Algorithm):
         self.device = device
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
-        self.chunking = subchunk_bytes if callable(subchunk_bytes) else lambda: subchunk_bytes
+        self.chunking = read_at_each_call(subchunk_bytes)
         self._schedules = {
             True: ring_schedule(self.size, self.rank, allgather=True),
             False: ring_schedule(self.size, self.rank, allgather=False),
