@@ -76,7 +76,8 @@ class Model:
         far = far or near
         host = self.host(measured)
         # shared-memory copies share the cores: the CPU terms are measured, copies are not
-        contention = max(1.0, (ranks_here or 1) / self.cores)
+        cores = (measured or {}).get("cores", self.cores)
+        contention = max(1.0, (ranks_here or 1) / cores)
         if kind == "mpi":
             host = dataclasses.replace(host, step_s=0.0, piece_s=0.0)
             return min(_time(cost.shape(algorithm, ranks, nbytes, per_node), host, far, near,
@@ -126,8 +127,14 @@ def load(paths):
                 if kind in KINDS or kind == "mpi":
                     samples.append((kind, run["ranks"], run["nodes"], link,
                                     run["subchunk_bytes"], row["bytes"], micros * 1e-6,
-                                    run["constants"]))
+                                    dict(run["constants"], cores=_cores(run))))
     return samples
+
+
+def _cores(run):
+    """The cores of the machine a run was measured on (runs before the machine's cores were
+    read: this 2-core host)."""
+    return run.get("machine", {}).get("cores") or 2
 
 
 _FACTORS = ("step", "piece", "call", "mpi_step", "reduce")
@@ -175,7 +182,8 @@ def calibrate(samples, base):
     alone = min((sample for sample in samples if sample[3] == "shm"), key=lambda s: s[1],
                 default=None)
     fitted = _model_from(fit.x, links, base)
-    return fitted if alone is None else dataclasses.replace(fitted, measured=alone[7])
+    return fitted if alone is None else dataclasses.replace(fitted, measured=alone[7],
+                                                            cores=alone[7]["cores"])
 
 
 def report(model, samples):

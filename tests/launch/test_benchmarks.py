@@ -181,12 +181,30 @@ def test_bench_scale_times_every_algorithm_and_the_model_fits_and_predicts(tmp_p
     assert "worst measured/predicted" in calibrated.stdout
     assert set(json.loads(fit.read_text())["factors"]) == {"step", "piece", "call",
                                                            "mpi_step", "reduce"}
+    # oversubscription is judged against the cores of the machine the run was measured on
+    assert json.loads(fit.read_text())["cores"] == report["machine"]["cores"]
     docs_fit = SCRIPTS.parent / "docs" / "results" / "scale_fit.json"
     predicted = subprocess.run([sys.executable, str(SCRIPTS / "simulate_scale.py"),
                                 "--fit", str(docs_fit)], capture_output=True, text=True,
                                timeout=300)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     assert "| 4096 | " in predicted.stdout and "targets at 64-4096 ranks" in predicted.stdout
+
+
+def test_scale_checks_runs_each_rank_count_the_cores_allow_and_calibrates(tmp_path):
+    """scripts/scale_checks.sh at 2 ranks and at more ranks than any machine here has cores:
+    the first is measured and calibrated on, the second skipped, saying so."""
+    environment = dict(os.environ, PATH=os.pathsep.join(
+        [os.path.dirname(sys.executable), os.path.dirname(mpiexec()), os.environ["PATH"]]))
+    job = subprocess.run(["bash", str(SCRIPTS / "scale_checks.sh"), str(tmp_path), "2", "4096"],
+                         capture_output=True, text=True, timeout=600, env=environment)
+    assert job.returncode == 0, job.stderr[-3000:]
+    log = (tmp_path / "scale_checks.log").read_text()
+    assert "4096 ranks: more than this machine's" in log
+    report = json.loads((tmp_path / "scale_shm_2.json").read_text())
+    assert report["ranks"] == 2 and all(row["wrong"] == 0 for row in report["rows"])
+    validation = json.loads((tmp_path / "scale_validation.json").read_text())
+    assert validation and "worst measured/predicted" in log
 
 
 def test_bench_compression_refuses_an_unknown_variant_naming_the_variants():

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU and scale checks on a machine whose image has Python, torch, cupy and numba but not
+# this project's MPI: wheels for that machine's Python (mpich, mpi4py, numpy, pytest-mpi) are
+# installed under a prefix of their own, mpi4py is pointed at that MPICH, and nothing runs
+# until a one-rank MPI start has answered within 30 s. (Installed with pip --target, the
+# mpich wheel loses its lib/ folder, and mpi4py then loads whatever libmpi the image has: a
+# one-rank start seen that way hung instead of failing.)
+# Usage: bash scripts/lent_machine.sh WHEELDIR OUTDIR [STEP ...]
+#   steps: scale (scripts/scale_checks.sh, CPU only), gpu (scripts/gpu_checks.sh),
+#          staged (the staged ring's copy size against the host ring, 8 and 64 MiB);
+#   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
+set -u
+cd "$(dirname "$0")/.."
+wheels=${1:?usage: lent_machine.sh WHEELDIR OUTDIR [STEP ...]}
+out=${2:?usage: lent_machine.sh WHEELDIR OUTDIR [STEP ...]}
+shift 2
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(staged scale gpu)
+mkdir -p "$out"
+log="$out/lent_machine.log"
+: > "$log"
+started=$SECONDS
+say() { echo "== $* ($((SECONDS - started)) s)" | tee -a "$log"; }
+
+python=$(command -v python3)
+prefix=/tmp/hororing-prefix
+timeout 120 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --ignore-installed --prefix "$prefix" "$wheels"/*.whl >> "$log" 2>&1 || { say "pip failed"; exit 1; }
+site=$(echo "$prefix"/lib/python3*/site-packages)
+# "python" is the image's interpreter itself (a link to a virtual environment's python
+# starts the base interpreter, without the environment's packages)
+mkdir -p "$prefix/shim"
+printf '#!/bin/sh\nexec %s "$@"\n' "$python" > "$prefix/shim/python"
+chmod +x "$prefix/shim/python"
+export PYTHONPATH="$site:$PWD" PATH="$prefix/shim:$prefix/bin:$PATH" PYTHONUNBUFFERED=1
+export MPI4PY_LIBMPI="$prefix/lib/libmpi.so.12"
+say "$(nproc) cores; $(nvidia-smi -L 2>/dev/null | head -1)"
+if ! timeout 30 python -c "from mpi4py import MPI; import numpy
+print(MPI.Get_library_version().splitlines()[0], 'numpy', numpy.__version__)" >> "$log" 2>&1 \
+        || ! grep -q MPICH "$log"; then
+    say "mpi4py did not start MPICH as one rank within 30 s: stopping"
+    exit 1
+fi
+timeout 60 mpiexec -n 2 python -c "from mpi4py import MPI; assert MPI.COMM_WORLD.Get_size() == 2" \
+    >> "$log" 2>&1 || { say "a 2-rank mpiexec job failed: stopping"; exit 1; }
+
+for step in "${steps[@]}"; do
+    case $step in
+    staged)
+        say "staged ring: copy size against the host ring"
+        for round in 1 2; do
+            for copy in 8388608 2097152 1048576 524288; do
+                HORORING_DEVICE_RING=staged HORORING_STAGED_COPY_BYTES=$copy timeout 90 \
+                    mpiexec -n 2 python scripts/bench_gpu.py --ring-child \
+                    --ring-bytes 8388608,67108864 --rounds 7 --seconds 2 2>&1 \
+                    | sed "s/^/copy=$copy round=$round /" >> "$out/staged.jsonl"
+            done
+        done
+        grep -c '"device_over_host"' "$out/staged.jsonl" | sed 's/^/rows: /' | tee -a "$log" ;;
+    scale)
+        say "scale checks"
+        CUDA_VISIBLE_DEVICES= HORORING_SELECT_DEVICE=0 timeout 900 \
+            bash scripts/scale_checks.sh "$out/scale" >> "$log" 2>&1 || say "scale: exit $?" ;;
+    gpu)
+        say "gpu checks"
+        timeout 900 bash scripts/gpu_checks.sh "$out/gpu" >> "$log" 2>&1 || say "gpu: exit $?" ;;
+    *)
+        say "unknown step $step" ;;
+    esac
+done
+say "done"
