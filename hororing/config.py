@@ -28,6 +28,12 @@ class Config:
 
     # Bytes of same-dtype allreduce tensors fused into one collective (Horovod's default).
     fusion_threshold: int = 64 * MiB
+    # Bytes a gradient bucket handed to a comm hook holds at most (and at most the fusion
+    # threshold; 0: the fusion threshold alone), as DDP's bucket_cap_mb: a bucket's wire
+    # starts once its last gradient is in, so smaller buckets start sooner. Measured across
+    # 2 emulated 1 Gbit/s hosts (scripts/bench_compression.py, docs/compression.md): the
+    # fp16 hook's step 0.62-0.63x of uncompressed at 64 MiB, 0.61 at 25, 0.57-0.58 at 16 and 8.
+    hook_bucket_bytes: int = 16 * MiB
     # Milliseconds the background thread waits after the first asynchronous submission
     # before it negotiates, so that tensors submitted together fuse (Horovod's default).
     cycle_time_ms: float = 1.0
@@ -225,6 +231,10 @@ class Config:
         if self.staged_copy_bytes <= 0:
             raise ValueError(f"staged copy size must be > 0 bytes (HORORING_STAGED_COPY_BYTES), "
                              f"got {self.staged_copy_bytes}")
+        if self.hook_bucket_bytes < 0:
+            raise ValueError(f"comm hook bucket size must be >= 0 bytes "
+                             f"(HORORING_HOOK_BUCKET_BYTES; 0: the fusion threshold), got "
+                             f"{self.hook_bucket_bytes}")
         if self.output_pool_bytes < 0:
             raise ValueError(f"output pool must be >= 0 bytes (HORORING_OUTPUT_POOL_BYTES; 0: "
                              f"no pool), got {self.output_pool_bytes}")
@@ -267,6 +277,7 @@ def _names(suffix):
 
 _ENV_FIELDS = {
     "fusion_threshold": (_names("FUSION_THRESHOLD"), int),
+    "hook_bucket_bytes": (("HORORING_HOOK_BUCKET_BYTES",), int),
     "cycle_time_ms": (_names("CYCLE_TIME"), float),
     "cache_capacity": (_names("CACHE_CAPACITY"), int),
     "stall_check_seconds": (_names("STALL_CHECK_TIME_SECONDS"), float),

@@ -185,7 +185,7 @@ class DistributedOptimizer:
                 grads[name].base is not flat for names, flat in self._buckets for name in names):
             # the first step, a new route, or a gradient replaced by a new array
             self._bucketed_for = route.version
-            self._buckets = _into_buckets(grads, list(grads), route.fusion_threshold)
+            self._buckets = _into_buckets(grads, list(grads), route.bucket_bytes(hooked=True))
         state, hook = self._hook
         reduction = Reduction(self.op)
         pending = []

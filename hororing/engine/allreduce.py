@@ -55,6 +55,14 @@ class Route(NamedTuple):
     hierarchical_bytes: int  # from this size up (where it may run)
     forced: Optional[str] = None  # every bucket takes this algorithm (tests, benchmarks)
     table: tuple = ()  # ((below bytes, kind), ...): the cost model's choice by size
+    hook_bucket_bytes: int = 0  # the most bytes a bucket handed to a comm hook holds (0: none)
+
+    def bucket_bytes(self, hooked=False):
+        """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
+        for buckets handed to a comm hook no more than ``hook_bucket_bytes`` either."""
+        if hooked and self.hook_bucket_bytes:
+            return min(self.fusion_threshold, self.hook_bucket_bytes)
+        return self.fusion_threshold
 
     @classmethod
     def configured(cls, config, size, across_nodes):
@@ -64,7 +72,7 @@ class Route(NamedTuple):
         subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
         return cls(
             version=0, fusion_threshold=config.fusion_threshold,
-            cycle_time_ms=config.cycle_time_ms,
+            hook_bucket_bytes=config.hook_bucket_bytes, cycle_time_ms=config.cycle_time_ms,
             small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
             table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes),
             node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),

@@ -142,8 +142,12 @@ class _DistributedOptimizer(WrappingOptimizer):
             self._comm_hook = (None, comm_hook)
         if self._reduces():
             self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
-                                              self._group.engine.route.fusion_threshold))
+                                              self._bucket_bytes()))
             self._register_hooks()
+
+    def _bucket_bytes(self):
+        """The most bytes one of this optimizer's buckets holds (smaller with a comm hook)."""
+        return self._group.engine.route.bucket_bytes(hooked=self._comm_hook is not None)
 
     def register_comm_hook(self, state, hook):
         """Reduce the dense gradients bucket by bucket with ``hook(state, bucket)`` from the
@@ -156,7 +160,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._comm_hook = (state, hook)
         if self._reduces():  # every bucket now starts whole
             self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
-                                              self._group.engine.route.fusion_threshold))
+                                              self._bucket_bytes()))
 
     @property
     def _parameter_names(self):
@@ -214,7 +218,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._names.update(_generated_names(self._optimizer, skip=self._names))
         if self._reduces():
             self._set_buckets(*_bucket_views(_dense_local([self.param_groups[-1]])[::-1],
-                                              self._group.engine.route.fusion_threshold),
+                                              self._bucket_bytes()),
                               update=True)
             for parameter in param_group["params"]:
                 self._hook(parameter)

@@ -239,6 +239,38 @@ def test_a_hook_of_ones_own_returning_a_torch_future():
             torch.testing.assert_close(parameter.grad, expected * 2 * hvd.size())
 
 
+def test_hooked_buckets_hold_at_most_the_hook_bucket_size():
+    """With a comm hook the optimizer's buckets hold at most Route.hook_bucket_bytes
+    (HORORING_HOOK_BUCKET_BYTES): a parameter larger than that is a bucket of its own;
+    the gradients are the average all the same."""
+    from hororing.context import current
+
+    pipeline = current().engine.allreduce
+    before = pipeline.route
+    seen = []
+
+    def recording(state, bucket):
+        seen.append([tuple(parameter.shape) for parameter in bucket.parameters()])
+        return hvd.comm_hooks.allreduce(state, bucket)
+
+    # float64 Linear(20, 33), Linear(33, 10): w1 5280 bytes, b1 264, w2 2640, b2 80
+    pipeline.reroute(hook_bucket_bytes=3000)
+    try:
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             model.named_parameters(), comm_hook=recording)
+        inputs, labels = torch_batch(hvd.rank())
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.synchronize()
+    finally:
+        pipeline.reroute(hook_bucket_bytes=before.hook_bucket_bytes)
+    if hvd.size() == 1:
+        return  # nothing is reduced at one rank
+    assert sorted(seen) == sorted([[(10,), (10, 33), (33,)], [(33, 20)]])
+    for parameter, expected in zip(model.parameters(), torch_average_grads()):
+        torch.testing.assert_close(parameter.grad, expected)
+
+
 def test_powersgd_state_travels_with_the_torch_optimizers_state_dict():
     hook = hvd.comm_hooks.powersgd(rank=1, start_iter=0)
     _, optimizer = torch_reduced_grads(hook)

@@ -87,6 +87,22 @@ def test_tuning_settings_from_the_environment():
     assert config.staged_copy_bytes == 4096
 
 
+def test_comm_hook_buckets_are_capped_by_their_own_size_and_the_fusion_threshold():
+    from hororing.engine.allreduce import Route
+
+    def route(environ):
+        return Route.configured(Config.from_environ(environ), 2, across_nodes=False)
+    assert Config.from_environ({}).hook_bucket_bytes == 16 * 1024 * 1024
+    default = route({})
+    assert default.bucket_bytes() == 64 * 1024 * 1024  # no hook: the fusion threshold
+    assert default.bucket_bytes(hooked=True) == 16 * 1024 * 1024
+    assert route({"HORORING_HOOK_BUCKET_BYTES": "0"}).bucket_bytes(hooked=True) == 64 << 20
+    small_fusion = route({"HOROVOD_FUSION_THRESHOLD": str(4 << 20)})
+    assert small_fusion.bucket_bytes(hooked=True) == 4 << 20
+    # the autotuner replaces the route: the cap stays
+    assert default._replace(fusion_threshold=8 << 20).bucket_bytes(hooked=True) == 8 << 20
+
+
 @pytest.mark.parametrize("environ,message", [
     ({"HORORING_WAIT_SPIN_TESTS": "-1"},
      r"wait_spin_tests must be >= 0 \(HORORING_WAIT_SPIN_TESTS\)"),
@@ -95,6 +111,8 @@ def test_tuning_settings_from_the_environment():
     ({"HORORING_WAIT_SPIN_TESTS": "100", "HORORING_WAIT_YIELD_TESTS": "10"},
      r"wait_yield_tests \(10\) must be >= wait_spin_tests \(100\)"),
     ({"HORORING_STAGED_COPY_BYTES": "0"}, "staged copy size must be > 0 bytes"),
+    ({"HORORING_HOOK_BUCKET_BYTES": "-1"},
+     r"comm hook bucket size must be >= 0 bytes \(HORORING_HOOK_BUCKET_BYTES"),
     ({"HORORING_POLL_ACTIVE_US": "fast"},
      "HORORING_POLL_ACTIVE_US .* invalid value 'fast'"),
 ])
