@@ -19,6 +19,8 @@ A variant DDP refuses or that fails is reported with its error and left out.
 
 Each step is forward, backward and an SGD step on this rank's batch; a round's step time is
 the slowest rank's, and the table gives the median over every timed step of every round.
+CPU ms: the CPU time a rank's process (every thread) used in a step, the mean over ranks (on
+emulated hosts sharing a machine's cores, what one rank uses is taken from the others).
 Bytes: what this rank's network interface sent per step (/sys/class/net/IF/statistics), the
 interface being the emulated host's link (in its namespace); on one host (loopback,
 shared by the ranks) the column shows the loopback's total per rank.
@@ -156,6 +158,7 @@ class Variant:
         self.error = None
         self.times = []
         self.bytes = []
+        self.cpu = []
         try:
             self.forward, self.optimizer = make(self.model)
         except Exception as error:  # a hook DDP refuses on this machine: reported, left out
@@ -247,9 +250,11 @@ def run_model(comm, model, args, link):
                                        offset + (round_index + 1) * args.steps]:
                 comm.Barrier()
                 before = sent_bytes(link)
+                cpu_before = time.process_time()
                 started = time.perf_counter()
                 variant.step(inputs, labels)
                 elapsed = time.perf_counter() - started
+                variant.cpu.append(comm.allreduce(time.process_time() - cpu_before) / comm.size)
                 variant.bytes.append(sent_bytes(link) - before)
                 variant.times.append(comm.allreduce(elapsed, op=MPI.MAX))
     rows = []
@@ -258,6 +263,7 @@ def run_model(comm, model, args, link):
         if variant.times:
             row["step_ms"] = 1e3 * statistics.median(variant.times)
             row["sent_mb"] = statistics.median(variant.bytes) / 1e6
+            row["cpu_ms"] = 1e3 * statistics.median(variant.cpu)
             if link == "lo":  # every rank sends on the one loopback
                 row["sent_mb"] /= comm.size
         rows.append(row)
@@ -267,7 +273,8 @@ def run_model(comm, model, args, link):
 def report(model, rows, size, link):
     by_label = {row["variant"]: row for row in rows}
     print(f"\n## {model}: {size} ranks, link {link}")
-    print(f"{'variant':>20} {'step ms':>9} {'MB sent':>9} {'/ none':>7} {'/ DDP':>7}")
+    print(f"{'variant':>20} {'step ms':>9} {'MB sent':>9} {'/ none':>7} {'/ DDP':>7} "
+          f"{'CPU ms':>8}")
     for row in rows:
         if row.get("error"):
             print(f"{row['variant']:>20}  not run: {row['error']}")
@@ -278,7 +285,8 @@ def report(model, rows, size, link):
         peer = by_label.get(f"ddp {PEERS[kind]}") if framework == "hororing" else None
         versus = row["step_ms"] / peer["step_ms"] if peer and peer.get("step_ms") else None
         print(f"{row['variant']:>20} {row['step_ms']:9.1f} {row['sent_mb']:9.2f} "
-              f"{ratio:7.2f} {'' if versus is None else f'{versus:7.2f}':>7}")
+              f"{ratio:7.2f} {'' if versus is None else f'{versus:7.2f}':>7} "
+              f"{row['cpu_ms']:8.1f}")
 
 
 def main():

@@ -222,4 +222,4 @@ def test_bench_compression_times_every_variant_on_the_small_model(tmp_path):
     timed = {row["variant"] for row in rows if row["error"] is None}
     assert {"hororing none", "hororing fp16", "hororing bf16", "hororing powersgd1",
             "hororing powersgd4", "ddp allreduce", "ddp fp16"} <= timed
-    assert all(row["step_ms"] > 0 for row in rows if row["error"] is None)
+    assert all(row["step_ms"] > 0 and row["cpu_ms"] > 0 for row in rows if row["error"] is None)
