@@ -4,7 +4,7 @@
 # installed under a prefix of their own, mpi4py is pointed at that MPICH, and nothing runs
 # until a one-rank MPI start has answered within 30 s. (Installed with pip --target, the
 # mpich wheel loses its lib/ folder, and mpi4py then loads whatever libmpi the image has: a
-# one-rank start seen that way hung instead of failing.)
+# run set up that way hung in a check that imports mpi4py and starts MPI, instead of failing.)
 # Usage: bash scripts/lent_machine.sh WHEELDIR OUTDIR [STEP ...]
 #   steps: scale (scripts/scale_checks.sh, CPU only), gpu (scripts/gpu_checks.sh),
 #          staged (the staged ring's copy size against the host ring, 8 and 64 MiB);
