@@ -1,5 +1,6 @@
 """Fusion-buffer pack and unpack: many tensors into one flat buffer and back."""
 
+from . import half
 from ._xp import NUMBA, backend, device_kernels
 
 
@@ -20,7 +21,9 @@ def pack(arrays, buffer, stream=0):
             _device_call("pack", buffer, arrays, ranges, stream)
         return ranges
     for (start, stop), array in zip(ranges, arrays):
-        buffer[start:stop].reshape(array.shape)[...] = array
+        target = buffer[start:stop].reshape(array.shape)
+        if not half.cast_into(target, array):
+            target[...] = array
     return ranges
 
 
@@ -31,7 +34,9 @@ def unpack(buffer, ranges, outputs, stream=0):
             _device_call("unpack", buffer, outputs, ranges, stream)
         return
     for (start, stop), output in zip(ranges, outputs):
-        output[...] = buffer[start:stop].reshape(output.shape)
+        source = buffer[start:stop].reshape(output.shape)
+        if not half.cast_into(output, source):
+            output[...] = source
 
 
 def _ranges(arrays):

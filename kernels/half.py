@@ -39,6 +39,28 @@ def tensor(array, bfloat16=False):
     return torch.from_numpy(array)
 
 
+_FLOAT32 = np.dtype(np.float32)
+
+
+def cast_into(target, source):
+    """Copy float32 ``source`` into float16 ``target`` or the reverse (numpy arrays of one
+    shape) through torch's vectorized casts; False where it cannot (other dtypes or kinds
+    of array, negative strides, torch not imported): numpy's cast is left to the caller.
+    Both round to nearest even, subnormals and overflow included (numpy's casts between
+    them are scalar here: 15-30 ms per 12.6 M elements, torch's 3-6)."""
+    if type(target) is not np.ndarray or type(source) is not np.ndarray:
+        return False
+    if {target.dtype, source.dtype} != {_HALF, _FLOAT32} or target.shape != source.shape:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "from_numpy") or not target.flags.writeable:
+        return False
+    if min(target.strides + source.strides, default=0) < 0:
+        return False
+    torch.from_numpy(target).copy_(torch.from_numpy(source))
+    return True
+
+
 def factor(value, dtype=_HALF):
     """``value`` as numpy applies it to an array of ``dtype``: rounded to that dtype."""
     return float(dtype.type(value))

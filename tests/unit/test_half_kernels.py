@@ -60,3 +60,32 @@ def test_strided_float16_pieces_reduce_in_place():
     expected[100:900] = np.add(buffer[100:900], source[100:900])
     reduce_into(buffer[100:900], source[100:900], "sum")
     np.testing.assert_array_equal(buffer.view(np.uint16), expected.view(np.uint16))
+
+
+def test_casts_between_float32_and_float16_through_torch_give_numpy_s_bits():
+    """half.cast_into: float32 -> float16 rounds as numpy's cast does (normal, subnormal,
+    overflowing, infinite, signed zero, NaN), float16 -> float32 is exact for every
+    non-NaN pattern and keeps NaNs NaN; anything else is left to numpy."""
+    rng = np.random.default_rng(3)
+    wide = np.concatenate([rng.standard_normal(20_000) * scale for scale in
+                           (1e-8, 3e-6, 6e-5, 1.0, 1e3, 7e4, 1e6)] +
+                          [np.array([np.inf, -np.inf, -0.0, 0.0, np.nan, 65504, 65520,
+                                     65519.99, 5.96e-8, 2.98e-8, 2.99e-8])]).astype(np.float32)
+    narrow = np.empty(wide.shape, np.float16)
+    assert half.cast_into(narrow, wide)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(narrow.view(np.uint16), wide.astype(np.float16).view(np.uint16))
+    patterns = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    back = np.empty(patterns.shape, np.float32)
+    assert half.cast_into(back, patterns)
+    nan = np.isnan(patterns)
+    np.testing.assert_array_equal(back.view(np.uint32)[~nan],
+                                  patterns.astype(np.float32).view(np.uint32)[~nan])
+    assert np.isnan(back[nan]).all()
+    # strided views are fine; reversed ones, other dtypes and read-only targets are not taken
+    assert half.cast_into(narrow[::2], wide[::2])
+    assert not half.cast_into(narrow[::-1], wide)
+    assert not half.cast_into(np.empty(3, np.float64), np.zeros(3, np.float16))
+    frozen = np.zeros(3, np.float16)
+    frozen.flags.writeable = False
+    assert not half.cast_into(frozen, np.zeros(3, np.float32))
