@@ -20,9 +20,10 @@ def pack(arrays, buffer, stream=0):
         if ranges:
             _device_call("pack", buffer, arrays, ranges, stream)
         return ranges
+    cast = buffer.dtype in half.CASTS  # float16 <-> float32 goes through torch's casts
     for (start, stop), array in zip(ranges, arrays):
         target = buffer[start:stop].reshape(array.shape)
-        if not half.cast_into(target, array):
+        if not (cast and array.dtype != buffer.dtype and half.cast_into(target, array)):
             target[...] = array
     return ranges
 
@@ -33,9 +34,10 @@ def unpack(buffer, ranges, outputs, stream=0):
         if ranges:
             _device_call("unpack", buffer, outputs, ranges, stream)
         return
+    cast = buffer.dtype in half.CASTS
     for (start, stop), output in zip(ranges, outputs):
         source = buffer[start:stop].reshape(output.shape)
-        if not half.cast_into(output, source):
+        if not (cast and output.dtype != buffer.dtype and half.cast_into(output, source)):
             output[...] = source
 
 

@@ -40,6 +40,7 @@ def tensor(array, bfloat16=False):
 
 
 _FLOAT32 = np.dtype(np.float32)
+CASTS = (_HALF, _FLOAT32)  # the dtypes cast_into converts between
 
 
 def cast_into(target, source):
