@@ -9,6 +9,9 @@
 #   steps: scale (scripts/scale_checks.sh, CPU only), gpu (scripts/gpu_checks.sh),
 #          staged (the staged ring's copy size against the host ring, 8 and 64 MiB);
 #   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
+#   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step; GPU_STEPS names
+#   gpu_checks.sh's steps (default all of them); a step is skipped once LENT_SECONDS (if set)
+#   have passed, so that what was measured comes back before the call's limit.
 set -u
 cd "$(dirname "$0")/.."
 wheels=${1:?usage: lent_machine.sh WHEELDIR OUTDIR [STEP ...]}
@@ -45,15 +48,20 @@ timeout 60 mpiexec -n 2 python -c "from mpi4py import MPI; assert MPI.COMM_WORLD
     >> "$log" 2>&1 || { say "a 2-rank mpiexec job failed: stopping"; exit 1; }
 
 for step in "${steps[@]}"; do
+    if [ -n "${LENT_SECONDS:-}" ] && [ $((SECONDS - started)) -ge "$LENT_SECONDS" ]; then
+        say "skipped $step: LENT_SECONDS=$LENT_SECONDS passed"
+        continue
+    fi
     case $step in
     staged)
         say "staged ring: copy size against the host ring"
-        for round in 1 2; do
+        staged_runs=$((${staged_runs:-0} + 1))
+        for round in $(seq "${STAGED_ROUNDS:-2}"); do
             for copy in 8388608 2097152 1048576 524288; do
                 HORORING_DEVICE_RING=staged HORORING_STAGED_COPY_BYTES=$copy timeout 90 \
                     mpiexec -n 2 python scripts/bench_gpu.py --ring-child \
                     --ring-bytes 8388608,67108864 --rounds 7 --seconds 2 2>&1 \
-                    | sed "s/^/copy=$copy round=$round /" >> "$out/staged.jsonl"
+                    | sed "s/^/copy=$copy round=$staged_runs.$round /" >> "$out/staged.jsonl"
             done
         done
         grep -c '"device_over_host"' "$out/staged.jsonl" | sed 's/^/rows: /' | tee -a "$log" ;;
@@ -63,7 +71,7 @@ for step in "${steps[@]}"; do
             bash scripts/scale_checks.sh "$out/scale" >> "$log" 2>&1 || say "scale: exit $?" ;;
     gpu)
         say "gpu checks"
-        timeout 900 bash scripts/gpu_checks.sh "$out/gpu" >> "$log" 2>&1 || say "gpu: exit $?" ;;
+        timeout 900 bash scripts/gpu_checks.sh "$out/gpu" ${GPU_STEPS:-} >> "$log" 2>&1 || say "gpu: exit $?" ;;
     *)
         say "unknown step $step" ;;
     esac
