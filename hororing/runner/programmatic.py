@@ -3,7 +3,9 @@
 The function, its arguments and its results travel pickled (cloudpickle for the function, so
 functions of ``__main__`` and closures work): to rank 0 through mpiexec's stdin, back from
 rank 0 on one marked stdout line (hororing.runner.task). Everything else the ranks print
-passes through.
+passes through. A rank whose function raises reports it on a marked stderr line and, where
+the driver's report folder is reachable (the driver's host or a shared file system), in a
+file there too: the job's abort can end mpiexec before it has forwarded the last lines.
 """
 
 import base64
@@ -22,6 +24,8 @@ from .output import copy_lines
 # the lines by which the ranks (hororing.runner.task) hand back results and errors
 RESULT_MARK = "\x1ehororing.run.result "
 ERROR_MARK = "\x1ehororing.run.error "
+# the folder, on the driver's host, where a failing rank also leaves its report
+REPORTS_ENV = "HORORING_RUN_REPORTS"
 
 
 class RunError(RuntimeError):
@@ -82,17 +86,25 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
     environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
         entry for entry in paths if os.path.isdir(entry)))
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
-    collector = _Collector(verbose)
+    with tempfile.TemporaryDirectory(prefix="hororing-run-reports-") as reports:
+        environment[REPORTS_ENV] = reports
+        collector = _Collector(verbose, reports)
+        status = _launch(mpiexec, flavor, extra, command, environment, payload, collector, np,
+                         min_np, max_np, host_list, host_discovery_script, slots, reset_limit,
+                         elastic_timeout)
+        return collector.results(status)
+
+
+def _launch(mpiexec, flavor, extra, command, environment, payload, collector, np, min_np,
+            max_np, host_list, host_discovery_script, slots, reset_limit, elastic_timeout):
     if min_np is not None or max_np is not None or host_discovery_script:
-        status = _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector,
-                              np, min_np, max_np, host_list, host_discovery_script, slots,
-                              reset_limit, elastic_timeout)
-    else:
-        with tempfile.TemporaryDirectory(prefix="hororing-run-") as scratch:
-            full = mpiexec_command(mpiexec, flavor, np, host_list, scratch,
-                                   env=environment) + extra + command
-            status = collector.launch(full, environment, payload)
-    return collector.results(status)
+        return _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector,
+                            np, min_np, max_np, host_list, host_discovery_script, slots,
+                            reset_limit, elastic_timeout)
+    with tempfile.TemporaryDirectory(prefix="hororing-run-") as scratch:
+        full = mpiexec_command(mpiexec, flavor, np, host_list, scratch,
+                               env=environment) + extra + command
+        return collector.launch(full, environment, payload)
 
 
 def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector, np, min_np,
@@ -114,8 +126,9 @@ def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collecto
 class _Collector:
     """Starts a launch with the payload on stdin and keeps rank 0's result line."""
 
-    def __init__(self, verbose):
+    def __init__(self, verbose, reports):
         self.verbose = verbose
+        self.reports = reports
         self.result = None
         self.errors = []
 
@@ -123,6 +136,8 @@ class _Collector:
         """A start function for the elastic driver: every launch gets the payload."""
         def start(command, env, acknowledged):
             self.result, self.errors = None, []
+            for name in os.listdir(self.reports):  # an earlier launch's reports
+                os.unlink(os.path.join(self.reports, name))
             return self.start(command, env, payload, acknowledged)
         return start
 
@@ -168,7 +183,21 @@ class _Collector:
             return True
         return keep
 
+    def _reported(self):
+        """The errors reported on stderr and, where stderr lost them, in the report folder."""
+        errors = {report["rank"]: report for report in self.errors}
+        for name in sorted(os.listdir(self.reports)):
+            if name.startswith("error."):
+                try:
+                    with open(os.path.join(self.reports, name), "rb") as handle:
+                        report = pickle.load(handle)
+                except (OSError, EOFError, pickle.UnpicklingError):
+                    continue
+                errors.setdefault(report["rank"], report)
+        return list(errors.values())
+
     def results(self, status):
+        self.errors = self._reported()
         if self.errors:
             first = min(self.errors, key=lambda report: report["rank"])
             ranks = ", ".join(str(report["rank"]) for report in

@@ -8,13 +8,14 @@ forever in a collective for it.
 """
 
 import base64
+import os
 import pickle
 import sys
 import traceback
 
 from mpi4py import MPI
 
-from .programmatic import ERROR_MARK, RESULT_MARK
+from .programmatic import ERROR_MARK, REPORTS_ENV, RESULT_MARK
 
 
 def main():
@@ -28,6 +29,7 @@ def main():
     except BaseException as error:  # noqa: BLE001 - every failure is reported, then fatal
         report = {"rank": world.rank, "error": f"{type(error).__name__}: {error}",
                   "traceback": traceback.format_exc()}
+        _leave_report(report, world.rank)
         line = base64.b64encode(pickle.dumps(report)).decode()
         sys.stderr.write(f"{ERROR_MARK}{line}\n")
         sys.stderr.flush()
@@ -38,6 +40,20 @@ def main():
         line = base64.b64encode(pickle.dumps(results)).decode()
         sys.stdout.write(f"{RESULT_MARK}{line}\n")
         sys.stdout.flush()
+
+
+def _leave_report(report, rank):
+    """The report as a file in the driver's folder, where this rank can reach it."""
+    folder = os.environ.get(REPORTS_ENV, "")
+    if not folder or not os.path.isdir(folder):
+        return
+    path = os.path.join(folder, f"error.{rank}")
+    try:
+        with open(path + ".part", "wb") as handle:
+            pickle.dump(report, handle)
+        os.replace(path + ".part", path)
+    except OSError:  # the stderr line still carries it
+        pass
 
 
 if __name__ == "__main__":

@@ -51,6 +51,25 @@ def test_the_rank_that_raised_is_named_with_its_traceback():
     assert "in fails_on_rank_1" in str(caught.value)
 
 
+def test_a_rank_whose_stderr_is_lost_is_still_named():
+    # mpiexec may end before it forwards the failing rank's last stderr line (the abort wins
+    # the race); here that line can never arrive, so only the report file can name the rank
+    def fails_on_rank_2_silently():
+        import os
+
+        import hororing as hvd
+
+        hvd.init()
+        if hvd.rank() == 2:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            raise KeyError("label 9")
+        hvd.barrier()
+
+    with pytest.raises(hororing.RunError, match=r"rank 2 raised KeyError: 'label 9'") as caught:
+        hororing.run(fails_on_rank_2_silently, np=3)
+    assert "in fails_on_rank_2_silently" in str(caught.value)
+
+
 def test_gloo_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="MPI only: call hororing.run without use_gloo"):
         hororing.run(rank_sum_plus, args=(0,), np=2, use_gloo=True)
