@@ -20,6 +20,11 @@ shift 2
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(staged scale gpu)
 mkdir -p "$out"
+# the checkout itself is imported (kernels/ installs as hororing.kernels: a link stands in)
+if [ ! -e hororing/kernels ]; then
+    ln -s ../kernels hororing/kernels
+    trap 'rm -f hororing/kernels' EXIT
+fi
 log="$out/lent_machine.log"
 : > "$log"
 started=$SECONDS
