@@ -24,8 +24,6 @@ from .output import copy_lines
 # the lines by which the ranks (hororing.runner.task) hand back results and errors
 RESULT_MARK = "\x1ehororing.run.result "
 ERROR_MARK = "\x1ehororing.run.error "
-# the folder, on the driver's host, where a failing rank also leaves its report
-REPORTS_ENV = "HORORING_RUN_REPORTS"
 
 
 class RunError(RuntimeError):
@@ -75,7 +73,6 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
     flavor = mpi_flavor(mpiexec)
     host_list = hostfile_or_hosts(hostfile, hosts)
     extra = mpi_args.split() if isinstance(mpi_args, str) else list(mpi_args or [])
-    command = [executable or sys.executable, "-m", "hororing.runner.task"]
     environment = dict(os.environ if env is None else env)
     if start_timeout is not None:
         environment[variable_of("start_timeout_s")] = str(start_timeout)
@@ -87,7 +84,8 @@ def run(func, args=(), kwargs=None, np=None, min_np=None, max_np=None, slots=Non
         entry for entry in paths if os.path.isdir(entry)))
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
     with tempfile.TemporaryDirectory(prefix="hororing-run-reports-") as reports:
-        environment[REPORTS_ENV] = reports
+        # the ranks get the folder where a failing rank also leaves its report
+        command = [executable or sys.executable, "-m", "hororing.runner.task", reports]
         collector = _Collector(verbose, reports)
         status = _launch(mpiexec, flavor, extra, command, environment, payload, collector, np,
                          min_np, max_np, host_list, host_discovery_script, slots, reset_limit,

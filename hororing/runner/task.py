@@ -15,7 +15,7 @@ import traceback
 
 from mpi4py import MPI
 
-from .programmatic import ERROR_MARK, REPORTS_ENV, RESULT_MARK
+from .programmatic import ERROR_MARK, RESULT_MARK
 
 
 def main():
@@ -44,7 +44,7 @@ def main():
 
 def _leave_report(report, rank):
     """The report as a file in the driver's folder, where this rank can reach it."""
-    folder = os.environ.get(REPORTS_ENV, "")
+    folder = sys.argv[1] if len(sys.argv) > 1 else ""
     if not folder or not os.path.isdir(folder):
         return
     path = os.path.join(folder, f"error.{rank}")
