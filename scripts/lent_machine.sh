@@ -10,7 +10,7 @@
 #          staged (the staged ring's copy size against the host ring, 8 and 64 MiB);
 #   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
 #   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step; GPU_STEPS names
-#   gpu_checks.sh's steps (default all of them); a step is skipped once LENT_SECONDS (if set)
+#   gpu_checks.sh's steps (default all of them), SCALE_RANKS scale_checks.sh's rank counts; a step is skipped once LENT_SECONDS (if set)
 #   have passed, so that what was measured comes back before the call's limit.
 set -u
 cd "$(dirname "$0")/.."
@@ -73,7 +73,7 @@ for step in "${steps[@]}"; do
     scale)
         say "scale checks"
         CUDA_VISIBLE_DEVICES= HORORING_SELECT_DEVICE=0 timeout 900 \
-            bash scripts/scale_checks.sh "$out/scale" >> "$log" 2>&1 || say "scale: exit $?" ;;
+            bash scripts/scale_checks.sh "$out/scale" ${SCALE_RANKS:-} >> "$log" 2>&1 || say "scale: exit $?" ;;
     gpu)
         say "gpu checks"
         timeout 900 bash scripts/gpu_checks.sh "$out/gpu" ${GPU_STEPS:-} >> "$log" 2>&1 || say "gpu: exit $?" ;;
