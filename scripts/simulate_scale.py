@@ -145,11 +145,13 @@ def _model_from(vector, links, base):
     factors = dict(zip(_FACTORS, values[:len(_FACTORS)]))
     fitted = dict(base.links)
     at = len(_FACTORS)
-    fitted["shm"] = dataclasses.replace(base.links["shm"], bandwidth_Bps=values[at])
+    fitted["shm"] = dataclasses.replace(base.links["shm"], bandwidth_Bps=values[at],
+                                        cache_bytes=values[at + 1], memory_Bps=values[at + 2])
+    at += 3
     for index, name in enumerate(links):
         fitted[name] = dataclasses.replace(base.links[name],
-                                           latency_s=values[at + 1 + 2 * index],
-                                           bandwidth_Bps=values[at + 2 + 2 * index])
+                                           latency_s=values[at + 2 * index],
+                                           bandwidth_Bps=values[at + 1 + 2 * index])
     return dataclasses.replace(base, factors=factors, links=fitted)
 
 
@@ -161,7 +163,8 @@ def _predict_sample(model, sample):
 
 
 def calibrate(samples, base):
-    """Fit the factors, this host's memory bandwidth, each network's latency and bandwidth
+    """Fit the factors, this host's shared memory as a link (bandwidth in cache, the bytes in
+    flight a node's caches hold, its memory bandwidth), each network's latency and bandwidth
     to the samples, minimising the squared log of measured over predicted."""
     from scipy.optimize import least_squares
 
@@ -170,7 +173,9 @@ def calibrate(samples, base):
     for name in links:  # "emulated 1gbe": starts from the 1gbe preset
         preset = base.links[name.split()[-1]]
         base.links[name] = dataclasses.replace(preset, name=f"{preset.name}, emulated here")
-    start = [base.factors[name] for name in _FACTORS] + [base.links["shm"].bandwidth_Bps]
+    shm = base.links["shm"]
+    start = [base.factors[name] for name in _FACTORS] + [
+        shm.bandwidth_Bps, shm.cache_bytes or 32 << 20, shm.memory_Bps or 20e9]
     for name in links:
         start += [base.links[name].latency_s, base.links[name].bandwidth_Bps]
 

@@ -18,13 +18,21 @@ small         one MPI_Allgather call      (n-1)Â·S                        (n-1)Â
 
 m is the members (``plan.halving_factors``: n, or the largest power of two below it with
 the extra ranks folded in), f its factors. Messages travel in sub-chunk pieces; the ring's
-and Rabenseifner's reductions overlap their transfers piece by piece. The halving
+and Rabenseifner's reductions overlap their transfers piece by piece (the ring's counted as
+two pieces at least: it posts a step's receives a step ahead, while it reduces). The halving
 algorithms' steps exchange with partners (v XOR 2^i), priced apart from the ring's steps
 with both neighbours (``Host.pair_step_s``). The gathered path's own steps run inside MPI
 (ceil(log2 n) latencies, no Python). With k ranks per node, the steps between nodes share
 the node's link: Rabenseifner's phases whose partners lie on other nodes carry k ranks'
 bytes at once, as does every step of recursive doubling and the gather; the ring's
 neighbours cross one link per node pair, one rank's bytes each.
+
+Within a node the link is the node's memory (``Link.memory_Bps``): while the messages a
+step has in flight across the node (ranks per node x message) fit in the caches
+(``Link.cache_bytes``), a message moves at the link's bandwidth; beyond them, each byte also
+pays its share of the node's memory bandwidth, which its ranks split. So on one node of 16
+ranks a 16 MiB Rabenseifner's first phase (16 x 8 MiB in flight) runs from memory, where the
+ring's 1 MiB steps stay in cache: measured, the ring takes 14 ms and Rabenseifner's 33.
 
 ``contention`` multiplies the CPU terms where ranks outnumber cores (an oversubscribed run).
 """
@@ -45,6 +53,21 @@ class Link:
     latency_s: float
     bandwidth_Bps: float  # bytes per second, each direction
     copies: bool = False  # its transfers are copies made by the ranks' CPUs (shared memory)
+    cache_bytes: float = None  # a node's messages in flight beyond which they leave its caches
+    memory_Bps: float = None   # the node's memory bandwidth then, shared by its ranks
+
+    def memory_s(self, messages, node_ranks):
+        """The memory's extra seconds for ``messages``, ``(message bytes, bytes)`` pairs, with
+        ``node_ranks`` ranks of a node exchanging at once: each byte's share of the memory
+        bandwidth, weighted by how far the node's bytes in flight overflow the caches (a
+        smooth step around ``cache_bytes``)."""
+        if not self.memory_Bps or not self.cache_bytes:
+            return 0.0
+        seconds = 0.0
+        for message, nbytes in messages:
+            flight = (node_ranks * message / self.cache_bytes) ** 2
+            seconds += nbytes * flight / (1.0 + flight) * node_ranks / self.memory_Bps
+        return seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +99,8 @@ class Shape:
     pieces: float = 1.0       # messages a step's data is cut into: the ring reduces one piece
                               # while the next ones arrive
     pairs: bool = False       # the steps exchange with partners, not ring neighbours
+    near_messages: tuple = ()  # (message bytes, bytes) of the transfers within a node
+    node_ranks: int = 1       # the ranks of a node exchanging at once
 
     def time(self, host, far, near=None, contention=1.0):
         """Seconds on ``host`` with ``far`` the link between nodes, ``near`` within one
@@ -85,8 +110,10 @@ class Shape:
             else host.step_s
         cpu = (self.steps * step_s + self.messages * host.piece_s
                + self.calls * host.call_s + self.copied / host.copy_Bps)
+        near_s = (self.near_bytes / near.bandwidth_Bps
+                  + near.memory_s(self.near_messages, self.node_ranks))
         wire = (self.far_bytes / far.bandwidth_Bps * (contention if far.copies else 1.0)
-                + self.near_bytes / near.bandwidth_Bps * (contention if near.copies else 1.0))
+                + near_s * (contention if near.copies else 1.0))
         reduce = contention * self.reduced / host.reduce_Bps
         if self.pieces > 1:
             data = max(wire, reduce) + min(wire, reduce) / self.pieces
@@ -111,14 +138,16 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
         far = wire if nodes > 1 else 0.0
         return Shape(steps=steps, calls=1, messages=steps * (pieces - 1), near_bytes=wire - far,
                      far_bytes=far, far_steps=steps if nodes > 1 else 0,
-                     reduced=(n - 1) / n * size, pieces=pieces)
+                     reduced=(n - 1) / n * size, pieces=max(2, pieces),
+                     near_messages=((size / n, wire - far),), node_ranks=k)
     if kind == "small":
         rounds = math.ceil(math.log2(n))
         far_rounds = math.ceil(math.log2(nodes)) if nodes > 1 else 0
         # the rows from other nodes reach each node through its link, k ranks' worth
         far = (n - k) * size * k if nodes > 1 else 0.0
         return Shape(calls=1, mpi_steps=rounds, far_steps=far_rounds,
-                     near_bytes=(k - 1) * size, far_bytes=far, reduced=(n - 1) * size)
+                     near_bytes=(k - 1) * size, far_bytes=far, reduced=(n - 1) * size,
+                     near_messages=((size, (k - 1) * size),), node_ranks=k)
     members, factors = halving_factors(n) if kind == "rabenseifner" else \
         (1 << (n.bit_length() - 1), None)
     folded = members < n
@@ -127,14 +156,17 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
         # partners 1, 2, 4, ... apart: those at least k apart are on other nodes
         far_rounds = sum(1 for bit in range(rounds) if (1 << bit) >= k)
         fold_bytes = 2 * size if folded else 0.0
-        return Shape(steps=rounds + 2 * folded, calls=1, near_bytes=(rounds - far_rounds) * size
-                     + fold_bytes, far_bytes=far_rounds * size * k, far_steps=far_rounds,
+        near = (rounds - far_rounds) * size + fold_bytes
+        return Shape(steps=rounds + 2 * folded, calls=1, near_bytes=near,
+                     far_bytes=far_rounds * size * k, far_steps=far_rounds,
                      reduced=(rounds + folded) * size,
-                     copied=(rounds / 2 + folded) * size, pairs=True)
+                     copied=(rounds / 2 + folded) * size, pairs=True,
+                     near_messages=((size, near),), node_ranks=k)
     if kind == "rabenseifner":
         steps = near_bytes = far_bytes = far_steps = messages = 0.0
         length, stride = size, 1
         first_pieces = None
+        near_messages = []
         for factor in factors:
             phase_steps = 2 * (factor - 1)
             phase_bytes = 2 * (factor - 1) / factor * length
@@ -147,17 +179,20 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
                 far_steps += phase_steps
             else:
                 near_bytes += phase_bytes
+                near_messages.append((length / factor, phase_bytes))
             steps += phase_steps
             length /= factor
             stride *= factor
         if folded:
             steps += 2
             near_bytes += 2 * size
+            near_messages.append((size, 2 * size))
         return Shape(steps=steps, calls=1, messages=messages, near_bytes=near_bytes,
                      far_bytes=far_bytes, far_steps=far_steps,
                      reduced=(members - 1) / members * size + folded * size,
                      copied=folded * size, pieces=first_pieces or 1,
-                     pairs=all(factor == 2 for factor in factors))
+                     pairs=all(factor == 2 for factor in factors),
+                     near_messages=tuple(near_messages), node_ranks=k)
     raise ValueError(f"unknown allreduce {kind!r}; one of {', '.join(KINDS)}")
 
 
@@ -185,7 +220,7 @@ def latency_bound(ranks, far):
     return math.ceil(math.log2(ranks)) * far.latency_s if ranks > 1 else 0.0
 
 
-MARGIN = 0.05  # a kind later in KINDS must be this much faster to be chosen
+MARGIN = 0.1  # a kind later in KINDS must be this much faster to be chosen
 
 
 def choose(ranks, nbytes, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
@@ -235,15 +270,16 @@ def lookup(table, nbytes):
 # (MPICH's shared-memory transport), calibrated with HOST (docs/scale.md); the networks
 # are presets for the simulator and the choice between nodes.
 PRESETS = {
-    "shm": Link("one host's shared memory", 5.2e-6, 4.5e9, copies=True),
+    "shm": Link("one host's shared memory", 5.35e-6, 3.64e9, copies=True, cache_bytes=39.9e6,
+                memory_Bps=30.6e9),
     "1gbe": Link("1 Gbit/s Ethernet", 50e-6, 125e6),
     "10gbe": Link("10 Gbit/s Ethernet", 25e-6, 1.25e9),
     "100gbe": Link("100 Gbit/s Ethernet", 10e-6, 12.5e9),
     "ib200": Link("200 Gbit/s InfiniBand", 2e-6, 25e9),
 }
 
-# hororing's CPU costs on one core of the development host, a rank per core (a 2-core Xeon VM;
-# fitted to scripts/bench_scale.py's runs at 2 ranks, unshaped and across emulated 1 Gbit/s
-# hosts: docs/scale.md, docs/results/scale_fit.json)
-HOST = Host(step_s=6.1e-6, piece_s=25e-6, call_s=0.0, reduce_Bps=6.7e9, copy_Bps=10.7e9,
-            pair_step_s=4.5e-6)
+# hororing's CPU costs on one core of a host with a core per rank (a 16-core Xeon; fitted to
+# scripts/bench_scale.py's runs there at 2-16 ranks, two runs each, and across 2 emulated
+# 1 Gbit/s hosts: docs/scale.md, docs/results/scale_fit.json)
+HOST = Host(step_s=14.3e-6, piece_s=0.0, call_s=6.06e-6, reduce_Bps=7.12e9, copy_Bps=10.2e9,
+            pair_step_s=12.2e-6)

@@ -90,9 +90,12 @@ def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes):
     this host's measured constants, its memory as the link within a node and 10 Gbit/s
     Ethernet between nodes. The same on every rank: it depends on nothing measured at run
     time."""
-    far = cost.PRESETS["10gbe"] if across_nodes else cost.PRESETS["shm"]
-    return cost.choices(size, cost.HOST, far, cost.PRESETS["shm"], small_bytes=small_bytes,
-                        subchunk_bytes=subchunk_bytes)
+    if across_nodes:
+        far, per_node = cost.PRESETS["10gbe"], 1
+    else:  # every rank on one node: they share its memory and caches
+        far, per_node = cost.PRESETS["shm"], size
+    return cost.choices(size, cost.HOST, far, cost.PRESETS["shm"], per_node=per_node,
+                        small_bytes=small_bytes, subchunk_bytes=subchunk_bytes)
 
 
 class AllreducePipeline:

@@ -81,3 +81,30 @@ def test_the_engine_s_constants_are_the_published_fit():
     assert shm.bandwidth_Bps == pytest.approx(fit["links"]["shm"]["bandwidth_Bps"], rel=0.02)
     assert shm.latency_s == pytest.approx(factors["mpi_step"] * measured["mpi_step_s"],
                                           rel=0.02)
+
+
+def test_a_node_s_memory_slows_messages_its_caches_cannot_hold():
+    """Within a node, messages in flight beyond the caches pay the node's memory bandwidth,
+    which its ranks share; a network link has no such term."""
+    shm = cost.PRESETS["shm"]
+    assert cost.PRESETS["10gbe"].memory_s([(64 << 20, 64 << 20)], 16) == 0.0
+    small = shm.memory_s([(64 << 10, 1 << 20)], 16)   # 1 MiB in flight across the node
+    large = shm.memory_s([(8 << 20, 1 << 20)], 16)    # 128 MiB in flight
+    assert 0.0 <= small < 0.01 * large
+    # the same bytes cost each rank more when more ranks share the memory
+    assert shm.memory_s([(8 << 20, 1 << 20)], 8) < large
+    # the full share at most: bytes x ranks / memory bandwidth
+    assert large <= (1 << 20) * 16 / shm.memory_Bps
+
+
+def test_on_one_node_of_16_ranks_16_mib_goes_by_the_ring_and_256_kib_by_halving():
+    """Measured on a 16-core host (docs/scale.md): at 16 ranks, 16 MiB took the ring 11-14 ms
+    and Rabenseifner's 19-33 (its first phase holds 16 x 8 MiB in flight); 256 KiB took
+    them 0.7-0.85 ms and 0.37-0.47."""
+    shm = cost.PRESETS["shm"]
+    ring, halving = (cost.predict(kind, 16, 16 << 20, cost.HOST, shm, shm, per_node=16)
+                     for kind in ("ring", "rabenseifner"))
+    assert ring < halving
+    assert cost.choose(16, 16 << 20, cost.HOST, shm, shm, per_node=16) == "ring"
+    assert cost.choose(16, 256 << 10, cost.HOST, shm, shm, per_node=16,
+                       small_bytes=16 << 10) == "rabenseifner"
