@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from . import collectives, ops
+from .kernels import lowrank
 
 
 class PowerSGD:
@@ -133,7 +134,7 @@ class PowerSGD:
             _split(q_flat, [(matrix.shape[1], rank) for matrix, rank in entry.matrices])
         for (matrix, _), p, q in zip(entry.matrices, entry.ps, entry.qs):
             _orthogonalize(q)
-            np.matmul(matrix, q, out=p)
+            lowrank.project(matrix, q, p)
         # a sum: each P is orthogonalized next, which its scale does not change
         entry.handles.append(collectives.allreduce_async_(
             entry.p_flat, name=f"{bucket.name}.powersgd.p", op=ops.Sum,
@@ -151,7 +152,7 @@ class PowerSGD:
         for entry in compressed:
             for (matrix, _), p, q in zip(entry.matrices, entry.ps, entry.qs):
                 _orthogonalize(p)
-                np.matmul(matrix.T, p, out=q)
+                lowrank.project_back(matrix, p, q)
         if compressed:
             reduction = compressed[0].bucket.reduction
             qs = np.concatenate([entry.q_flat for entry in compressed])
@@ -181,7 +182,7 @@ class PowerSGD:
                 offset += gradient.size
         factor = reduction.prescale * reduction.postscale
         for output, p, q in zip(entry.outputs, entry.ps, entry.qs):
-            np.matmul(p, q.T, out=output)
+            lowrank.expand(p, q, output)
             if factor != 1.0:
                 output *= factor
         if entry.source is not None:  # what was sent less what every rank applies
