@@ -126,7 +126,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
         # parameter -> its bucket (a tuple of parameters), for buckets started whole once all
-        # their gradients are in (CUDA buckets, ``_starts_whole``; ``_on_gradient``)
+        # their gradients are in (``_starts_whole``; ``_on_gradient``)
         self._whole_bucket = {}
         self._held = {}  # such a bucket -> its parameters whose gradients are in, not started
         self._flats = {}  # bucket -> (its flat gradient tensor, the name it is reduced under)
@@ -146,8 +146,21 @@ class _DistributedOptimizer(WrappingOptimizer):
             self._register_hooks()
 
     def _bucket_bytes(self):
-        """The most bytes one of this optimizer's buckets holds (smaller with a comm hook)."""
-        return self._group.engine.route.bucket_bytes(hooked=self._comm_hook is not None)
+        """The most bytes one of this optimizer's buckets holds: smaller where buckets start
+        whole (a comm hook's, or one allreduce of each flat bucket), so that the first ones
+        travel while backward goes on."""
+        return self._group.engine.route.bucket_bytes(
+            hooked=self._comm_hook is not None or self._flat_reduce)
+
+    def _starts_whole(self, bucket):
+        """Whether a gradient bucket starts whole, once all its gradients are in, as DDP's
+        do: with a comm hook; where the bucket is reduced as one flat tensor (no compressor,
+        Sum or Average); and every CUDA bucket, where a device allreduce costs launches and
+        waits for the GPU. Started one gradient at a time instead, the gradients of a small
+        model reach the engine in two or three cycles, a cycle time apart (measured: a 17 k
+        parameter model's step 1.8 ms against 1.2 across 2 emulated 1 Gbit/s hosts)."""
+        return (self._comm_hook is not None or self._flat_reduce
+                or bucket[0].device.type == "cuda")
 
     def register_comm_hook(self, state, hook):
         """Reduce the dense gradients bucket by bucket with ``hook(state, bucket)`` from the
@@ -296,7 +309,7 @@ class _DistributedOptimizer(WrappingOptimizer):
             self._views, self._whole_bucket, self._flats = {}, {}, {}
         self._views.update(views)
         for index, (bucket, flat) in enumerate(buckets):
-            if self._comm_hook is not None or _starts_whole(bucket):
+            if self._starts_whole(bucket):
                 self._whole_bucket.update(dict.fromkeys(bucket, bucket))
                 first, last = self._names[bucket[0]], self._names[bucket[-1]]
                 self._flats[bucket] = (flat, f"bucket.{first}..{last}.{len(bucket)}", index,
@@ -369,7 +382,8 @@ class _DistributedOptimizer(WrappingOptimizer):
             return
         with self._group.engine.batch():
             for member in bucket:
-                self._start(member)
+                if member.grad is not None or member.requires_grad:
+                    self._start(member)  # a member frozen since the layout has nothing
 
     def _hand_to_hook(self, bucket, flat, name, index, last):
         """Give a whole bucket to the comm hook (its gradients moved into their views)."""
@@ -421,12 +435,6 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._handles[parameter] = (handle, ctx, payload, was_sparse)
 
 
-
-
-def _starts_whole(bucket):
-    """Whether a gradient bucket starts whole, once all its gradients are in: CUDA buckets,
-    where a device allreduce costs launches and waits for the GPU that a CPU one does not."""
-    return bucket[0].device.type == "cuda"
 
 
 def _dense_local(param_groups):
