@@ -87,9 +87,9 @@ class Route(NamedTuple):
 
 def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
-    this host's measured constants, its memory as the link within a node and 10 Gbit/s
-    Ethernet between nodes. The same on every rank: it depends on nothing measured at run
-    time."""
+    the fitted host constants (``cost.HOST``), a node's memory as the link within it (shared
+    by every rank where the job is on one node) and 10 Gbit/s Ethernet between nodes. The
+    same on every rank: it depends on nothing measured at run time."""
     if across_nodes:
         far, per_node = cost.PRESETS["10gbe"], 1
     else:  # every rank on one node: they share its memory and caches
