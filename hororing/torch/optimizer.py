@@ -1,21 +1,23 @@
 """DistributedOptimizer: averages gradients across ranks while backward() runs.
 
-A hook on every parameter starts that parameter's asynchronous, in-place allreduce as soon
-as its gradient is accumulated, so communication overlaps the rest of the backward pass;
-``step()`` waits for them and then steps the wrapped optimizer. The wrapper is a
-``torch.optim.Optimizer`` that shares the wrapped optimizer's ``param_groups`` and
-``state``, so LR schedulers and checkpoints see one optimizer; no class is built at run time.
+Gradients live in their buckets (as DDP's ``gradient_as_bucket_view``; ``layout.py``): the
+dense CPU and CUDA gradients of each dtype and device are views into flat tensors, laid out
+in reverse parameter order (the order backward produces them). A hook on every parameter
+notes its gradient; once a bucket's gradients are all in, the bucket starts as one
+asynchronous, in-place allreduce of its flat tensor (or goes to the comm hook), so
+communication overlaps the rest of the backward pass, and the engine reduces the gradients
+where they lie, with no copy into a fusion buffer and none back. Such buckets hold at most
+the hook bucket size (16 MiB by default), as DDP's 25 MB. Where the gradients of a bucket are
+not reduced alike (a compressor's payloads, Adasum, Min/Max/Product) each starts as it comes,
+the buckets hold up to the fusion threshold, and after the first step they are laid out again
+in the order the engine runs them (``Engine.reduction_order``), so gradients fused together
+lie back to back. ``step()`` waits for the allreduces and then steps the wrapped optimizer.
 
-Gradients live in their buckets (as DDP's ``gradient_as_bucket_view``): the dense CPU and
-CUDA gradients of each dtype and device are views into flat tensors of at most the fusion
-threshold, laid out in reverse parameter order (the order backward produces them), and laid
-out again once, after the first step, in the order the engine runs them in a cycle
-(``Engine.reduction_order``), as DDP rebuilds its buckets. Gradients that become ready
-together are then back to back in memory, and the engine reduces them where they lie, with
-no copy into a fusion buffer and none back (on a GPU too: no pack or unpack launch). Autograd
-accumulates into a view in place; a gradient that arrives as a new tensor (after
-``zero_grad(set_to_none=True)``, the default) is copied into its view once and ``.grad`` is
-pointed at the view again.
+The wrapper is a ``torch.optim.Optimizer`` that shares the wrapped optimizer's
+``param_groups`` and ``state``, so LR schedulers and checkpoints see one optimizer; no class
+is built at run time. Autograd accumulates into a view in place; a gradient that arrives as a
+new tensor (after ``zero_grad(set_to_none=True)``, the default) is copied into its view once
+and ``.grad`` is pointed at the view again.
 """
 
 import contextlib
@@ -25,12 +27,12 @@ import torch
 
 from .. import ops
 from ..comm_hooks import check_hook
-from ..engine import assign
 from ..process_sets import global_process_set, group_of
 from . import comm_hooks, mpi_ops
-from .bridge import as_numpy, engine_meta, zeros
+from .bridge import as_numpy
 from .compression import Compression
 from .functions import refuse_uninitialized
+from .layout import bucket_views, dense_local, generated_names, parameter_names
 from .sharded import ShardedOptimizer
 from .wrapping import WrappingOptimizer
 
@@ -112,7 +114,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = gradient_predivide_factor
-        self._names = _parameter_names(optimizer, named_parameters)
+        self._names = parameter_names(optimizer, named_parameters)
         refuse_uninitialized([(name, parameter) for parameter, name in self._names.items()],
                              "DistributedOptimizer")
         self.process_set = process_set
@@ -141,7 +143,7 @@ class _DistributedOptimizer(WrappingOptimizer):
             check_hook(comm_hook, op, compression is Compression.none)
             self._comm_hook = (None, comm_hook)
         if self._reduces():
-            self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
+            self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
                                               self._bucket_bytes()))
             self._register_hooks()
 
@@ -172,7 +174,7 @@ class _DistributedOptimizer(WrappingOptimizer):
                                "reduced; call it before backward() or after step()")
         self._comm_hook = (state, hook)
         if self._reduces():  # every bucket now starts whole
-            self._set_buckets(*_bucket_views(_dense_local(self.param_groups)[::-1],
+            self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
                                               self._bucket_bytes()))
 
     @property
@@ -228,9 +230,9 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     def add_param_group(self, param_group):
         self._optimizer.add_param_group(param_group)
-        self._names.update(_generated_names(self._optimizer, skip=self._names))
+        self._names.update(generated_names(self._optimizer, skip=self._names))
         if self._reduces():
-            self._set_buckets(*_bucket_views(_dense_local([self.param_groups[-1]])[::-1],
+            self._set_buckets(*bucket_views(dense_local([self.param_groups[-1]])[::-1],
                                               self._bucket_bytes()),
                               update=True)
             for parameter in param_group["params"]:
@@ -294,7 +296,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         by_name = {self._names[parameter]: parameter for parameter in self._views
                    if parameter not in self._whole_bucket}
         order = engine.reduction_order(list(by_name))
-        views, buckets = _bucket_views([by_name[name] for name in order],
+        views, buckets = bucket_views([by_name[name] for name in order],
                                        route.fusion_threshold)
         for parameter, view in views.items():
             grad = parameter.grad
@@ -304,7 +306,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._set_buckets(views, buckets, update=True)
 
     def _set_buckets(self, views, buckets, update=False):
-        """Take the gradient ``views`` and their ``buckets`` (``_bucket_views``)."""
+        """Take the gradient ``views`` and their ``buckets`` (``layout.bucket_views``)."""
         if not update:
             self._views, self._whole_bucket, self._flats = {}, {}, {}
         self._views.update(views)
@@ -437,68 +439,8 @@ class _DistributedOptimizer(WrappingOptimizer):
 
 
 
-def _dense_local(param_groups):
-    """The groups' dense CPU and CUDA parameters that need gradients, each once, in order."""
-    return list(dict.fromkeys(
-        parameter for group in param_groups for parameter in group["params"]
-        if parameter.requires_grad and parameter.device.type in ("cpu", "cuda")
-        and parameter.layout == torch.strided))
-
-
-def _bucket_views(parameters, bucket_bytes):
-    """Lay the ``parameters``' gradients out, in their order, in the engine's fused buckets of
-    at most ``bucket_bytes`` (``engine.assign``), each bucket one flat zero tensor on
-    its parameters' device.
-
-    Returns:
-        (views, buckets): parameter -> a view of the parameter's shape into its bucket, and
-        the buckets as (tuple of parameters, flat tensor).
-    """
-    views, buckets = {}, []
-    for indices in assign([engine_meta(parameter) for parameter in parameters], bucket_bytes):
-        bucket = [parameters[index] for index in indices]
-        flat = zeros(sum(parameter.numel() for parameter in bucket), bucket[0].dtype,
-                     bucket[0].device)
-        buckets.append((tuple(bucket), flat))
-        offset = 0
-        for parameter in bucket:
-            views[parameter] = flat[offset:offset + parameter.numel()].view(parameter.shape)
-            offset += parameter.numel()
-    return views, buckets
-
-
 _SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_handles)
 _HOOKED = object()  # the payload of a bucket a comm hook reduces (_handles)
 
 
 _NONE_HELD = frozenset()
-
-
-def _parameter_names(optimizer, named_parameters):
-    if named_parameters is None:
-        return _generated_names(optimizer)
-    pairs = list(named_parameters)
-    if any(not isinstance(pair, tuple) or len(pair) != 2 for pair in pairs):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")
-    names = [name for name, _ in pairs]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
-                         f"{', '.join(duplicates)}")
-    by_parameter = {parameter: name for name, parameter in pairs}
-    unnamed = [parameter for group in optimizer.param_groups for parameter in group["params"]
-               if parameter not in by_parameter]
-    if unnamed:
-        raise ValueError(f"named_parameters was specified, but one or more model parameters were "
-                         f"not named. Python object ids: {', '.join(str(id(p)) for p in unnamed)}")
-    return by_parameter
-
-
-def _generated_names(optimizer, skip=()):
-    names = {}
-    for group_index, group in enumerate(optimizer.param_groups):
-        for index, parameter in enumerate(group["params"]):
-            if parameter not in skip:
-                names[parameter] = f"allreduce.noname.{group_index}.{index}"
-    return names
