@@ -142,6 +142,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         if comm_hook is not None:
             check_hook(comm_hook, op, compression is Compression.none)
             self._comm_hook = (None, comm_hook)
+        self._whole_bytes = None  # the bucket size whole buckets were laid out for
         if self._reduces():
             self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
                                               self._bucket_bytes()))
@@ -288,16 +289,25 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     def _lay_out_again(self):
         """New buckets in the order the engine runs the gradients' allreduces, each gradient
-        kept: moved into its new view. Buckets that start whole keep their layout (reverse
-        parameter order): the engine reduces each as one tensor."""
+        kept: moved into its new view. Buckets that start whole keep their order (reverse
+        parameter order: the engine reduces each as one tensor) and are laid out again only
+        where their size has changed (the autotuner moved the fusion threshold)."""
         engine = self._group.engine
         route = engine.route
         self._laid_out_for = route.version
         by_name = {self._names[parameter]: parameter for parameter in self._views
                    if parameter not in self._whole_bucket}
         order = engine.reduction_order(list(by_name))
-        views, buckets = bucket_views([by_name[name] for name in order],
-                                       route.fusion_threshold)
+        self._move_into(*bucket_views([by_name[name] for name in order],
+                                      route.fusion_threshold))
+        whole = [parameter for parameter in self._views if parameter in self._whole_bucket]
+        if whole and self._bucket_bytes() != self._whole_bytes:
+            for bucket in {self._whole_bucket.pop(parameter) for parameter in whole}:
+                self._flats.pop(bucket, None)
+            self._move_into(*bucket_views(whole, self._bucket_bytes()))
+
+    def _move_into(self, views, buckets):
+        """Take new ``views`` and ``buckets``, each gradient moved into its new view."""
         for parameter, view in views.items():
             grad = parameter.grad
             if grad is not None and grad.layout == torch.strided:
@@ -310,6 +320,8 @@ class _DistributedOptimizer(WrappingOptimizer):
         if not update:
             self._views, self._whole_bucket, self._flats = {}, {}, {}
         self._views.update(views)
+        if any(self._starts_whole(bucket) for bucket, _ in buckets):
+            self._whole_bytes = self._bucket_bytes()
         for index, (bucket, flat) in enumerate(buckets):
             if self._starts_whole(bucket):
                 self._whole_bucket.update(dict.fromkeys(bucket, bucket))

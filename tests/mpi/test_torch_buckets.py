@@ -212,3 +212,40 @@ def test_a_parameter_frozen_after_the_layout_leaves_its_bucket_to_the_others():
     optimizer.step()
     for got, want in zip([p.grad for p in model.parameters()], expected_average_gradients()):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_whole_buckets_follow_a_new_fusion_threshold():
+    """When the route's fusion threshold changes (the autotuner), whole buckets are laid out
+    again at the new size after the step, their gradients kept, and keep reducing right."""
+    from hororing.context import current
+    if hvd.size() == 1:
+        pytest.skip("nothing is reduced on one rank: no buckets")
+    pipeline = current().engine.executor.allreduce
+    saved = pipeline.route.fusion_threshold
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        named_parameters=[(f"rethreshold.{name}", p) for name, p in model.named_parameters()])
+    parameters = list(model.parameters())
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        local_loss(model, hvd.rank()).backward()
+        optimizer.step()
+        for got, want in zip([p.grad for p in parameters], expected_average_gradients()):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        return {p.grad.untyped_storage().data_ptr() for p in parameters}
+
+    try:
+        assert len(step()) == 1  # 23 float32 gradients: one bucket
+        hvd.barrier()
+        # backward order 2.bias (8 B), 2.weight (24), 0.bias (12), 0.weight (48): in buckets
+        # of at most 40 bytes, [2.bias, 2.weight], [0.bias], [0.weight]
+        pipeline.reroute(fusion_threshold=40)
+        kept = [p.grad.clone() for p in parameters]
+        step()  # reduced in the old buckets, then laid out again, gradients kept
+        assert len(step()) == 3
+        assert all(torch.equal(a, b) for a, b in zip(kept, [p.grad for p in parameters]))
+    finally:
+        hvd.barrier()
+        pipeline.reroute(fusion_threshold=saved)
