@@ -31,9 +31,9 @@ class Config:
     # Bytes a gradient bucket that starts whole holds at most (handed to a comm hook, or one
     # flat allreduce; and at most the fusion threshold; 0: the fusion threshold alone), as
     # DDP's bucket_cap_mb: a bucket's wire starts once its last gradient is in, so smaller
-    # buckets start sooner. Measured across
-    # 2 emulated 1 Gbit/s hosts (scripts/bench_compression.py, docs/compression.md): the
-    # fp16 hook's step 0.62-0.63x of uncompressed at 64 MiB, 0.61 at 25, 0.57-0.58 at 16 and 8.
+    # buckets start sooner. Measured across 2 emulated 1 Gbit/s hosts
+    # (scripts/bench_compression.py, docs/compression.md): the fp16 hook's step 0.62-0.63x of
+    # uncompressed at 64 MiB, 0.61 at 25, 0.57-0.58 at 16 and 8.
     hook_bucket_bytes: int = 16 * MiB
     # Milliseconds the background thread waits after the first asynchronous submission
     # before it negotiates, so that tensors submitted together fuse (Horovod's default).
