@@ -86,11 +86,12 @@ def test_timeline_shows_allreduces_submitted_during_the_backward_pass(launch, tm
     for event in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
         if event["name"] == "NEGOTIATE_ALLREDUCE":  # starts when the gradient was submitted
             submitted.setdefault(rows[event["pid"]], event["ts"])
-    # each gradient is submitted by its hook as backward produces it, back to front (one
-    # thread, so the order is fixed): not all at once when step() is called
+    # the gradients (six 4 MiB layers) travel in buckets of at most 16 MiB, laid out back to
+    # front; each is submitted by the hooks once backward has produced its last gradient (one
+    # thread, so the order is fixed): the last layers' bucket first, while backward goes on
+    # through the first layers, not both at once when step() is called
     order = sorted(submitted, key=submitted.get)
-    weights = [name for name in order if name.endswith(".weight")]
-    assert weights == [f"allreduce.{index}.weight" for index in range(10, -1, -2)]
+    assert order == ["allreduce.bucket.10.bias..4.bias.7", "allreduce.bucket.4.weight..0.weight.5"]
 
 
 def test_a_peer_frozen_inside_a_collective_is_named_then_ends_the_job(launch):
