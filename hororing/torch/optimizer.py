@@ -297,13 +297,14 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._laid_out_for = route.version
         by_name = {self._names[parameter]: parameter for parameter in self._views
                    if parameter not in self._whole_bucket}
-        order = engine.reduction_order(list(by_name))
-        self._move_into(*bucket_views([by_name[name] for name in order],
-                                      route.fusion_threshold))
+        if by_name:
+            order = engine.reduction_order(list(by_name))
+            self._move_into(*bucket_views([by_name[name] for name in order],
+                                          route.fusion_threshold))
         whole = [parameter for parameter in self._views if parameter in self._whole_bucket]
         if whole and self._bucket_bytes() != self._whole_bytes:
-            for bucket in {self._whole_bucket.pop(parameter) for parameter in whole}:
-                self._flats.pop(bucket, None)
+            for parameter in whole:
+                self._flats.pop(self._whole_bucket.pop(parameter), None)
             self._move_into(*bucket_views(whole, self._bucket_bytes()))
 
     def _move_into(self, views, buckets):
