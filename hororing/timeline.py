@@ -98,9 +98,10 @@ def overlap_report(events):
 
     ``events`` is a timeline as written by :class:`Timeline` (the parsed JSON array) of a run
     that allreduced the same set of tensors once per step, as DistributedOptimizer does.
-    Step k's backward window runs from the k-th submission of its first gradient to the k-th
+    Step k's backward window runs from the k-th submission of its first tensor to the k-th
     submission of its last one (each NEGOTIATE_ALLREDUCE span starts when its tensor was
-    submitted, i.e. when backward produced it). Its reduction time is the union of the k-th
+    submitted: when backward produced it, or, for a bucket the optimizer starts whole, its
+    last gradient; a model of one bucket has an empty window and nothing hidden). Its reduction time is the union of the k-th
     fusion-copy and ALLREDUCE spans of those tensors; the hidden part is what lies inside the
     window. Returns a dict with per-step ``(hidden_us, total_us)`` pairs and the overall
     ``hidden_fraction`` (None when nothing was reduced).

@@ -66,7 +66,7 @@ def driver(args):
                            HOROVOD_AUTOTUNE_LOG=os.path.join(scratch, "autotune.csv"),
                            **STARTS[start])
                 command = [args.mpiexec, *args.mpi_args.split(), "-n", str(size),
-                           sys.executable, __file__, "--child", "--steps", str(args.steps),
+                           sys.executable, "-m", "mpi4py", __file__, "--child", "--steps", str(args.steps),
                            "--rounds", str(args.rounds),
                            "--max-tuning-steps", str(args.max_tuning_steps),
                            "--batch-size", str(args.batch_size),

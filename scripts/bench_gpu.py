@@ -218,7 +218,7 @@ def run_ring(args):
     from benchinfo import json_rows_of
     rows = []
     for transport in args.transports:
-        command = [args.mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__), "--ring-child",
+        command = [args.mpiexec, "-n", "2", sys.executable, "-m", "mpi4py", os.path.abspath(__file__), "--ring-child",
                    "--ring-bytes", args.ring_bytes, "--rounds", str(args.rounds),
                    "--seconds", str(args.seconds), "--backend", args.backend]
         for row in json_rows_of(command, args.timeout, f"the 2-rank {transport} ring job",

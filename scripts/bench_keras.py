@@ -110,7 +110,7 @@ def driver(args):
 
 def run_mpi(args, ranks, variant, common):
     with tempfile.NamedTemporaryFile(suffix=".json") as output:
-        command = [args.mpiexec, "-n", str(ranks), sys.executable, __file__, "--child", variant,
+        command = [args.mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--child", variant,
                    "--child-output", output.name, *common]
         _check(subprocess.run(command, timeout=args.timeout, capture_output=True, text=True),
                command)

@@ -106,7 +106,7 @@ def driver(args):
 def run_child(args, n):
     from benchinfo import json_rows_of
     command = shlex.split(args.mpiexec) + [
-        "-n", str(n + args.servers), sys.executable, __file__, "--child",
+        "-n", str(n + args.servers), sys.executable, "-m", "mpi4py", __file__, "--child",
         "--workers", str(n), "--servers", str(args.servers), "--sizes", args.sizes,
         "--seconds", str(args.seconds), "--blocks", str(args.blocks)]
     return json_rows_of(command, args.timeout, f"benchmark job with n={n}")

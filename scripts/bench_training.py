@@ -52,7 +52,7 @@ def main():
 def driver(args):
     results = []
     for size in args.sizes:
-        command = [args.mpiexec, "-n", str(size), sys.executable, __file__, "--child",
+        command = [args.mpiexec, "-n", str(size), sys.executable, "-m", "mpi4py", __file__, "--child",
                    "--steps", str(args.steps), "--rounds", str(args.rounds),
                    "--batch-size", str(args.batch_size), "--models", *args.models,
                    "--device", args.device]

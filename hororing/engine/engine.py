@@ -284,7 +284,9 @@ class Engine:
             self.executor.timeline.cycle(self.cycle.number)
         if folded is not None:
             response = responses[0]
-            self._folding.finish(response, self._submissions.take(response.name), folded)
+            request = self._submissions.take(response.name)
+            self.executor.negotiated(response, request, time.monotonic())
+            self._folding.finish(response, request, folded)
         elif responses:
             # a deadlock fails each rank's own names: none were missed
             missed = None if responses[0].deadlock else self._missed

@@ -70,9 +70,7 @@ class Executor:
         now = time.monotonic()
         for response in responses:
             request = take(response.name)
-            if request is not None and self.timeline is not None:
-                self.timeline.span(response.name, "NEGOTIATE_" + response.meta.kind.upper(),
-                                   request.submitted, now, response.meta.kind)
+            self.negotiated(response, request, now)
             if response.error is not None:
                 if request is not None:
                     request.handle.set_error(PreconditionError(response.error))
@@ -93,6 +91,13 @@ class Executor:
                     self.allreduce.run(bucket)
                 else:
                     self._run_other(*bucket[0])
+
+    def negotiated(self, response, request, now):
+        """Record on the timeline how long ``request`` (None: this rank had none) waited from
+        its submission for the ranks to agree on ``response``."""
+        if request is not None and self.timeline is not None:
+            self.timeline.span(response.name, "NEGOTIATE_" + response.meta.kind.upper(),
+                               request.submitted, now, response.meta.kind)
 
     # ---- everything else ----------------------------------------------------------------
 
