@@ -40,7 +40,7 @@ def poll(handle):
     """Return True if the asynchronous collective has finished; never blocks."""
     if not isinstance(handle, (Handle, GroupHandle)):
         raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle.poll()
+    return handle.done()
 
 
 # ---- allreduce --------------------------------------------------------------------------

@@ -115,10 +115,6 @@ class Engine:
         """A thread is about to wait for ``handle`` (a grouped call's members, all at once)."""
         self._submissions.awaited(handle.name)
 
-    def release(self, handle):
-        """The caller has seen ``handle`` finish: its name may be reused."""
-        self._submissions.release(handle)
-
     def _nudge(self):
         """A submission waits with nobody driving it: wake the background thread."""
         if not self._work.is_set():  # set() takes the event's lock even when set

@@ -25,12 +25,6 @@ class Handle:
         """Return True once the result (or an error) is available; never blocks."""
         return self._done
 
-    def poll(self):
-        """``done()``, as the caller's answer: once True, the name may be submitted again."""
-        if self._done:
-            self._release()
-        return self._done
-
     def wait(self, timeout=None):
         if self._done:
             return True
@@ -56,10 +50,6 @@ class Handle:
         if event is not None:
             event.set()
 
-    def _release(self):
-        if self._engine is not None:  # None: a handle made outside an engine (tests)
-            self._engine.release(self)
-
     def synchronize(self):
         """Wait for the result (driving the engine from this thread) and return it, or raise
         its error."""
@@ -70,9 +60,7 @@ class Handle:
         self._engine.await_(self)
 
     def result(self):
-        """Return the result of a finished handle, or raise its error; the name is free
-        for a new submission from here on."""
-        self._release()
+        """Return the result of a finished handle, or raise its error."""
         result, error = self._outcome
         if error is not None:
             raise error
@@ -93,9 +81,6 @@ class GroupHandle:
 
     def done(self):
         return all(handle.done() for handle in self.handles)
-
-    def poll(self):
-        return all([handle.poll() for handle in self.handles])
 
     def synchronize(self):
         """The list of the members' results, in order."""

@@ -2,9 +2,7 @@
 
 User threads add requests (``add``, or several at once inside ``batch``); the thread that
 runs the next cycle takes the queue (``take_queue``) and, as responses come, each request
-by name (``take``). A name stays taken from its submission until its caller has seen the
-collective finish (``release``: the handle's result was read, or a poll said done), so
-whether reusing a name is refused never depends on how fast the peers were. ``drivers`` counts the user threads driving cycles themselves inside a
+by name (``take``). ``drivers`` counts the user threads driving cycles themselves inside a
 wait. Every field is guarded by ``lock``; ``wake()`` (given) tells the engine's background
 thread that a submission waits with nobody driving it.
 """
@@ -23,7 +21,6 @@ class Submissions:
         self.lock = threading.Lock()
         self.queue = []            # submitted, not yet announced
         self.pending = {}          # name -> Request, until completed
-        self.names = {}            # name -> Handle, until its caller saw it finish
         self.async_waiting = False  # the queue holds a submission nobody is driving
         self.drivers = 0           # user threads inside a wait, driving cycles themselves
         # the last submission, or the last cycle that ran something (deadlock grace)
@@ -43,12 +40,11 @@ class Submissions:
         with self.lock:
             if self.failure is not None:
                 raise HorovodInternalError(str(self.failure))
-            if request.name in self.names:
+            if request.name in self.pending:
                 raise ValueError(
                     f"a collective named '{request.name}' is already in flight on this rank; "
                     f"synchronize its handle before reusing the name, or pass a different name=")
             self.pending[request.name] = request
-            self.names[request.name] = request.handle
             request.awaited = blocking
             batch = getattr(self._batches, "requests", None)
             (self.queue if batch is None else batch).append(request)
@@ -113,19 +109,13 @@ class Submissions:
         with self.lock:
             return self.pending.pop(name, None)
 
-    def release(self, handle):
-        """The caller has seen ``handle`` finish: its name may be submitted again."""
-        with self.lock:
-            if self.names.get(handle.name) is handle:
-                del self.names[handle.name]
-
     def fail(self, error, forget):
         """Take no more requests (``error`` is what callers are told); fail every pending
         one. ``forget()`` runs under the lock (the cycle drops what it holds)."""
         with self.lock:
             if self.failure is None:
                 self.failure = error
-            pending, self.pending, self.queue, self.names = self.pending, {}, [], {}
+            pending, self.pending, self.queue = self.pending, {}, []
             forget()
         for request in pending.values():
             request.handle.set_error(HorovodInternalError(str(self.failure)))

@@ -72,7 +72,7 @@ def poll(handle):
     """Return True if the asynchronous collective has finished; never blocks."""
     if not isinstance(handle, TorchHandle):
         raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle.inner.poll()
+    return handle.done()
 
 
 def check_tensor(tensor, argument="tensor", min_ndim=0):
