@@ -334,6 +334,8 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         raise ValueError(f"unknown collective {kind!r}; one of "
                          f"{', '.join(list(_RULES) + ['barrier', 'join'])}")
     group = group_of(process_set)
+    if isinstance(name, str):  # before the input is converted (see Engine.check_free)
+        group.engine.check_free(name)
     try:
         fields, min_ndim = rule(group, tensor, **arguments)
     except TypeError:
@@ -370,6 +372,7 @@ def start_group(kind, tensors, name, process_set, start_member):
         raise TypeError(f"{kind} takes a list of arrays, got {type(tensors).__name__}")
     group = group_of(process_set)
     base = check_name(name) or group.auto_name(kind)
+    group.engine.check_free(f"{base}.0")
     with group.engine.batch():
         return GroupHandle([start_member(tensor, f"{base}.{index}")
                             for index, tensor in enumerate(tensors)])

@@ -89,6 +89,14 @@ class Engine:
         self._submissions.add(request, blocking)
         return request.handle
 
+    def check_free(self, name):
+        """Raise ValueError if a collective named ``name`` is in flight on this rank. The
+        verbs ask first, before converting their input, which may release the GIL: a
+        collective just submitted under that name could otherwise complete meanwhile (its
+        peers already waiting), and whether the second call is refused would depend on
+        timing (``submit`` checks again, under the queue's lock)."""
+        self._submissions.check_free(name)
+
     def batch(self):
         """``with engine.batch():`` the requests submitted inside (by this thread) enter the
         queue together, so each rank announces all of them in one cycle and they become

@@ -41,9 +41,7 @@ class Submissions:
             if self.failure is not None:
                 raise HorovodInternalError(str(self.failure))
             if request.name in self.pending:
-                raise ValueError(
-                    f"a collective named '{request.name}' is already in flight on this rank; "
-                    f"synchronize its handle before reusing the name, or pass a different name=")
+                raise _in_flight(request.name)
             self.pending[request.name] = request
             request.awaited = blocking
             batch = getattr(self._batches, "requests", None)
@@ -54,6 +52,11 @@ class Submissions:
         elif not blocking:
             self.async_waiting = True
             self._wake()
+
+    def check_free(self, name):
+        """Raise ValueError if a collective named ``name`` is in flight on this rank."""
+        if name in self.pending:  # one dict lookup: atomic, no lock needed
+            raise _in_flight(name)
 
     @contextlib.contextmanager
     def batch(self):
@@ -128,3 +131,8 @@ class Submissions:
         with self.lock:
             return (bool(self.pending) and not self.queue
                     and all(request.awaited for request in self.pending.values()))
+
+
+def _in_flight(name):
+    return ValueError(f"a collective named '{name}' is already in flight on this rank; "
+                      f"synchronize its handle before reusing the name, or pass a different name=")

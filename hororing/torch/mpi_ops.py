@@ -35,10 +35,20 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
                      inplace, blocking=False):
     """Submit an allreduce; ``blocking``: the caller synchronizes at once and drives the
     engine itself (the background thread is not woken for it)."""
+    _check_free(name, process_set)
     return _started(tensor, inplace, lambda array: core.start(
         "allreduce", array, name, process_set, inplace=inplace, blocking=blocking,
         average=average, op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
+
+
+def _check_free(name, process_set, member=""):
+    """Refuse a ``name`` (its first member's, for grouped verbs) already in flight before
+    anything else: converting a tensor can release the GIL, and a collective submitted just
+    before under the same name could complete meanwhile, so whether the second call was
+    refused would depend on the peers' timing."""
+    if isinstance(name, str):
+        core.group_of(process_set).engine.check_free(name + member)
 
 
 def _started(tensor, inplace, submit):
@@ -91,6 +101,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Start allreduces of a list of tensors; ``synchronize`` returns the list."""
+    _check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_allreduce_async")
     arrays = [as_numpy(tensor) for tensor in tensors]
     group = core.grouped_allreduce_async(arrays, average, name, op, prescale_factor,
@@ -113,6 +124,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """Start in-place allreduces of a list of tensors."""
+    _check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_allreduce_async_")
     handles = _member_handles(tensors, name, process_set, lambda tensor, member: allreduce_async_(
         tensor, average, member, op, prescale_factor, postscale_factor, process_set))
@@ -175,6 +187,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set, *,
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start an allgather; ``synchronize`` returns the concatenated tensor."""
+    _check_free(name, process_set)
     check_tensor(tensor, min_ndim=1)
     return TorchHandle(core.allgather_async(as_numpy(tensor), name, process_set),
                        lambda result: to_torch(result, tensor))
@@ -188,6 +201,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathers of a list of tensors; ``synchronize`` returns the list."""
+    _check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_allgather_async", min_ndim=1)
     arrays = [as_numpy(tensor) for tensor in tensors]
     return TorchHandle(core.grouped_allgather_async(arrays, name, process_set),
@@ -202,18 +216,21 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Start a broadcast; ``synchronize`` returns a new tensor with root's values."""
+    _check_free(name, process_set)
     return TorchHandle(core.broadcast_async(as_numpy(tensor), root_rank, name, process_set),
                        lambda result: to_torch(result, tensor))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Start an in-place broadcast into ``tensor``."""
+    _check_free(name, process_set)
     return in_place(tensor, lambda array: core.broadcast_async_(array, root_rank, name,
                                                                  process_set))
 
 
 def _broadcast_now(tensor, root_rank, name, process_set, inplace):
     """A blocking broadcast, driven by the caller (see ``_start_allreduce``)."""
+    _check_free(name, process_set)
     return synchronize(_started(tensor, inplace, lambda array: core.start(
         "broadcast", array, name, process_set, inplace=inplace, blocking=True,
         root_rank=root_rank)))
@@ -232,6 +249,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall; ``synchronize`` returns (received tensor, received splits)."""
+    _check_free(name, process_set)
     check_tensor(tensor, min_ndim=1)
     handle = core.alltoall_async(as_numpy(tensor), _splits_list(splits), name, process_set)
     return TorchHandle(handle, lambda result: (to_torch(result[0], tensor),
@@ -261,6 +279,7 @@ def _splits_list(splits):
 def reducescatter_async(tensor, name=None, op=ops.Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Start a reducescatter; ``synchronize`` returns this rank's rows."""
+    _check_free(name, process_set)
     check_tensor(tensor, min_ndim=1)
     handle = core.reducescatter_async(as_numpy(tensor), name, op, process_set, prescale_factor,
                                       postscale_factor)
@@ -285,6 +304,7 @@ def grouped_reducescatter_async(tensors, name=None, op=ops.Average,
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
     """Start reducescatters of a list of tensors; ``synchronize`` returns the list."""
+    _check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_reducescatter_async", min_ndim=1)
     arrays = [as_numpy(tensor) for tensor in tensors]
     handle = core.grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,

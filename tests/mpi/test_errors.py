@@ -69,6 +69,26 @@ def test_name_in_flight_is_refused_at_once():
     hvd.synchronize(hvd.allreduce_async(np.ones(2), name="busy"))
 
 
+@SINGLE
+def test_a_name_in_flight_is_refused_before_the_input_is_looked_at():
+    """The name is checked first: the input's conversion can release the GIL, and a
+    collective just submitted under that name could finish meanwhile. Rank 0's calls stay
+    in flight until the others submit theirs, after the barrier."""
+    if hvd.rank() == 0:
+        handle = hvd.allreduce_async(np.ones(2), name="first")
+        with pytest.raises(ValueError, match="a collective named 'first' is already in flight"):
+            hvd.allreduce_async([1.0, 2.0], name="first")  # a list: else a TypeError
+        group = hvd.grouped_allgather_async([np.ones(1)], name="together")
+        with pytest.raises(ValueError, match="'together.0' is already in flight"):
+            hvd.grouped_allgather_async(["not an array"], name="together")
+    hvd.barrier()
+    if hvd.rank() != 0:
+        handle = hvd.allreduce_async(np.ones(2), name="first")
+        group = hvd.grouped_allgather_async([np.ones(1)], name="together")
+    hvd.synchronize(handle)
+    hvd.synchronize(group)
+
+
 @pytest.mark.parametrize("call,error,message", [
     (lambda: hvd.allreduce([1.0, 2.0]), TypeError, "tensor must be a numpy array, got list"),
     (lambda: hvd.allreduce(None), TypeError, "tensor must be a numpy array, got None"),

@@ -352,3 +352,37 @@ def test_the_torch_verbs_enter_by_the_core_door(monkeypatch):
     hvd.broadcast(torch.ones(2), root_rank=0, name="door.torch.broadcast")
     assert seen == ["allreduce", "allreduce", "broadcast"]
     assert torch.equal(total, torch.full((3,), float(hvd.size())))
+
+
+@pytest.mark.parametrize("start", [
+    lambda tensor, name: hvd.allreduce_async(tensor, name=name),
+    lambda tensor, name: hvd.allreduce_async_(tensor, name=name),
+    lambda tensor, name: hvd.allgather_async(tensor, name=name),
+    lambda tensor, name: hvd.broadcast_async(tensor, 0, name=name),
+    lambda tensor, name: hvd.broadcast_async_(tensor, 0, name=name),
+    lambda tensor, name: hvd.alltoall_async(tensor, name=name),
+    lambda tensor, name: hvd.reducescatter_async(tensor, name=name),
+    lambda tensor, name: hvd.grouped_allreduce_async([tensor], name=name),
+    lambda tensor, name: hvd.grouped_allreduce_async_([tensor], name=name),
+    lambda tensor, name: hvd.grouped_allgather_async([tensor], name=name),
+    lambda tensor, name: hvd.grouped_reducescatter_async([tensor], name=name),
+], ids=["allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "alltoall",
+        "reducescatter", "grouped_allreduce", "grouped_allreduce_", "grouped_allgather",
+        "grouped_reducescatter"])
+def test_every_async_verb_refuses_a_name_in_flight_before_converting_its_tensor(start):
+    """A tensor on the meta device would be refused by the conversion with its own message;
+    the name in flight is named first (converting can release the GIL, and a collective
+    just submitted under that name could finish meanwhile, so a second call's refusal
+    would depend on the peers' timing, as Horovod's duplicate-name tests found). Rank 0's
+    first call stays in flight until the others submit theirs, after the barrier."""
+    if hvd.size() < 2:
+        pytest.skip("a collective of one rank can finish at once")
+    tensor = torch.ones(hvd.size(), 2)
+    if hvd.rank() == 0:
+        handle = start(tensor, "twice")
+        with pytest.raises(ValueError, match="named 'twice(.0)?' is already in flight"):
+            start(torch.ones(hvd.size(), 2, device="meta"), "twice")
+    hvd.barrier()
+    if hvd.rank() != 0:
+        handle = start(tensor, "twice")
+    hvd.synchronize(handle)
