@@ -54,6 +54,9 @@ class PowerSGD:
         self.iter = 0  # steps finished
         self._errors = {}  # bucket name -> this rank's error vector
         self._qs = {}      # bucket name -> the Q matrices of its compressed gradients, flat
+        # bucket name -> its parameters with their (start, stop) in the bucket, and
+        # parameter -> the bucket name that holds it now (see _claim)
+        self._members, self._owner = {}, {}
         self._step = []    # this step's buckets in flight (_Entry), in the order handed over
         # elements sent per step (the last step's), for benchmarks and logs
         self.sent = {"plain": 0, "p": 0, "q": 0, "uncompressed": 0}
@@ -89,6 +92,7 @@ class PowerSGD:
     def _start(self, entry):
         bucket = entry.bucket
         array, reduction = bucket.array(), bucket.reduction
+        self._claim(bucket)
         source = array  # what this rank sends: its gradients, plus its error where kept
         if self.use_error_feedback:
             # the error vector becomes what is sent, and after the step what was left out
@@ -139,6 +143,44 @@ class PowerSGD:
         entry.handles.append(collectives.allreduce_async_(
             entry.p_flat, name=f"{bucket.name}.powersgd.p", op=ops.Sum,
             process_set=reduction.process_set))
+
+    def _claim(self, bucket):
+        """Record which parameters the bucket holds, the first time its name is seen. When
+        the optimizer lays its buckets out again (the autotuner moved the fusion threshold)
+        the names change: a new bucket takes over its parameters' error from the buckets
+        that held them, and a bucket left with none of its parameters has its state (error
+        and Q) dropped, so none is kept for buckets that no longer exist."""
+        name = bucket.name
+        if name in self._members:
+            return
+        members, offset, moved = [], 0, set()
+        for parameter, gradient in zip(bucket.parameters(), bucket.gradients()):
+            members.append((parameter, offset, offset + gradient.size))
+            offset += gradient.size
+            before = self._owner.get(parameter)
+            if before is not None and before != name:
+                moved.add(before)
+            self._owner[parameter] = name
+        self._members[name] = members
+        if not moved:
+            return
+        if self.use_error_feedback and name not in self._errors:
+            error = np.zeros_like(bucket.array())
+            starts = {parameter: start for parameter, start, _ in members}
+            for old_name in moved:
+                old_error = self._errors.get(old_name)
+                if old_error is None:
+                    continue
+                for parameter, start, stop in self._members[old_name]:
+                    if parameter in starts:
+                        at = starts[parameter]
+                        error[at:at + stop - start] = old_error[start:stop]
+            self._errors[name] = error
+        holding = set(self._owner.values())
+        for old_name in [old for old in self._members if old not in holding]:
+            del self._members[old_name]
+            self._errors.pop(old_name, None)
+            self._qs.pop(old_name, None)
 
     # ---- every bucket of the step: Q = Mᵀ P, one allreduce, M = P Qᵀ ---------------------
 

@@ -329,3 +329,36 @@ def test_powersgd_refuses_16_bit_gradients_naming_the_alternative():
     with pytest.raises(TypeError, match="use comm_hooks.fp16 or .bf16 there"):
         torch.nn.functional.cross_entropy(model(inputs.half()).float(), labels).backward()
     del optimizer
+
+
+def test_powersgd_keeps_state_only_for_the_buckets_in_use_after_a_new_layout():
+    """The autotuner moves the fusion threshold: the optimizer lays its buckets out again
+    under new names; PowerSGD's saved state then holds the new buckets only."""
+    from hororing.context import current
+
+    needs_peers()
+    pipeline = current().engine.allreduce
+    before = pipeline.route
+    hook = hvd.comm_hooks.powersgd(rank=1, start_iter=0)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         model.named_parameters(), comm_hook=hook)
+
+    def step():
+        optimizer.zero_grad()
+        inputs, labels = torch_batch(hvd.rank())
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+
+    try:
+        step()
+        first = set(hook.state_dict()["errors"])
+        assert len(first) == 1  # 1033 float64 parameters: one bucket
+        pipeline.reroute(fusion_threshold=3000)  # w1 alone, then [w2, b1, b2] or so
+        step()  # reduced in the old bucket, then laid out again
+        step()
+        names = set(hook.state_dict()["errors"])
+        assert len(names) > 1 and not names & first, names
+        assert set(hook.state_dict()["qs"]) <= names
+    finally:
+        pipeline.reroute(fusion_threshold=before.fusion_threshold)
