@@ -121,6 +121,14 @@ def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collecto
     return driver.run()
 
 
+def cause(reports):
+    """The report to name first: the lowest rank whose error is its own, not a
+    HorovodInternalError raised because a peer failed or left (whose report can reach the
+    driver before the failing rank's abort ends it), else the lowest rank."""
+    own = [report for report in reports if not report.get("consequence")]
+    return min(own or reports, key=lambda report: report["rank"])
+
+
 class _Collector:
     """Starts a launch with the payload on stdin and keeps rank 0's result line."""
 
@@ -197,7 +205,7 @@ class _Collector:
     def results(self, status):
         self.errors = self._reported()
         if self.errors:
-            first = min(self.errors, key=lambda report: report["rank"])
+            first = cause(self.errors)
             ranks = ", ".join(str(report["rank"]) for report in
                               sorted(self.errors, key=lambda report: report["rank"]))
             raise RunError(f"hororing.run: rank {first['rank']} raised {first['error']} "

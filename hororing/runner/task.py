@@ -15,6 +15,7 @@ import traceback
 
 from mpi4py import MPI
 
+from ..errors import HorovodInternalError
 from .programmatic import ERROR_MARK, RESULT_MARK
 
 
@@ -28,7 +29,9 @@ def main():
         pickle.dumps(outcome[1])  # an unpicklable result is this rank's error, named here
     except BaseException as error:  # noqa: BLE001 - every failure is reported, then fatal
         report = {"rank": world.rank, "error": f"{type(error).__name__}: {error}",
-                  "traceback": traceback.format_exc()}
+                  "traceback": traceback.format_exc(),
+                  # a peer failed or left: the driver names the peer's own error first
+                  "consequence": isinstance(error, HorovodInternalError)}
         _leave_report(report, world.rank)
         line = base64.b64encode(pickle.dumps(report)).decode()
         sys.stderr.write(f"{ERROR_MARK}{line}\n")
