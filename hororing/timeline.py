@@ -101,10 +101,11 @@ def overlap_report(events):
     Step k's backward window runs from the k-th submission of its first tensor to the k-th
     submission of its last one (each NEGOTIATE_ALLREDUCE span starts when its tensor was
     submitted: when backward produced it, or, for a bucket the optimizer starts whole, its
-    last gradient; a model of one bucket has an empty window and nothing hidden). Its reduction time is the union of the k-th
-    fusion-copy and ALLREDUCE spans of those tensors; the hidden part is what lies inside the
-    window. Returns a dict with per-step ``(hidden_us, total_us)`` pairs and the overall
-    ``hidden_fraction`` (None when nothing was reduced).
+    last gradient; a model of one bucket has an empty window and nothing hidden). Its
+    reduction time is the union of the k-th fusion-copy and ALLREDUCE spans of those
+    tensors; the hidden part is what lies inside the window. Returns a dict with per-step
+    ``(hidden_us, total_us)`` pairs and the overall ``hidden_fraction`` (None when nothing
+    was reduced).
     """
     rows = {event["pid"]: event["args"]["name"] for event in events
             if event.get("ph") == "M" and event.get("name") == "process_name"}
