@@ -13,7 +13,9 @@ Variants, each its own copy of the model from the same weights, timed in turn (t
 rotates between rounds): hororing's DistributedOptimizer with comm_hook none (its own
 allreduce), fp16, bf16, powersgd rank 1 and 4; DDP over gloo with its allreduce (no hook),
 fp16_compress_hook, bf16_compress_hook, and powerSGD_hook rank 1 and 4 (in one bucket: with
-DDP's default 25 MB buckets it hangs over gloo, see ddp_variant). PowerSGD starts after 2
+DDP's default 25 MB buckets it hangs over gloo, see ddp_variant); and "alone": each rank
+trains its copy without reducing anything, the step's compute by itself under the same
+conditions (what no compression can take off the step). PowerSGD starts after 2
 plain steps (DDP's least with error feedback); the warm-up steps are not timed.
 A variant DDP refuses or that fails is reported with its error and left out.
 
@@ -57,9 +59,12 @@ PEERS = {"none": "allreduce", "fp16": "fp16", "bf16": "bf16", "powersgd1": "powe
          "powersgd4": "powersgd4"}
 
 
+ALONE = "alone"  # no reduction: the compute floor
+
+
 def known_variants():
     return [f"hororing {kind}" for kind in HOROVOD_VARIANTS] + \
-        [f"ddp {kind}" for kind in DDP_VARIANTS]
+        [f"ddp {kind}" for kind in DDP_VARIANTS] + [ALONE]
 
 
 def parse_args():
@@ -208,6 +213,10 @@ def ddp_variant(kind):
     return make
 
 
+def alone_variant(model):
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
 def say(comm, line):
     """Progress on rank 0's stderr."""
     if comm.rank == 0:
@@ -221,7 +230,8 @@ def agreed(comm, ok):
 
 def run_model(comm, model, args, link):
     wanted = [(f"hororing {kind}", hororing_variant(kind)) for kind in HOROVOD_VARIANTS] + \
-        [(f"ddp {kind}", ddp_variant(kind)) for kind in DDP_VARIANTS]
+        [(f"ddp {kind}", ddp_variant(kind)) for kind in DDP_VARIANTS] + \
+        [(ALONE, alone_variant)]
     variants = [Variant(label, model, make) for label, make in wanted
                 if args.variants is None or label in args.variants]
     say(comm, f"{model}: {len(variants)} variants built")
@@ -279,10 +289,12 @@ def report(model, rows, size, link):
         if row.get("error"):
             print(f"{row['variant']:>20}  not run: {row['error']}")
             continue
-        framework, kind = row["variant"].split(" ")
+        framework, kind = (row["variant"].split(" ") if row["variant"] != ALONE
+                           else ("hororing", None))
         base = by_label.get("hororing none" if framework == "hororing" else "ddp allreduce", {})
         ratio = row["step_ms"] / base["step_ms"] if base.get("step_ms") else float("nan")
-        peer = by_label.get(f"ddp {PEERS[kind]}") if framework == "hororing" else None
+        peer = by_label.get(f"ddp {PEERS[kind]}") if kind in PEERS and \
+            framework == "hororing" else None
         versus = row["step_ms"] / peer["step_ms"] if peer and peer.get("step_ms") else None
         print(f"{row['variant']:>20} {row['step_ms']:9.1f} {row['sent_mb']:9.2f} "
               f"{ratio:7.2f} {'' if versus is None else f'{versus:7.2f}':>7} "

@@ -221,5 +221,7 @@ def test_bench_compression_times_every_variant_on_the_small_model(tmp_path):
     rows = json.loads(output.read_text())["models"]["train"]
     timed = {row["variant"] for row in rows if row["error"] is None}
     assert {"hororing none", "hororing fp16", "hororing bf16", "hororing powersgd1",
-            "hororing powersgd4", "ddp allreduce", "ddp fp16"} <= timed
+            "hororing powersgd4", "ddp allreduce", "ddp fp16", "alone"} <= timed
+    sent = {row["variant"]: row["sent_mb"] for row in rows if row["error"] is None}
+    assert sent["alone"] < 0.1 * sent["ddp allreduce"]  # reduces nothing
     assert all(row["step_ms"] > 0 and row["cpu_ms"] > 0 for row in rows if row["error"] is None)
