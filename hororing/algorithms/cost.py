@@ -40,7 +40,7 @@ ring's 1 MiB steps stay in cache: measured, the ring takes 14 ms and Rabenseifne
 import dataclasses
 import math
 
-from .plan import halving_factors
+from .plan import halving_factors, ring_pieces
 
 KINDS = ("small", "ring", "recursive_doubling", "rabenseifner")
 
@@ -124,16 +124,17 @@ class Shape:
                 + (all_steps - self.far_steps) * near.latency_s)
 
 
-def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
+def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20, piece_ceiling=0):
     """The Shape of allreduce ``kind`` of ``nbytes`` over ``ranks`` ranks, ``per_node`` to a
-    node (consecutive ranks share a node)."""
+    node (consecutive ranks share a node); the ring's pieces as ``plan.ring_pieces`` cuts
+    them."""
     n, size, k = ranks, float(nbytes), max(1, min(per_node, ranks))
     if n <= 1:
         return Shape()
     nodes = math.ceil(n / k)
     if kind == "ring":
         steps = 2 * (n - 1)
-        pieces = max(1, math.ceil(size / n / subchunk_bytes))
+        pieces = ring_pieces(size / n, subchunk_bytes, piece_ceiling)
         wire = 2 * (n - 1) / n * size
         far = wire if nodes > 1 else 0.0
         return Shape(steps=steps, calls=1, messages=steps * (pieces - 1), near_bytes=wire - far,
@@ -197,10 +198,10 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20):
 
 
 def predict(kind, ranks, nbytes, host, far, near=None, per_node=1, contention=1.0,
-            subchunk_bytes=1 << 20):
+            subchunk_bytes=1 << 20, piece_ceiling=0):
     """Seconds of allreduce ``kind``; see ``Shape.time`` and ``shape``."""
-    return shape(kind, ranks, nbytes, per_node, subchunk_bytes).time(host, far, near,
-                                                                     contention)
+    return shape(kind, ranks, nbytes, per_node, subchunk_bytes,
+                 piece_ceiling).time(host, far, near, contention)
 
 
 def bandwidth_bound(ranks, nbytes, far, host=None, per_node=1):
@@ -224,7 +225,7 @@ MARGIN = 0.1  # a kind later in KINDS must be this much faster to be chosen
 
 
 def choose(ranks, nbytes, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
-           subchunk_bytes=1 << 20, margin=MARGIN):
+           subchunk_bytes=1 << 20, margin=MARGIN, piece_ceiling=0):
     """The fastest of ``kinds`` by the model (the gathered path only below ``small_bytes``,
     where given). A kind later in ``kinds`` is chosen over an earlier one only where it is
     faster by ``margin``: the model is not that exact, and at 2 ranks, where Rabenseifner's
@@ -234,14 +235,14 @@ def choose(ranks, nbytes, host, far, near=None, per_node=1, kinds=KINDS, small_b
         if kind == "small" and small_bytes is not None and nbytes >= small_bytes:
             continue
         seconds = predict(kind, ranks, nbytes, host, far, near, per_node,
-                          subchunk_bytes=subchunk_bytes)
+                          subchunk_bytes=subchunk_bytes, piece_ceiling=piece_ceiling)
         if best is None or seconds < best[0] * (1 - margin):
             best = (seconds, kind)
     return best[1]
 
 
 def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
-            subchunk_bytes=1 << 20, largest=1 << 31, margin=MARGIN):
+            subchunk_bytes=1 << 20, largest=1 << 31, margin=MARGIN, piece_ceiling=0):
     """The choice by size as ranges: ``((below_bytes, kind), ...)``, the last one below
     None (any size). Sizes are tried at powers of two and at ``small_bytes``; a range runs
     up to the next size where the choice changes."""
@@ -250,7 +251,7 @@ def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=No
     table = []
     for nbytes in sizes:
         kind = choose(ranks, nbytes, host, far, near, per_node, kinds, small_bytes,
-                      subchunk_bytes, margin)
+                      subchunk_bytes, margin, piece_ceiling)
         if not table or table[-1][1] != kind:
             if table:
                 table[-1] = (nbytes, table[-1][1])

@@ -43,9 +43,11 @@ class Hierarchical(Algorithm):
     Collective to construct: every rank of ``comm`` builds one at the same time.
     """
 
-    def __init__(self, comm, subchunk_bytes, layout=None, cross_subchunk_bytes=None):
+    def __init__(self, comm, subchunk_bytes, layout=None, cross_subchunk_bytes=None,
+                 cross_piece_ceiling=0):
         """``subchunk_bytes``: the ring within each node's; ``cross_subchunk_bytes``: the ring
-        across nodes' (default: the same); each a size or a function, as ``Ring``'s."""
+        across nodes' (default: the same), and ``cross_piece_ceiling`` its pieces' ceiling
+        (``Ring``'s ``piece_ceiling``); each a size or a function, as ``Ring``'s."""
         self.comm = comm
         self.size = comm.Get_size()
         self.contributors = self.size
@@ -55,7 +57,8 @@ class Hierarchical(Algorithm):
         color = self.local_rank if self.local_rank < self.parts else MPI.UNDEFINED
         self.cross = comm.Split(color, key=comm.Get_rank())
         self.local_ring = Ring(self.local, subchunk_bytes)
-        self.cross_ring = Ring(self.cross, cross_subchunk_bytes or subchunk_bytes) \
+        self.cross_ring = Ring(self.cross, cross_subchunk_bytes or subchunk_bytes,
+                               piece_ceiling=cross_piece_ceiling) \
             if self.cross != MPI.COMM_NULL else None
 
     out_of_place = True

@@ -35,6 +35,20 @@ class RingSchedule(NamedTuple):
         return tuple(step for step in self.steps if not step.reduce)
 
 
+RING_MIN_PIECES = 4  # pieces a chunk keeps where a ring's pieces may grow
+
+
+def ring_pieces(chunk_bytes, subchunk_bytes, ceiling=0):
+    """How many pieces a ring cuts a chunk of ``chunk_bytes`` into: pieces of
+    ``subchunk_bytes``, or, with a ``ceiling`` above it, pieces that grow toward the ceiling
+    while the chunk still has ``RING_MIN_PIECES`` of them (fewer, larger messages for large
+    buffers; a pipeline still for small ones)."""
+    piece = subchunk_bytes
+    if ceiling > subchunk_bytes:
+        piece = min(ceiling, max(subchunk_bytes, -(-chunk_bytes // RING_MIN_PIECES)))
+    return max(1, math.ceil(chunk_bytes / piece))
+
+
 def chunk_bounds(count, parts):
     """Split ``count`` items into ``parts`` contiguous ranges; the first ``count % parts`` get one more.
 

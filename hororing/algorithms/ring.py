@@ -14,7 +14,6 @@ rank never reduces reaches the output in the allgather. Writing the sum over the
 received, rather than into a third array, keeps the add at two reads and one write.
 """
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -23,15 +22,18 @@ from ..kernels import reduce_into
 
 from .. import transport
 from .base import Algorithm, read_at_each_call
-from .plan import chunk_bounds, ring_schedule
+from .plan import chunk_bounds, ring_pieces, ring_schedule
 
 
 class Ring(Algorithm):
     """Executes ring collectives on one communicator, reusing its scratch buffers."""
 
-    def __init__(self, comm, subchunk_bytes, device=None):
+    def __init__(self, comm, subchunk_bytes, device=None, piece_ceiling=0):
         """``subchunk_bytes``: the pieces' size, or a function that returns the size in effect
         at each call (the engine's route: a ring never holds a tunable of its own);
+        ``piece_ceiling``: where above it, pieces grow up to it while a chunk keeps
+        ``plan.RING_MIN_PIECES`` of them (``plan.ring_pieces``; a value or a function, as
+        ``subchunk_bytes``);
         ``device``: run on device buffers handed straight to a CUDA-aware MPI; the device
         memory (``gpu.memory``: ``empty_bytes(nbytes)``, ``synchronize()``; None: host)."""
         self.comm = comm
@@ -39,6 +41,7 @@ class Ring(Algorithm):
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self.chunking = read_at_each_call(subchunk_bytes)
+        self.ceiling = read_at_each_call(piece_ceiling)
         self._schedules = {
             True: ring_schedule(self.size, self.rank, allgather=True),
             False: ring_schedule(self.size, self.rank, allgather=False),
@@ -89,8 +92,8 @@ class Ring(Algorithm):
         """The pieces of every chunk and the elements this rank sends, worked out once per
         buffer shape (a training loop repeats a few). ``bounds``: the chunks' (start, stop)
         ranges, or an element count to cut into ``size`` chunks."""
-        subchunk_bytes = self.chunking()
-        key = (bounds, itemsize, subchunk_bytes, len(schedule.steps))
+        subchunk_bytes, ceiling = self.chunking(), self.ceiling()
+        key = (bounds, itemsize, subchunk_bytes, ceiling, len(schedule.steps))
         layout = self._layouts.get(key)
         if layout is None:
             if len(self._layouts) >= _LAYOUTS:
@@ -98,7 +101,7 @@ class Ring(Algorithm):
             if isinstance(bounds, int):
                 bounds = chunk_bounds(bounds, self.size)
             largest = max(stop - start for start, stop in bounds)
-            parts = max(1, math.ceil(largest * itemsize / subchunk_bytes))
+            parts = ring_pieces(largest * itemsize, subchunk_bytes, ceiling)
             layout = self._layouts[key] = _Layout(
                 [_split(start, stop, parts) for start, stop in bounds], largest,
                 sum(bounds[step.send_chunk][1] - bounds[step.send_chunk][0]

@@ -56,6 +56,10 @@ class Route(NamedTuple):
     forced: Optional[str] = None  # every bucket takes this algorithm (tests, benchmarks)
     table: tuple = ()  # ((below bytes, kind), ...): the cost model's choice by size
     hook_bucket_bytes: int = 0  # the most bytes a bucket handed to a comm hook holds (0: none)
+    # the flat ring's pieces grow up to this, a chunk keeping plan.RING_MIN_PIECES of them (0:
+    # pieces of subchunk_bytes); and the same for the hierarchical allreduce's ring across nodes
+    piece_ceiling: int = 0
+    cross_piece_ceiling: int = 0
 
     def bucket_bytes(self, hooked=False):
         """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
@@ -70,13 +74,17 @@ class Route(NamedTuple):
         threshold = config.hierarchical_threshold_bytes
         small_bytes = config.small_threshold(size, across_nodes)
         subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
+        piece_ceiling = config.piece_ceiling(across_nodes=across_nodes)
         return cls(
             version=0, fusion_threshold=config.fusion_threshold,
             hook_bucket_bytes=config.hook_bucket_bytes, cycle_time_ms=config.cycle_time_ms,
             small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
-            table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes),
+            table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes,
+                                  piece_ceiling),
             node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),
             cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
+            piece_ceiling=piece_ceiling,
+            cross_piece_ceiling=config.piece_ceiling(across_nodes=True),
             # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_
             # ALLREDUCE=0 under autotuning from the set values, or the autotuner's choice)
             hierarchical=config.hierarchical_allreduce is not False,
@@ -85,7 +93,7 @@ class Route(NamedTuple):
             else threshold)
 
 
-def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes):
+def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
     the fitted host constants (``cost.HOST``), a node's memory as the link within it (shared
     by every rank where the job is on one node) and 10 Gbit/s Ethernet between nodes. The
@@ -95,7 +103,8 @@ def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes):
     else:  # every rank on one node: they share its memory and caches
         far, per_node = cost.PRESETS["shm"], size
     return cost.choices(size, cost.HOST, far, cost.PRESETS["shm"], per_node=per_node,
-                        small_bytes=small_bytes, subchunk_bytes=subchunk_bytes)
+                        small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
+                        piece_ceiling=piece_ceiling)
 
 
 class AllreducePipeline:
@@ -171,12 +180,13 @@ class AllreducePipeline:
 
     def apply_settings(self, settings):
         """Route by the autotuner's ``settings`` (tuning.Settings) from now on."""
-        subchunk = settings.subchunk_bytes  # one size for every ring
+        subchunk = settings.subchunk_bytes  # one size for every ring, its pieces' exact size
         small_bytes = settings.small_total_bytes // self.comm.Get_size()
         self.reroute(fusion_threshold=settings.fusion_threshold,
                      cycle_time_ms=settings.cycle_time_ms, small_bytes=small_bytes,
                      subchunk_bytes=subchunk, node_subchunk_bytes=subchunk,
-                     cross_subchunk_bytes=subchunk, hierarchical=settings.hierarchical,
+                     cross_subchunk_bytes=subchunk, piece_ceiling=0, cross_piece_ceiling=0,
+                     hierarchical=settings.hierarchical,
                      table=algorithm_table(self.comm.Get_size(), self.across_nodes,
                                            small_bytes, subchunk))
 

@@ -96,7 +96,8 @@ class DeviceBuffers:
         host = host_algorithms
         staged = StagedRing(host["ring"], config.staged_copy_bytes, self.memory)
         if self.transport == "cuda-aware":
-            ring = Ring(comm, host["ring"].chunking, device=self.memory)
+            ring = Ring(comm, host["ring"].chunking, device=self.memory,
+                        piece_ceiling=host["ring"].ceiling)
             ring.contributors = host["ring"].contributors
             small = GatherReduce(comm, device=self.memory)
         elif self.transport == "direct":

@@ -41,7 +41,7 @@ class Executor:
         across_nodes = layout[1] > 1
         def subchunk():  # the algorithms read their sub-chunk from the route at each call
             return self.allreduce.route.subchunk_bytes
-        ring = Ring(comm, subchunk)
+        ring = Ring(comm, subchunk, piece_ceiling=lambda: self.allreduce.route.piece_ceiling)
         algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm),
                       "rabenseifner": Rabenseifner(comm, subchunk_bytes=subchunk),
                       "recursive_doubling": RecursiveDoubling(comm, subchunk_bytes=subchunk)}
@@ -211,7 +211,8 @@ def _hierarchical(comm, config, layout, route):
     # automatic: several nodes, and fewer nodes than ranks (one rank per node gains nothing)
     if config.hierarchical_allreduce or 1 < nodes < comm.Get_size():
         return Hierarchical(comm, lambda: route().node_subchunk_bytes, layout,
-                            cross_subchunk_bytes=lambda: route().cross_subchunk_bytes)
+                            cross_subchunk_bytes=lambda: route().cross_subchunk_bytes,
+                            cross_piece_ceiling=lambda: route().cross_piece_ceiling)
     return None
 
 

@@ -49,7 +49,8 @@ def test_settings_change_together_and_results_stay_right():
         # the rings' sub-chunks within and across nodes, which the tuner sets as one
         pipeline.reroute(**{field: getattr(saved_route, field)
                             for field in ("subchunk_bytes", "node_subchunk_bytes",
-                                          "cross_subchunk_bytes")})
+                                          "cross_subchunk_bytes", "piece_ceiling",
+                                          "cross_piece_ceiling")})
     # every rank ran every setting, in the same order, and ended on the same one
     histories = comm.allgather([dataclasses.astuple(settings) for settings in tuner.history])
     assert all(history == histories[0] for history in histories)

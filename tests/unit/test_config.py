@@ -161,6 +161,14 @@ def test_ring_sub_chunk_depends_on_whether_the_ring_crosses_nodes():
     assert chosen.subchunk_bytes(across_nodes=False) == chosen.subchunk_bytes(True) == 65536
 
 
+def test_ring_pieces_grow_only_across_nodes_and_only_unless_the_sub_chunk_is_set():
+    automatic = Config.from_environ({})
+    assert automatic.piece_ceiling(across_nodes=True) == 1024 * 1024
+    assert automatic.piece_ceiling(across_nodes=False) == 0
+    chosen = Config.from_environ({"HORORING_RING_SUBCHUNK_BYTES": "262144"})
+    assert chosen.piece_ceiling(across_nodes=True) == chosen.piece_ceiling(False) == 0
+
+
 def test_torch_huge_pages_default_on_unless_the_user_chose():
     from hororing.config import torch_huge_pages
     environ = {}

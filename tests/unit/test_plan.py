@@ -2,7 +2,7 @@
 
 import pytest
 
-from hororing.algorithms.plan import chunk_bounds, ring_schedule
+from hororing.algorithms.plan import chunk_bounds, ring_pieces, ring_schedule
 
 
 @pytest.mark.parametrize("count,parts", [(0, 1), (0, 3), (2, 3), (10, 3), (12, 4), (7, 16), (100, 7)])
@@ -73,3 +73,25 @@ def test_simulated_ring_reduces_every_chunk_over_every_rank(size):
 def test_schedule_rejects_rank_outside_size():
     with pytest.raises(ValueError, match=r"rank must be in \[0, 4\), got 4"):
         ring_schedule(4, 4)
+
+
+@pytest.mark.parametrize("chunk,expected", [
+    (0, 1), (100, 1), (256 * 1024, 1), (512 * 1024, 2), (1 << 20, 4), (3 << 20, 4),
+    (4 << 20, 4), (16 << 20, 16), (16 << 20 | 1, 17)])
+def test_ring_pieces_grow_to_the_ceiling_while_a_chunk_keeps_four(chunk, expected):
+    assert ring_pieces(chunk, 256 * 1024, ceiling=1 << 20) == expected
+
+
+@pytest.mark.parametrize("chunk,expected", [(0, 1), (1, 1), (1 << 20, 4), (16 << 20, 64)])
+def test_ring_pieces_without_a_ceiling_are_sub_chunks(chunk, expected):
+    assert ring_pieces(chunk, 256 * 1024) == expected
+    assert ring_pieces(chunk, 256 * 1024, ceiling=256 * 1024) == expected  # not above it
+
+
+def test_ring_pieces_lie_between_the_sub_chunk_rule_and_four_pieces_of_at_most_the_ceiling():
+    sub, ceiling = 256 * 1024, 1 << 20
+    for chunk in range(0, 40 << 20, 333_333):
+        pieces = ring_pieces(chunk, sub, ceiling)
+        by_sub_chunks = max(1, -(-chunk // sub))
+        assert min(4, by_sub_chunks) <= pieces <= by_sub_chunks
+        assert -(-chunk // pieces) <= ceiling
