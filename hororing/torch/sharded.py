@@ -33,7 +33,6 @@ import math
 import torch
 
 from .. import collectives, ops, transport
-from ..context import current
 from ..process_sets import global_process_set, group_of
 from ..zero import ParameterGather
 from . import mpi_ops
