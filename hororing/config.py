@@ -78,10 +78,8 @@ class Config:
     # scripts/bench_tuning.py --setting subchunk, docs/tuning.md (256 KiB 15-54% slower);
     # across emulated hosts at 1 Gbit/s, 4 hosts: a 4 MiB ring took 1.35-1.50x its model
     # with 1 MiB sub-chunks (each 1 MiB chunk went as one message, unpipelined) and 1.00x with
-    # 256 KiB, 1 and 16 MiB unchanged (docs/hosts.md). Across nodes the pieces then grow up
-    # to RING_PIECE_CEILING_ACROSS_NODES while a chunk keeps plan.RING_MIN_PIECES of them
-    # (piece_ceiling()): a third less CPU in a training step's allreduces across 4 emulated
-    # hosts. Set, it is every piece's exact size.
+    # 256 KiB, 1 and 16 MiB unchanged; pieces across nodes then grow (piece_ceiling(): a
+    # third less CPU in a training step's allreduces, docs/hosts.md). Set: every piece's size.
     ring_subchunk_bytes: object = None
     # How every wait on MPI requests polls (transport.wait): this many tests back to back,
     # then tests with a sched_yield between them up to wait_yield_tests, then sleeps that
@@ -168,12 +166,10 @@ class Config:
         return RING_SUBCHUNK_ACROSS_NODES if across_nodes else RING_SUBCHUNK_IN_NODE
 
     def piece_ceiling(self, across_nodes):
-        """How large a ring's pieces may grow while each chunk keeps plan.RING_MIN_PIECES of
-        them (0: pieces of subchunk_bytes exactly): across nodes, unless the sub-chunk is
-        set."""
-        if self.ring_subchunk_bytes is not None or not across_nodes:
-            return 0
-        return RING_PIECE_CEILING_ACROSS_NODES
+        """How large a ring's pieces may grow (plan.ring_pieces; 0: pieces of subchunk_bytes):
+        across nodes, unless the sub-chunk is set."""
+        set_or_within = self.ring_subchunk_bytes is not None or not across_nodes
+        return 0 if set_or_within else RING_PIECE_CEILING_ACROSS_NODES
 
     @classmethod
     def from_environ(cls, environ=None, **overrides):
