@@ -4,7 +4,10 @@ The flat parameter vector is split into one contiguous shard per server. A worke
 gradient shard to each server together with the server version it last pulled; the server
 applies it at once with SGD (``lr``, optional ``momentum``), counts one server step, and
 replies with the new parameters and the update's staleness: how many other updates reached
-that server since this worker's copy was pulled. Workers never wait for each other.
+that server since this worker's copy was pulled. Workers never wait for each other, except
+once: a server answers the registrations only when every worker has registered, so every
+worker starts from worker 0's values and not from values that a faster worker's first pushes
+have already moved.
 
 Messages use tags of their own (``protocol``), so they never mix with the synchronous pushes
 that the engine's allreduces (for example, the epoch metrics) send to the same servers; the
@@ -71,15 +74,17 @@ class AsyncClient:
 
 
 class AsyncShard:
-    """A server's side: its shard of the parameters and the SGD state."""
+    """A server's side: its shard of the parameters and the SGD state, for ``workers``
+    workers."""
 
-    def __init__(self):
+    def __init__(self, workers):
+        self.workers = workers
         self.params = None
         self.velocity = None
         self.lr = self.momentum = 0.0
         self.version = 0
         self.staleness = []
-        self._waiting = []  # workers that registered before worker 0's values arrived
+        self._waiting = []  # workers registered and not answered yet (until all have)
         self._incoming = None  # receive buffer for pushed gradients, reused
 
     def on_register(self, comm, source, worker, header):
@@ -90,7 +95,7 @@ class AsyncShard:
             self.params, self.velocity = values, np.zeros_like(values)
             self.lr, self.momentum = lr, momentum
         self._waiting.append(source)
-        if self.params is not None:
+        if self.params is not None and len(set(self._waiting)) >= self.workers:
             for waiting in self._waiting:
                 self._reply(comm, waiting, -1)
             self._waiting = []

@@ -30,7 +30,7 @@ def serve(comm, workers, replicas, index):
     completed = -1
     finished = set()
     stats = {"server": index, "steps": 0, "received_bytes": 0, "sent_bytes": 0, "dropped": 0}
-    shard = AsyncShard()  # used only by workers training asynchronously
+    shard = AsyncShard(len(workers))  # used only by workers training asynchronously
     replies = []
     status = MPI.Status()
     while len(finished) < len(workers):

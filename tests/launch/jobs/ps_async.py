@@ -1,12 +1,14 @@
 """Asynchronous PS: exact arithmetic checks (numpy), run as workers + dedicated servers.
 
-1. Every worker starts from worker 0's values, whatever it passed in.
+1. Every worker starts from worker 0's values, whatever it passed in, even where it makes its
+   optimizer after the others have started pushing (the last worker arrives late).
 2. With one worker, async SGD with momentum equals SGD with momentum computed locally, and
    every update is fresh (staleness 0).
 3. With several workers, plain SGD on a constant gradient ends at init - lr * (all updates)
    * g, exactly, whatever order the servers saw the pushes in.
 """
 import sys
+import time
 
 import numpy as np
 
@@ -18,6 +20,8 @@ lr, steps = 0.5, 8
 weights = np.full((3, 5), 100.0 + rank)   # only worker 0's values count
 bias = np.arange(7.0) + rank
 momentum = 0.9 if workers == 1 else 0.0
+if workers > 1 and rank == workers - 1:
+    time.sleep(0.5)  # the others would have pushed every step by now, were they not held
 try:
     optimizer = hvd.AsyncPSOptimizer([("w", weights), ("b", bias)], lr=lr, momentum=momentum)
 except ValueError as error:
