@@ -46,7 +46,11 @@ class AsyncClient:
             sends += [self.comm.Isend(header, server, TAG_ASYNC_REGISTER),
                       self.comm.Isend(params[start:stop], server, TAG_ASYNC_DATA)]
         transport.wait_all(sends)
-        self._pull(params)
+        # answered once every worker has registered: a stall here is a worker that never
+        # made its optimizer
+        with transport.activity("the asynchronous PS registration (the servers answer once "
+                                "every worker has made its AsyncPSOptimizer)"):
+            self._pull(params)
 
     def push(self, gradient, params):
         """Push ``gradient`` to every server; write the updated parameters into ``params``."""

@@ -80,3 +80,12 @@ def test_asynchronous_ps_refuses_ring_and_colocated_modes(launch):
         for rank in range(2):
             assert f"REFUSED on rank {rank}: asynchronous PS needs dedicated parameter servers" \
                 in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
+
+
+def test_a_worker_late_to_make_its_asynchronous_optimizer_is_waited_for_and_named(launch):
+    job = launch(3, "ps_async_late.py", env=ps_env(1, HOROVOD_STALL_CHECK_TIME_SECONDS=1),
+                 timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.stdout.count("REGISTERED") == 2
+    assert "rank 0 (" in job.stderr and "in the asynchronous PS registration (the servers " \
+        "answer once every worker has made its AsyncPSOptimizer)" in job.stderr
