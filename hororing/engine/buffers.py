@@ -131,8 +131,9 @@ class HostBuffers:
             return None
         start, end = extent
         dtype = inputs[0].dtype
-        # the requests hold the inputs, and so the memory, until the bucket completes
-        return np.asarray(_Memory(start, (end - start) // dtype.itemsize, dtype.str))
+        # the requests hold the inputs, and so the memory, until the bucket completes; the
+        # bytes are viewed as the inputs' dtype (a typestr names no bfloat16: it reads "V2")
+        return np.asarray(_Memory(start, end - start, "|u1")).view(dtype)
 
     def result(self, request, output):
         return output

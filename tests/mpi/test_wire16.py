@@ -115,3 +115,31 @@ def test_a_bfloat16_tensor_of_its_own_is_summed_in_float32():
     assert result.dtype == BFLOAT16
     expected = np.sum([row.astype(np.float64) for row in inputs], axis=0)
     np.testing.assert_array_equal(result, expected.astype(np.float32).astype(BFLOAT16))
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_16_bit_payloads_back_to_back_are_summed_where_they_lie(kind):
+    """Payloads that are consecutive views of one flat array, started together, are reduced
+    in that array as one bucket, still as 16-bit values (a bfloat16 span keeps its dtype)."""
+    compressor = getattr(Compression, kind)
+    lengths = [7, 1001, 30011]
+    inputs = [all_inputs(hnp.size(), (length,), "float32", seed=40 + index)
+              for index, length in enumerate(lengths)]
+    flat, _ = compressor.compress(np.concatenate([rows[hnp.rank()] for rows in inputs]))
+    offsets = np.cumsum([0] + lengths)
+    views = [flat[start:stop] for start, stop in zip(offsets[:-1], offsets[1:])]
+    engine = current().engine
+    with engine.allreduce.watch() as seen:
+        with engine.batch():
+            handles = [collectives.compressed_allreduce_async_(
+                view, compressor, name=f"wire16.span.{kind}.{index}", op=hnp.Sum)
+                for index, view in enumerate(views)]
+        results = [collectives.synchronize(handle) for handle in handles]
+    for result, view, rows in zip(results, views, inputs):
+        assert result is view
+        expected = np.sum([row.astype(np.float64) for row in rows], axis=0)
+        error = np.abs(compressor.decompress(result, np.float32).astype(np.float64) - expected)
+        assert np.all(error <= bound(rows, kind)), error.max()
+    if hnp.size() > 1:
+        assert {dtype for _, dtype, _ in seen} == {WIRE[kind]}, seen
+        assert max(count for _, _, count in seen) == sum(lengths), "not reduced as one span"
