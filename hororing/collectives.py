@@ -142,16 +142,26 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
     float16 (each addition computed in float32 and rounded between ranks, half the bytes of
     an ordinary float16 allreduce, which sends float32 so that its partial sums stay exact),
     and Average divides before the sum, so a float16 sum cannot overflow where the average
-    would not. A compressor without a wire dtype, and device arrays (whose float16 sums run
-    in float32 on the GPU), take the ordinary path.
+    would not. A float16 device array travels in float16 the same way (its hops add on the
+    GPU, in float32, rounding each sum). A compressor without a wire dtype, and other device
+    payloads (cupy and numba have no bfloat16: a bfloat16 CUDA tensor travels as float32),
+    take the ordinary path.
 
     Raises:
         TypeError: for a host payload whose dtype is not the compressor's wire dtype.
     """
     wire = wire_of(compression)
-    if not wire or gpu.is_device_array(tensor):
+    if wire and gpu.is_device_array(tensor):
+        if wire != "float16" or str(getattr(tensor, "dtype", "")) not in ("float16",
+                                                                         "torch.float16"):
+            wire = ""
+    if not wire:
         return start("allreduce", tensor, name, process_set, inplace=True, op=op,
                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    if gpu.is_device_array(tensor):
+        return start("allreduce", tensor, name, process_set, inplace=True, op=op,
+                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                     wire=wire)
     if not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire):
         kind = getattr(compression, "__name__", compression)
         raise TypeError(f"compressed_allreduce_async_ with {kind} takes the {wire} numpy array "

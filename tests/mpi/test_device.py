@@ -121,6 +121,34 @@ def test_compressed_allreduce_of_a_device_array_takes_the_device_path():
     np.testing.assert_array_equal(array.copy_to_host(), sum(inputs))
 
 
+@pytest.mark.parametrize("count", [1001, 140001])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
+def test_a_float16_device_payload_travels_in_float16_as_the_host_one_does(count, op):
+    """Compression.fp16 on a device array: 16 bits on the wire (half the bytes of float32),
+    each hop adding in float32 and rounding, the same bits as the host payload's path."""
+    from hororing.collectives import compressed_allreduce_async_
+    from hororing.context import current
+    inputs = all_inputs(hvd.size(), (count,), "float32", seed=count + op)
+    payload = inputs[hvd.rank()].astype(np.float16)
+    on_host = payload.copy()
+    hvd.synchronize(compressed_allreduce_async_(on_host, hvd.Compression.fp16,
+                                                name=f"wire.host.{count}.{op}", op=op))
+    array = device(payload)
+    with current().engine.allreduce.watch() as seen:
+        hvd.synchronize(compressed_allreduce_async_(array, hvd.Compression.fp16,
+                                                    name=f"wire.dev.{count}.{op}", op=op))
+    np.testing.assert_array_equal(array.copy_to_host(), on_host)
+    divisor = hvd.size() if op == hvd.Average else 1
+    expected = np.sum([row.astype(np.float16).astype(np.float64) for row in inputs],
+                      axis=0) / divisor
+    # each hop's sum rounded to float16 once, the Average's division of each input once
+    magnitude = np.sum([np.abs(row.astype(np.float64)) for row in inputs], axis=0) / divisor
+    tolerance = (hvd.size() + 1) * 2.0 ** -11 * magnitude + 1e-7
+    assert np.all(np.abs(array.copy_to_host().astype(np.float64) - expected) <= tolerance)
+    if hvd.size() > 1:
+        assert {dtype for _, dtype, _ in seen} == {"float16"}
+
+
 def test_device_transport_follows_the_setting():
     import os
     from hororing.context import current
