@@ -63,16 +63,51 @@ def _started(tensor, inplace, submit):
 def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescale_factor=1.0,
                                 postscale_factor=1.0, process_set=global_process_set):
     """``allreduce_async_`` of a payload made by ``compression.compress``: a payload in the
-    compressor's wire dtype travels in it (``Compression.fp16``: float16 moves as float16;
-    CUDA tensors take the device path); anything else as ``allreduce_async_`` sends it."""
+    compressor's wire dtype travels in it (``Compression.fp16``: float16 moves as float16,
+    on CUDA tensors too; a CUDA bfloat16 payload moves as bfloat16 where device buckets
+    cross host memory, and as float32 over the device-direct ring); anything else as
+    ``allreduce_async_`` sends it."""
     wire = wire_of(compression)
     if not wire or tensor.dtype != getattr(torch, wire):
         return allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor,
                                 process_set)
     op = resolve_op(op, allowed=ALLREDUCE_OPS)
-    return in_place(tensor, lambda array: core.compressed_allreduce_async_(
-        array, compression, name, op, prescale_factor, postscale_factor, process_set),
-        bfloat16=True)
+
+    def submit(array):
+        return core.compressed_allreduce_async_(array, compression, name, op, prescale_factor,
+                                                postscale_factor, process_set)
+    if tensor.dtype == torch.bfloat16 and tensor.is_cuda and _staged(process_set):
+        return _bfloat16_through_host(tensor, name, process_set, submit)
+    return in_place(tensor, submit, bfloat16=True)
+
+
+def _staged(process_set):
+    """Whether the set's device buckets travel through host memory (not the device-direct
+    ring, which reads the peers' device memory on one node)."""
+    return core.group_of(process_set).engine.allreduce.device_transport() != "direct"
+
+
+_PINNED = {}  # (process set, name) -> a pinned host tensor kept for that name's payloads
+
+
+def _bfloat16_through_host(tensor, name, process_set, submit):
+    """A CUDA bfloat16 payload where device buckets cross host memory: the device libraries
+    have no bfloat16, so it is copied into pinned host memory and travels as the host's
+    bfloat16 payloads do (16 bits on the wire, float32 sums), then comes back up. Named
+    payloads (a hook's buckets) keep their host copy from call to call."""
+    _check_free(name, process_set)
+    key = (id(process_set), name)
+    host = _PINNED.get(key) if isinstance(name, str) else None
+    if host is None or host.shape != tensor.shape:
+        host = torch.empty(tensor.shape, dtype=torch.bfloat16, pin_memory=True)
+        if isinstance(name, str):
+            _PINNED[key] = host
+    host.copy_(tensor.detach())  # waits for the tensor's producer on its stream
+
+    def finish(result):
+        tensor.data.copy_(host)
+        return tensor
+    return TorchHandle(submit(as_numpy(host, bfloat16=True)), finish)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

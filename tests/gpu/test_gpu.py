@@ -62,6 +62,16 @@ def test_torch_cuda_tensors_through_distributed_optimizer(launch, transport):
     assert job.stdout.count("torch cuda ok") == 2
 
 
+@pytest.mark.parametrize("transport", ["direct", "staged"])
+def test_torch_comm_hooks_on_cuda_gradients(launch, transport):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    job = launch(2, "torch_hooks.py", transport, env=TRANSPORTS[transport])
+    assert job.returncode == 0, _output(job)
+    assert job.stdout.count("torch hooks ok") == 2
+
+
 def _output(job):
     """What a failed job printed: the start of its stderr holds the first rank's traceback
     (an engine failure's among them), its end the last."""
