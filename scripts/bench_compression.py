@@ -27,6 +27,11 @@ Bytes: what this rank's network interface sent per step (/sys/class/net/IF/stati
 interface being the emulated host's link (in its namespace); on one host (loopback,
 shared by the ranks) the column shows the loopback's total per rank.
 
+With ``--device cuda`` every variant trains on the GPU (rank r on GPU r % count); DDP's
+gloo reduces the CUDA gradients through host memory, hororing's by its device transport
+(HORORING_DEVICE_RING). hororing's PowerSGD takes CPU gradients only and is reported as
+refused there.
+
 Models: ``large``, an MLP 1024-4096-4096-1024-10 (25.2 M float32 parameters, 101 MB of
 gradients) on random data, batch 16; ``train``, examples/train.py's MLP (17 K parameters)
 on scikit-learn's digits, batch 32.
@@ -75,6 +80,9 @@ def parse_args():
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant a round")
     parser.add_argument("--variants", nargs="+",
                         help="only these (e.g. 'hororing none' 'ddp fp16'; default: all)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the models train (cuda: each rank on GPU local_rank %% "
+                             "count; DDP over gloo then reduces CUDA tensors)")
     parser.add_argument("--json", help="write the results here (rank 0)")
     args = parser.parse_args()
     unknown = sorted(set(args.variants or ()) - set(known_variants()))
@@ -157,9 +165,10 @@ def _free_port(address):
 class Variant:
     """One model copy and how its gradients are reduced; ``step(batch)`` trains one step."""
 
-    def __init__(self, label, model, make):
+    def __init__(self, label, model, make, device="cpu"):
         self.label = label
-        self.model = build(model)
+        self.model = build(model).to(device)
+        self.device = device
         self.error = None
         self.times = []
         self.bytes = []
@@ -170,11 +179,13 @@ class Variant:
             self.error = f"{type(error).__name__}: {str(error).splitlines()[0]}"
 
     def step(self, inputs, labels):
+        """One step; on a GPU it returns once the step's kernels have run."""
         self.optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(self.forward(inputs), labels)
         loss.backward()
         self.optimizer.step()
-        return loss.item()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
 
 def hororing_variant(kind):
@@ -232,14 +243,15 @@ def run_model(comm, model, args, link):
     wanted = [(f"hororing {kind}", hororing_variant(kind)) for kind in HOROVOD_VARIANTS] + \
         [(f"ddp {kind}", ddp_variant(kind)) for kind in DDP_VARIANTS] + \
         [(ALONE, alone_variant)]
-    variants = [Variant(label, model, make) for label, make in wanted
+    variants = [Variant(label, model, make, args.device) for label, make in wanted
                 if args.variants is None or label in args.variants]
     say(comm, f"{model}: {len(variants)} variants built")
     for variant in variants:  # refused on one rank is refused everywhere
         if not agreed(comm, variant.error is None) and variant.error is None:
             variant.error = "refused on another rank"
     stream = batches(model, comm.rank)
-    data = [next(stream) for _ in range(POWERSGD_START + 1 + args.rounds * args.steps)]
+    data = [tuple(tensor.to(args.device) for tensor in next(stream))
+            for _ in range(POWERSGD_START + 1 + args.rounds * args.steps)]
     live = [variant for variant in variants if variant.error is None]
     for variant in list(live):  # warm-up: the plain steps before PowerSGD, then one more
         try:
@@ -301,6 +313,13 @@ def report(model, rows, size, link):
               f"{row['cpu_ms']:8.1f}")
 
 
+def hvd_transport():
+    """How hororing's device buckets travel in this job (direct, cuda-aware, staged)."""
+    from hororing.context import current
+
+    return current().engine.allreduce.device_transport()
+
+
 def main():
     args = parse_args()
     # the ranks share this machine's cores: one thread each for torch and for numpy's BLAS
@@ -309,12 +328,21 @@ def main():
     torch.set_num_threads(1)
     threadpool_limits(limits=1, user_api="blas")
     hvd.init()
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     comm = MPI.COMM_WORLD
     link, address = interface(comm)
     start_gloo(comm, link, address)
-    results = {"ranks": comm.size, "link": link, "machine": machine_info(), "models": {}}
+    results = {"ranks": comm.size, "link": link, "machine": machine_info(), "models": {},
+               "device": args.device}
+    if args.device == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+        results["device_transport"] = hvd_transport()
     if comm.rank == 0:
         print(machine_line(results["machine"]))
+        if args.device == "cuda":
+            print(f"models on {results['gpu']}; hororing's device buckets travel "
+                  f"{results['device_transport']}")
     for model in args.models:
         rows = run_model(comm, model, args, link)
         results["models"][model] = rows

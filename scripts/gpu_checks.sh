@@ -6,6 +6,8 @@
 #   bench_gpu       scripts/bench_gpu.py: kernels on one GPU, then the device allreduce beside
 #                   the host ring at 1, 8 and 64 MiB, device-direct and staged
 #   bench_training  scripts/bench_training.py --device cuda: step time beside DDP at 2 ranks
+#   bench_compression  scripts/bench_compression.py --device cuda at 2 ranks, the large model:
+#                   hororing's hooks beside DDP's over gloo, the direct and then the staged ring
 #   gpu_tests       tests/gpu (kernels on the GPU, 2-rank cupy and torch jobs over each
 #                   transport, both examples on the GPU)
 #   kernels         tests/unit/test_cuda_kernels.py with the kernels on the GPU
@@ -13,7 +15,8 @@
 #                   for every bucket size
 #   device_staged   the same with HORORING_DEVICE_RING=staged
 #   train           examples/train.py --device cuda at 2 ranks
-# Usage: bash scripts/gpu_checks.sh [OUTDIR [STEP ...]]   (default results/gpu, every step).
+# Usage: bash scripts/gpu_checks.sh [OUTDIR [STEP ...]]   (default results/gpu, every step;
+# GPU_TESTS_ARGS: more pytest arguments for gpu_tests, e.g. "-k hooks").
 # Everything goes to OUTDIR/gpu_checks.log; the benchmarks also write OUTDIR/gpu.json and
 # OUTDIR/training_cuda.json. Each step has a hard timeout; a failed step is reported and the
 # rest still run.
@@ -23,8 +26,8 @@ out=${1:-results/gpu}
 shift || true
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
-    steps=(versions smoke numpy_example bench_gpu bench_training gpu_tests kernels device_direct device_staged
-           train)
+    steps=(versions smoke numpy_example bench_gpu bench_training bench_compression gpu_tests kernels
+           device_direct device_staged train)
 fi
 mkdir -p "$out"
 log="$out/gpu_checks.log"
@@ -67,8 +70,15 @@ print(torch.cuda.get_device_name(0), 'CUDA runtime', cupy.cuda.runtime.runtimeGe
     bench_training)
         step bench_training 240 python scripts/bench_training.py --device cuda --sizes 2 \
             --rounds 9 --json "$out/training_cuda.json" ;;
+    bench_compression)
+        for ring in direct staged; do
+            HORORING_DEVICE_RING=$ring step "bench_compression_$ring" 240 mpiexec -n 2 python \
+                scripts/bench_compression.py --device cuda --models large --rounds 5 --steps 3 \
+                --variants "hororing none" "hororing fp16" "hororing bf16" "hororing powersgd4" \
+                "ddp allreduce" "ddp fp16" "ddp bf16" "ddp powersgd4" alone --json "$out/compression_cuda_$ring.json"
+        done ;;
     gpu_tests)
-        step gpu_tests 300 python -m pytest -q -p no:cacheprovider -rs tests/gpu ;;
+        step gpu_tests 300 python -m pytest -q -p no:cacheprovider -rs tests/gpu ${GPU_TESTS_ARGS:-} ;;
     kernels)
         NUMBA_ENABLE_CUDASIM=0 step kernels 120 python -m pytest -q -p no:cacheprovider \
             tests/unit/test_cuda_kernels.py ;;
