@@ -213,9 +213,11 @@ class Layout:
         config = Config.from_environ()
         local, nodes, _ = node_layout(COMM)
         # the sub-chunks the library would take for these rings
-        self.flat = Ring(COMM.Dup(), config.subchunk_bytes(across_nodes=nodes > 1))
+        self.flat = Ring(COMM.Dup(), config.subchunk_bytes(across_nodes=nodes > 1),
+                         piece_ceiling=config.piece_ceiling(across_nodes=nodes > 1))
         self.hier = Hierarchical(COMM.Dup(), config.subchunk_bytes(across_nodes=False),
-                                 cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True))
+                                 cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
+                                 cross_piece_ceiling=config.piece_ceiling(across_nodes=True))
         self.nodes = self.hier.nodes
         self.results = {}  # flatout's result arrays, by element count
         leader = local.bcast(COMM.Get_rank(), root=0)  # a node's id: its first rank

@@ -214,7 +214,9 @@ def child(args):
     if is_worker:
         local, nodes, _ = node_layout(workers)
         local.Free()
-        ring = Ring(workers.Dup(), Config.from_environ().subchunk_bytes(across_nodes=nodes > 1))
+        config = Config.from_environ()
+        ring = Ring(workers.Dup(), config.subchunk_bytes(across_nodes=nodes > 1),
+                    piece_ceiling=config.piece_ceiling(across_nodes=nodes > 1))
         colocated = Colocated(workers.Dup(), Placement(n, "partitioned", partition_bytes=1))
         algorithms = [("ring", ring.allreduce), ("colocated", colocated.allreduce),
                       ("native", lambda buffer, op: workers.Allreduce(MPI.IN_PLACE, buffer))]

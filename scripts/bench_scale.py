@@ -33,7 +33,7 @@ from hororing import transport
 from hororing.algorithms.halving import Rabenseifner, RecursiveDoubling
 from hororing.algorithms.ring import Ring
 from hororing.algorithms.small import GatherReduce
-from hororing.config import RING_SUBCHUNK_ACROSS_NODES, RING_SUBCHUNK_IN_NODE
+from hororing.config import Config
 
 COMM = MPI.COMM_WORLD
 
@@ -43,10 +43,13 @@ def main():
     hvd.init()
     rank, size = COMM.Get_rank(), COMM.Get_size()
     across_nodes = hvd.cross_size() > 1
-    subchunk = RING_SUBCHUNK_ACROSS_NODES if across_nodes else RING_SUBCHUNK_IN_NODE
+    # the ring's pieces as the library cuts them: the sub-chunk, growing across nodes
+    config = Config.from_environ()
+    subchunk = config.subchunk_bytes(across_nodes)
+    ceiling = config.piece_ceiling(across_nodes)
     own = COMM.Dup()
     algorithms = {
-        "ring": Ring(own, subchunk).allreduce,
+        "ring": Ring(own, subchunk, piece_ceiling=ceiling).allreduce,
         "rabenseifner": Rabenseifner(own, subchunk_bytes=subchunk).allreduce,
         "recursive_doubling": RecursiveDoubling(own, subchunk_bytes=subchunk).allreduce,
         "small": GatherReduce(own).allreduce,
@@ -106,7 +109,8 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
             json.dump({"ranks": size, "nodes": hvd.cross_size(), "link": args.emulated,
-                       "subchunk_bytes": subchunk, "host": socket.gethostname(),
+                       "subchunk_bytes": subchunk, "piece_ceiling": ceiling,
+                       "host": socket.gethostname(),
                        "machine": machine_info(), "constants": constants, "rows": rows,
                        "date": time.strftime("%Y-%m-%d")}, handle, indent=1)
     own.Free()

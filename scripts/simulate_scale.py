@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from hororing.algorithms import cost  # noqa: E402
+from hororing.config import RING_PIECE_CEILING_ACROSS_NODES, RING_SUBCHUNK_ACROSS_NODES  # noqa: E402
 
 KINDS = ("ring", "rabenseifner", "recursive_doubling", "small")
 RANKS = (2, 4, 8, 16, 64, 128, 256, 512, 1000, 1024, 2048, 3000, 4096)
@@ -69,7 +70,7 @@ class Model:
                                    latency_s=self.factors["mpi_step"] * mpi_step)
 
     def predict(self, kind, ranks, nbytes, far=None, per_node=1, measured=None,
-                ranks_here=None, subchunk=1 << 20):
+                ranks_here=None, subchunk=1 << 20, piece_ceiling=0):
         """Seconds of ``kind`` (or ``"mpi"``: MPI's own allreduce, modelled as its
         Rabenseifner or recursive doubling at the cost of MPI's steps)."""
         near = self.near(measured)
@@ -83,7 +84,8 @@ class Model:
             return min(_time(cost.shape(algorithm, ranks, nbytes, per_node), host, far, near,
                              contention, mpi=True)
                        for algorithm in ("rabenseifner", "recursive_doubling"))
-        return _time(cost.shape(kind, ranks, nbytes, per_node, subchunk), host, far, near,
+        return _time(cost.shape(kind, ranks, nbytes, per_node, subchunk, piece_ceiling),
+                     host, far, near,
                      contention)
 
     def cycle(self, ranks, link):
@@ -114,8 +116,9 @@ def default_model():
 # -- calibration ---------------------------------------------------------------------------
 
 def load(paths):
-    """Samples ``(kind, ranks, nodes, link, subchunk, bytes, seconds, measured)`` from
-    bench_scale JSON."""
+    """Samples ``(kind, ranks, nodes, link, subchunk, bytes, seconds, measured, ceiling)``
+    from bench_scale JSON (``ceiling``: the ring's piece ceiling; runs that did not record
+    one cut fixed pieces)."""
     samples = []
     for path in paths:
         with open(path) as handle:
@@ -127,7 +130,8 @@ def load(paths):
                 if kind in KINDS or kind == "mpi":
                     samples.append((kind, run["ranks"], run["nodes"], link,
                                     run["subchunk_bytes"], row["bytes"], micros * 1e-6,
-                                    dict(run["constants"], cores=_cores(run))))
+                                    dict(run["constants"], cores=_cores(run)),
+                                    run.get("piece_ceiling", 0)))
     return samples
 
 
@@ -156,10 +160,11 @@ def _model_from(vector, links, base):
 
 
 def _predict_sample(model, sample):
-    kind, ranks, nodes, link, subchunk, nbytes, _, measured = sample
+    kind, ranks, nodes, link, subchunk, nbytes, _, measured, ceiling = sample
     far = None if link == "shm" else model.links[link]
     return model.predict(kind, ranks, nbytes, far, per_node=math.ceil(ranks / nodes),
-                         measured=measured, ranks_here=ranks, subchunk=subchunk)
+                         measured=measured, ranks_here=ranks, subchunk=subchunk,
+                         piece_ceiling=ceiling)
 
 
 def calibrate(samples, base):
@@ -238,10 +243,15 @@ def predictions(model, networks=NETWORKS, ranks_list=RANKS, sizes=SIZES, per_nod
                 if 2 * per_node > ranks:  # one node: no network
                     continue
                 for nbytes in sizes:
-                    times = {kind: model.predict(kind, ranks, nbytes, far, per_node)
+                    # the ring's pieces as the library cuts them across nodes
+                    times = {kind: model.predict(kind, ranks, nbytes, far, per_node,
+                                                 subchunk=RING_SUBCHUNK_ACROSS_NODES,
+                                                 piece_ceiling=RING_PIECE_CEILING_ACROSS_NODES)
                              for kind in KINDS + ("mpi",)}
                     chosen = cost.choose(ranks, nbytes, host, far, near, per_node,
-                                         small_bytes=(1 << 20) // ranks)
+                                         small_bytes=(1 << 20) // ranks,
+                                         subchunk_bytes=RING_SUBCHUNK_ACROSS_NODES,
+                                         piece_ceiling=RING_PIECE_CEILING_ACROSS_NODES)
                     rows.append({"network": network, "per_node": per_node, "ranks": ranks,
                                  "bytes": nbytes, "times": times, "chosen": chosen,
                                  "bandwidth_bound": cost.bandwidth_bound(ranks, nbytes, far, host,
