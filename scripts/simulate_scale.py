@@ -176,7 +176,12 @@ def calibrate(samples, base):
     links = sorted({sample[3] for sample in samples} - {"shm"})
     base = dataclasses.replace(base, links=dict(base.links))
     for name in links:  # "emulated 1gbe": starts from the 1gbe preset
-        preset = base.links[name.split()[-1]]
+        preset = base.links.get(name.split()[-1])
+        if preset is None:
+            raise SystemExit(f"a run across nodes names its link '{name[len('emulated '):]}', "
+                             f"which is none of the presets ({', '.join(sorted(base.links))}):"
+                             f" run bench_scale.py with --emulated PRESET for the link its "
+                             f"nodes stand behind")
         base.links[name] = dataclasses.replace(preset, name=f"{preset.name}, emulated here")
     shm = base.links["shm"]
     start = [base.factors[name] for name in _FACTORS] + [
