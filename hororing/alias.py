@@ -12,7 +12,7 @@ hides; without the variable, ``import horovod`` is whatever is installed.
 The wheel's ``hororing-horovod-alias.pth`` loads this file when Python starts and the variable
 is set at all, by its path and without importing hororing (whose import starts MPI); the
 finder imports hororing only when the script imports ``horovod``. The variable is read with
-config.py's rules (``Launch.as_horovod``). Nothing here runs for a process without it.
+config.py's rule (``config.as_horovod``). Nothing here runs for a process without it.
 """
 
 import importlib
@@ -103,7 +103,7 @@ def install_if_asked(environ=None):
     """Install the alias if ``HORORING_AS_HOROVOD`` says so; return whether it is installed.
     A value that is not a yes or a no is named on stderr, and nothing is installed."""
     try:
-        asked = _config().launch_environment(environ).as_horovod
+        asked = _config().as_horovod(environ)
     except ValueError as error:
         sys.stderr.write(f"hororing: {error}; 'import horovod' is left as it is\n")
         return False

@@ -12,7 +12,8 @@ import time
 from ._mpi import MPI
 
 from . import gpu, slurm, static_sets, transport, world
-from .config import Config, launch_environment
+from .config import Config
+from .environment import launch_environment
 from .engine import Engine
 from .group import Group, stop_engine
 from .process_sets import Registry, global_process_set

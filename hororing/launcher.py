@@ -26,7 +26,8 @@ import shutil
 import sys
 import tempfile
 
-from .config import launch_environment, variable_of
+from .config import variable_of
+from .environment import launch_environment
 from .runner import allocations
 from .runner.build_info import check_build
 from .runner.hosts import hostfile_or_hosts, parse_hosts, read_hostfile

@@ -9,14 +9,14 @@ of srun's separate singletons, ``--mpi=none``, is world.py's, with every other l
   ``import hororing.tensorflow`` gives it the same share under both);
 - for ``hororun`` inside ``salloc``/``sbatch``: the allocation's tasks, nodes and slots.
 
-The environment is read by config.py (``Launch``); this module decides.
+The environment is read by environment.py (``Launch``); this module decides.
 """
 
 import os
 import re
 import sys
 
-from .config import launch_environment
+from .environment import launch_environment
 
 __all__ = ["Allocation", "allocation", "expand_nodelist",
            "local_tasks", "per_rank_threads", "set_blas_threads", "set_framework_threads",

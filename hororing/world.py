@@ -4,7 +4,7 @@ A launcher that does not start processes the way the loaded MPI library expects 
 Spark's TorchDistributor, Kubeflow's PyTorchJob, Ray's TorchTrainer; another MPI's mpirun;
 ``srun --mpi=none``) leaves every process an MPI singleton: each initializes a world of size 1
 and would train alone, silently. MPI cannot join such processes afterwards. So ``init()``
-compares what the launcher's variables claim (``config.Launch``) with MPI's world, and every
+compares what the launcher's variables claim (``environment.Launch``) with MPI's world, and every
 process raises before any collective, naming the launcher and the command to use.
 ``HORORING_ALLOW_SINGLETONS=1`` says separate size-1 jobs are intended.
 """
@@ -21,7 +21,7 @@ def check_world(world_size, launch):
 
     Args:
         world_size: MPI.COMM_WORLD's size.
-        launch: ``config.Launch``, what the launcher's variables say.
+        launch: ``environment.Launch``, what the launcher's variables say.
 
     Raises:
         RuntimeError: naming the launcher, the sizes, and the command to use.

@@ -13,7 +13,7 @@ answers.
 import signal
 import threading
 
-from ..config import launch_environment
+from ..environment import launch_environment
 
 DIR_ENV = "HORORING_ELASTIC_DIR"
 LAUNCH_ENV = "HORORING_ELASTIC_LAUNCH"

@@ -11,13 +11,13 @@ scheduler or operator it runs under.
   (MPICH) or ``I_MPI_HYDRA_HOST_FILE`` (Intel MPI, both ``name:N``); the ranks start over ssh.
 
 hororun passes the hosts of the last three to mpiexec itself, so that either MPI's mpiexec
-starts the ranks there, whichever variable was set. The environment is read by config.py.
+starts the ranks there, whichever variable was set. The environment is read by environment.py.
 """
 
 import dataclasses
 
 from .. import slurm
-from ..config import launch_environment
+from ..environment import launch_environment
 from .hosts import parse_lsf_hosts, read_hostfile
 
 __all__ = ["Allocation", "find"]

@@ -5,7 +5,7 @@ Collectives take ``tf.Tensor``s and variables, eagerly and inside ``tf.function`
 ``keras`` subpackage and ``hororing.keras``, that imports TensorFlow.
 """
 
-from ..config import reserve_tf_inter_op_threads, reserve_tf_intra_op_threads
+from ..environment import reserve_tf_inter_op_threads, reserve_tf_intra_op_threads
 from ..slurm import tensorflow_intra_op_threads
 
 reserve_tf_inter_op_threads()  # before any session: graph.py, "Threads"

@@ -22,7 +22,7 @@ Threads. A blocking collective holds one of TensorFlow's inter-op threads while 
 its peers. If a ``session.run`` has more independent collectives ready than there are threads,
 and the ranks started different ones first, every thread waits on a collective whose peers
 cannot start it: a hang. TensorFlow sizes its pool by the number of cores (two on a small
-machine), so importing ``hororing.tensorflow`` raises the default (config.py,
+machine), so importing ``hororing.tensorflow`` raises the default (environment.py,
 ``HORORING_TF_INTER_OP_THREADS``), before any session exists; a ``tf.function`` runs its
 collectives one after another and needs only one.
 """

@@ -3,9 +3,9 @@
 The only package of hororing that imports torch.
 """
 
-from ..config import torch_huge_pages
+from ..environment import torch_huge_pages
 
-torch_huge_pages()  # before the first large tensor: torch reads it once (config.py)
+torch_huge_pages()  # before the first large tensor: torch reads it once (environment.py)
 
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
                 add_process_set, cross_rank, cross_size, global_process_set, init,

@@ -4,6 +4,8 @@ import pytest
 
 from hororing.config import Config
 
+READERS = ("config.py", "environment.py")  # the modules that read the environment
+
 
 def test_defaults():
     config = Config.from_environ({})
@@ -139,7 +141,7 @@ def test_small_message_threshold_follows_the_ranks_unless_fixed():
 
 
 def test_tensorflow_inter_op_threads_are_reserved_unless_the_user_chose():
-    from hororing.config import TF_INTER_OP_THREADS, reserve_tf_inter_op_threads
+    from hororing.environment import TF_INTER_OP_THREADS, reserve_tf_inter_op_threads
     environ = {}
     assert reserve_tf_inter_op_threads(environ) == TF_INTER_OP_THREADS
     assert environ == {"TF_NUM_INTEROP_THREADS": str(TF_INTER_OP_THREADS)}
@@ -170,7 +172,7 @@ def test_ring_pieces_grow_only_across_nodes_and_only_unless_the_sub_chunk_is_set
 
 
 def test_torch_huge_pages_default_on_unless_the_user_chose():
-    from hororing.config import torch_huge_pages
+    from hororing.environment import torch_huge_pages
     environ = {}
     assert torch_huge_pages(environ) and environ["THP_MEM_ALLOC_ENABLE"] == "1"
     environ = {"THP_MEM_ALLOC_ENABLE": "0"}  # the user's own setting stays
@@ -199,8 +201,9 @@ def test_importing_the_torch_binding_turns_on_torch_huge_pages():
 
 
 def test_readme_lists_every_environment_variable_config_reads():
-    """README's table of environment variables is kept in step with config.py, the one
-    place that reads them: a variable added there must be documented."""
+    """README's table of environment variables is kept in step with config.py and
+    environment.py, the one place that reads them: a variable added there must be
+    documented."""
     import pathlib
     from hororing.config import _ENV_FIELDS
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -208,21 +211,24 @@ def test_readme_lists_every_environment_variable_config_reads():
     missing = [names[-1] for names in (names for names, _ in _ENV_FIELDS.values())
                if not any(f"`{name}`" in table for name in names)]
     assert not missing, f"README's environment variable table misses {missing}"
-    # and the variables config.py reads outside Config (launch facts, user switches)
+    # and the variables read outside Config (launch facts, user switches)
     import re
-    source = (pathlib.Path(__file__).resolve().parents[2] / "hororing" / "config.py").read_text()
+    package = pathlib.Path(__file__).resolve().parents[2] / "hororing"
+    source = "".join((package / name).read_text() for name in READERS)
     named = set(re.findall(r'"((?:HOROVOD|HORORING)_[A-Z_]+[A-Z])"', source))
     missing = sorted(name for name in named if f"`{name}`" not in table)
     assert not missing, f"README's environment variable table misses {missing}"
 
 
 def test_config_is_the_one_module_that_reads_environment_variables():
-    """Every environment variable hororing reads is read in config.py (a launcher may copy
-    the whole environment for its children, but names no variable of its own)."""
+    """Every environment variable hororing reads is read in config.py (the settings) or
+    environment.py (the launcher's facts, the process switches): a launcher may copy the
+    whole environment for its children, but names no variable of its own."""
     import pathlib
     import re
     package = pathlib.Path(__file__).resolve().parents[2] / "hororing"
     reads = re.compile(r"os\.environ(\.get\(|\.setdefault\(|\[)|os\.getenv\(")
     readers = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
-                     if path.name != "config.py" and reads.search(path.read_text()))
+                     if str(path.relative_to(package)) not in READERS
+                     and reads.search(path.read_text()))
     assert readers == [], f"modules that read environment variables themselves: {readers}"

@@ -78,7 +78,7 @@ FLOORS = [
     ("algorithms", ["hororing.algorithms", "hororing.ps"]),
     ("device memory", ["hororing.gpu"]),
     ("MPI and leaves", ["hororing.transport", "hororing._mpi", "hororing.kernels",
-                        "hororing.config", "hororing.errors", "hororing.ops",
+                        "hororing.config", "hororing.environment", "hororing.errors", "hororing.ops",
                         "hororing.timeline", "hororing.costmodel", "hororing.build"]),
 ]
 

@@ -5,7 +5,7 @@ import pytest
 
 from hororing import launcher, slurm
 from hororing.runner import allocations, mpiexec
-from hororing.config import launch_environment
+from hororing.environment import launch_environment
 
 
 def test_node_lists_and_tasks_per_node_expand():

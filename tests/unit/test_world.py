@@ -2,7 +2,7 @@
 
 import pytest
 
-from hororing.config import launch_environment
+from hororing.environment import launch_environment
 from hororing.world import check_world
 
 TORCH = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",

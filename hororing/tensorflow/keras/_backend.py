@@ -4,7 +4,7 @@ TensorFlow's switch ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` the tf-keras pa
 Keras 2 line); the callbacks and ``load_model`` then follow it, as ``tf.keras`` does.
 """
 
-from ...config import launch_environment
+from ...environment import launch_environment
 
 
 def legacy_keras_requested():
