@@ -7,8 +7,12 @@
 # run set up that way hung in a check that imports mpi4py and starts MPI, instead of failing.)
 # Usage: bash scripts/lent_machine.sh WHEELDIR OUTDIR [STEP ...]
 #   steps: scale (scripts/scale_checks.sh, CPU only), gpu (scripts/gpu_checks.sh),
-#          staged (the staged ring's copy size against the host ring, 8 and 64 MiB);
+#          staged (the staged ring's copy size against the host ring, 8 and 64 MiB),
+#          hosts (bench_compression across 4 emulated 1 Gbit/s hosts, CPU only, a core per
+#          rank: needs root, ip and tc on PATH; an image without iproute2 can be given a
+#          folder of them, with their libraries, as IPROUTE_DIR/bin);
 #   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
+#   HOSTS_BENCH_ARGS: more bench_compression arguments for hosts (--variants, --rounds);
 #   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step; GPU_STEPS names
 #   gpu_checks.sh's steps (default all of them), SCALE_RANKS scale_checks.sh's rank counts; a step is skipped once LENT_SECONDS (if set)
 #   have passed, so that what was measured comes back before the call's limit.
@@ -77,6 +81,20 @@ for step in "${steps[@]}"; do
     gpu)
         say "gpu checks"
         timeout 900 bash scripts/gpu_checks.sh "$out/gpu" ${GPU_STEPS:-} >> "$log" 2>&1 || say "gpu: exit $?" ;;
+    hosts)
+        say "bench_compression across 4 emulated hosts"
+        [ -n "${IPROUTE_DIR:-}" ] && export PATH="$IPROUTE_DIR/bin:$PATH"
+        if ! bash scripts/emulated_hosts.sh up 4 --rate 1gbit --dir /tmp/hororing-lent-hosts \
+                >> "$log" 2>&1; then
+            say "no emulated hosts here (root, ip and tc are needed)"
+            continue
+        fi
+        # CPU tensors only: with a GPU visible, DDP's PowerSGD hook asks for CUDA ones
+        CUDA_VISIBLE_DEVICES= timeout 600 mpiexec -f /tmp/hororing-lent-hosts/hostfile \
+            $(cat /tmp/hororing-lent-hosts/mpi-args) -genvall -n 4 python \
+            scripts/bench_compression.py --models large ${HOSTS_BENCH_ARGS:-} \
+            --json "$out/compression_4hosts.json" >> "$log" 2>&1 || say "hosts: exit $?"
+        bash scripts/emulated_hosts.sh down --dir /tmp/hororing-lent-hosts >> "$log" 2>&1 ;;
     *)
         say "unknown step $step" ;;
     esac
