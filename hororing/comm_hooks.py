@@ -15,7 +15,7 @@ Built-in hooks, for the numpy optimizer (``hororing.optim``) and the torch one
 - ``allreduce``: what the optimizer does without a hook;
 - ``fp16``, ``bf16``: the bucket travels in 16 bits, each hop's sum computed in float32
   (``Compression.fp16``/``.bf16`` on the whole bucket);
-- ``powersgd(rank=...)``: PowerSGD (Vogels et al., 2019; ``powersgd.py``).
+- ``powersgd(rank=...)``: PowerSGD (Vogels et al., 2019; ``powersgd/``).
 
 Every hook must be called by every rank for the same buckets in any order (the engine
 matches them by name), as the optimizers do.

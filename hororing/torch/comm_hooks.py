@@ -4,9 +4,9 @@
 The hooks of ``hororing.comm_hooks``, handed torch buckets: ``allreduce`` (what the optimizer
 does without a hook), ``fp16`` and ``bf16`` (16 bits on the wire, each hop's sum in float32)
 and ``powersgd(rank=, start_iter=, min_compression_rate=, use_error_feedback=, warm_start=)``
-(float32 and float64 CPU gradients). A hook of your own is ``hook(state, bucket)`` returning
-something with ``wait()`` (a ``torch.futures.Future`` or ``hororing.comm_hooks.Pending``)
-that gives the reduced flat tensor; ``bucket.buffer()`` is the flat gradient tensor,
+(float32 and float64 gradients, CPU or CUDA). A hook of your own is ``hook(state, bucket)``
+returning something with ``wait()`` (a ``torch.futures.Future`` or
+``hororing.comm_hooks.Pending``) that gives the reduced flat tensor; ``bucket.buffer()`` is the flat gradient tensor,
 ``bucket.parameters()`` its parameters, ``bucket.name`` the same on every rank.
 
 Example:

@@ -110,6 +110,39 @@ def test_powersgd_sends_its_factors_and_keeps_what_it_left_out():
         assert_identical_on_every_rank(optimizer.params[name])
 
 
+def _powersgd_on(make, steps, hook=None, first=0):
+    """``steps`` PowerSGD steps on one bucket of this rank's gradients held as ``make``
+    (numpy, or torch tensors as CUDA gradients are); the reduced vectors on the host."""
+    from hororing.comm_hooks import GradBucket, Reduction
+    from hororing.powersgd.arrays import on_host
+    hook = hook or comm_hooks.powersgd(rank=2, start_iter=1)
+    reduced = []
+    for step in range(first, first + steps):
+        grads = local_grads(hnp.rank(), step)
+        array = make(np.concatenate([grads[name].reshape(-1) for name in SHAPES]))
+        bucket = GradBucket(0, "powersgd.kinds", array, array, list(SHAPES.values()),
+                            list(SHAPES), Reduction(hnp.Average), None)
+        reduced.append(np.array(on_host(hook(None, bucket).wait())))
+    return hook, reduced
+
+
+def test_powersgd_on_torch_tensors_reduces_as_on_numpy_arrays():
+    """The one algorithm on torch tensors (how it takes CUDA gradients; CPU ones here):
+    the same vectors as on numpy arrays, and state saved from one restores into the other."""
+    on_numpy, expected = _powersgd_on(lambda flat: flat, 4)
+    on_torch, reduced = _powersgd_on(torch.from_numpy, 4)
+    for got, want in zip(reduced, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    state = on_torch.state_dict()
+    assert all(isinstance(error, torch.Tensor) for error in state["errors"].values())
+    continued_hook = comm_hooks.powersgd(rank=2, start_iter=1)
+    continued_hook.load_state_dict(state)  # torch tensors into a run on numpy arrays
+    _, continued = _powersgd_on(lambda flat: flat, 1, continued_hook, first=4)
+    _, reference = _powersgd_on(lambda flat: flat, 1, on_numpy, first=4)
+    np.testing.assert_allclose(continued[0], reference[0], rtol=1e-9, atol=1e-12)
+    assert_identical_on_every_rank(continued[0])
+
+
 def test_powersgd_state_restores_to_the_same_next_step():
     needs_peers()
     hook = comm_hooks.powersgd(rank=2, start_iter=1)
@@ -326,7 +359,7 @@ def test_powersgd_refuses_16_bit_gradients_naming_the_alternative():
                                          model.named_parameters(),
                                          comm_hook=hvd.comm_hooks.powersgd(rank=1))
     inputs, labels = torch_batch(hvd.rank())
-    with pytest.raises(TypeError, match="use comm_hooks.fp16 or .bf16 there"):
+    with pytest.raises(TypeError, match="use comm_hooks.fp16 or .bf16 for 16-bit gradients"):
         torch.nn.functional.cross_entropy(model(inputs.half()).float(), labels).backward()
     del optimizer
 

@@ -23,12 +23,13 @@ error vectors and the Q matrices, by bucket name) is ``state_dict()``; the optim
 with their own.
 """
 
+import math
 import zlib
 
 import numpy as np
 
-from . import collectives, ops
-from .kernels import lowrank
+from .. import collectives, ops
+from .arrays import FLOATS, arrays_for, on_host
 
 
 class PowerSGD:
@@ -70,16 +71,16 @@ class PowerSGD:
 
     def __call__(self, state, bucket):
         array = bucket.array()
-        if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float64):
-            raise TypeError(f"the powersgd hook reduces float32 or float64 CPU gradients; "
-                            f"bucket '{bucket.name}' holds "
-                            f"{getattr(array, 'dtype', type(array).__name__)} on "
-                            f"{'the CPU' if isinstance(array, np.ndarray) else 'a device'} "
-                            f"(use comm_hooks.fp16 or .bf16 there)")
-        entry = _Entry(bucket)
+        xp = arrays_for(array)
+        if xp is None or xp.dtype_name(array) not in FLOATS:
+            raise TypeError(f"the powersgd hook reduces float32 or float64 gradients (numpy "
+                            f"arrays or torch tensors); bucket '{bucket.name}' holds "
+                            f"{getattr(array, 'dtype', type(array).__name__)} "
+                            f"(use comm_hooks.fp16 or .bf16 for 16-bit gradients)")
+        entry = _Entry(bucket, xp)
         if self.iter < self.start_iter:
             reduction = bucket.reduction
-            entry.handles.append(collectives.allreduce_async_(
+            entry.handles.append(xp.allreduce_async_(
                 array, name=bucket.name, op=reduction.op, prescale_factor=reduction.prescale,
                 postscale_factor=reduction.postscale, process_set=reduction.process_set))
         else:
@@ -90,24 +91,26 @@ class PowerSGD:
     # ---- one bucket's first half: P = M Q, and its allreduces ---------------------------
 
     def _start(self, entry):
-        bucket = entry.bucket
+        bucket, xp = entry.bucket, entry.xp
         array, reduction = bucket.array(), bucket.reduction
         self._claim(bucket)
         source = array  # what this rank sends: its gradients, plus its error where kept
         if self.use_error_feedback:
             # the error vector becomes what is sent, and after the step what was left out
             # (no copy of the bucket: the approximation is written into the gradients)
-            error = self._errors.get(bucket.name)
-            if error is None or error.shape != array.shape or error.dtype != array.dtype:
-                error = self._errors[bucket.name] = np.zeros_like(array)
-            np.add(error, array, out=error)
+            error = _adopted(self._errors.get(bucket.name), array, xp, xp.count(array))
+            if error is None:
+                error = xp.zeros_like(array)
+            self._errors[bucket.name] = error
+            xp.add(error, array)
             source = entry.source = error
         offset = 0
         for gradient in bucket.gradients():
-            sent = source[offset:offset + gradient.size].reshape(gradient.shape)
-            offset += gradient.size
+            count = xp.count(gradient)
+            sent = source[offset:offset + count].reshape(gradient.shape)
+            offset += count
             n = gradient.shape[0] if gradient.ndim >= 2 else 0
-            m = gradient.size // n if n else 0
+            m = count // n if n else 0
             rank = min(n, m, self.rank)
             if n and n * m > self.min_compression_rate * (n + m) * rank:
                 entry.matrices.append((sent.reshape(n, m), rank))
@@ -115,32 +118,32 @@ class PowerSGD:
             else:
                 entry.rest.append((sent, gradient))
         if entry.rest:  # uncompressed, as the optimizer reduces without a hook
-            entry.rest_flat = np.concatenate([sent.reshape(-1) for sent, _ in entry.rest])
-            entry.handles.append(collectives.allreduce_async_(
+            entry.rest_flat = xp.concatenate([sent.reshape(-1) for sent, _ in entry.rest])
+            entry.handles.append(xp.allreduce_async_(
                 entry.rest_flat, name=f"{bucket.name}.powersgd.rest", op=reduction.op,
                 prescale_factor=reduction.prescale, postscale_factor=reduction.postscale,
                 process_set=reduction.process_set))
         if not entry.matrices:
             return
-        dtype = array.dtype
-        entry.p_flat = np.empty(sum(matrix.shape[0] * rank for matrix, rank in entry.matrices),
-                                dtype)
+        entry.p_flat = xp.empty(sum(matrix.shape[0] * rank for matrix, rank in entry.matrices),
+                                array)
         q_count = sum(matrix.shape[1] * rank for matrix, rank in entry.matrices)
         q_flat = self._qs.get(bucket.name) if self.warm_start else None
-        fresh = q_flat is None or q_flat.size != q_count or q_flat.dtype != dtype
-        if fresh:  # the same on every rank: seeded by the bucket's name and the step
+        if q_flat is not None:
+            q_flat = _adopted(q_flat, array, xp, count=q_count)
+        if q_flat is None:  # the same on every rank: seeded by the bucket's name and the step
             generator = np.random.default_rng(
                 [self.seed, zlib.crc32(bucket.name.encode()), self.iter])
-            q_flat = generator.standard_normal(q_count).astype(dtype)
+            q_flat = xp.from_host(generator.standard_normal(q_count), array)
         entry.q_flat = self._qs[bucket.name] = q_flat
         entry.ps, entry.qs = _split(entry.p_flat, [(matrix.shape[0], rank) for matrix, rank
                                                    in entry.matrices]), \
             _split(q_flat, [(matrix.shape[1], rank) for matrix, rank in entry.matrices])
         for (matrix, _), p, q in zip(entry.matrices, entry.ps, entry.qs):
-            _orthogonalize(q)
-            lowrank.project(matrix, q, p)
+            xp.orthogonalize(q)
+            xp.project(matrix, q, p)
         # a sum: each P is orthogonalized next, which its scale does not change
-        entry.handles.append(collectives.allreduce_async_(
+        entry.handles.append(xp.allreduce_async_(
             entry.p_flat, name=f"{bucket.name}.powersgd.p", op=ops.Sum,
             process_set=reduction.process_set))
 
@@ -155,8 +158,9 @@ class PowerSGD:
             return
         members, offset, moved = [], 0, set()
         for parameter, gradient in zip(bucket.parameters(), bucket.gradients()):
-            members.append((parameter, offset, offset + gradient.size))
-            offset += gradient.size
+            count = math.prod(gradient.shape)
+            members.append((parameter, offset, offset + count))
+            offset += count
             before = self._owner.get(parameter)
             if before is not None and before != name:
                 moved.add(before)
@@ -165,16 +169,18 @@ class PowerSGD:
         if not moved:
             return
         if self.use_error_feedback and name not in self._errors:
-            error = np.zeros_like(bucket.array())
+            array = bucket.array()
+            xp = arrays_for(array)
+            error = xp.zeros_like(array)
             starts = {parameter: start for parameter, start, _ in members}
             for old_name in moved:
-                old_error = self._errors.get(old_name)
+                old_error = _adopted(self._errors.get(old_name), array, xp)
                 if old_error is None:
                     continue
                 for parameter, start, stop in self._members[old_name]:
                     if parameter in starts:
                         at = starts[parameter]
-                        error[at:at + stop - start] = old_error[start:stop]
+                        xp.assign(error[at:at + stop - start], old_error[start:stop])
             self._errors[name] = error
         holding = set(self._owner.values())
         for old_name in [old for old in self._members if old not in holding]:
@@ -193,42 +199,49 @@ class PowerSGD:
                             key=lambda entry: entry.bucket.name)  # one order on every rank
         for entry in compressed:
             for (matrix, _), p, q in zip(entry.matrices, entry.ps, entry.qs):
-                _orthogonalize(p)
-                lowrank.project_back(matrix, p, q)
-        if compressed:
-            reduction = compressed[0].bucket.reduction
-            qs = np.concatenate([entry.q_flat for entry in compressed])
-            names = "|".join(entry.bucket.name for entry in compressed)
-            collectives.allreduce_(
-                qs, name=f"powersgd.q.{zlib.crc32(names.encode()):08x}",
-                op=ops.Sum, process_set=reduction.process_set)
-            if reduction.op == ops.Average:
-                qs /= _size(reduction.process_set)
-            offset = 0
-            for entry in compressed:
-                entry.q_flat[...] = qs[offset:offset + entry.q_flat.size]
-                offset += entry.q_flat.size
+                entry.xp.orthogonalize(p)
+                entry.xp.project_back(matrix, p, q)
+        # one allreduce of every Q of the step: of host arrays, and of tensors (the same
+        # kinds on every rank, since the ranks' optimizers hold the same parameters)
+        for kind in sorted({entry.xp.name for entry in compressed}):
+            self._reduce_qs([entry for entry in compressed if entry.xp.name == kind])
         for entry in entries:
             self._finish(entry)
         self._count(entries)
         self.iter += 1
 
+    def _reduce_qs(self, entries):
+        xp = entries[0].xp
+        reduction = entries[0].bucket.reduction
+        qs = xp.concatenate([entry.q_flat for entry in entries])
+        names = "|".join(entry.bucket.name for entry in entries)
+        xp.allreduce_(qs, name=f"powersgd.q.{zlib.crc32(names.encode()):08x}", op=ops.Sum,
+                      process_set=reduction.process_set)
+        if reduction.op == ops.Average:
+            qs /= _size(reduction.process_set)
+        offset = 0
+        for entry in entries:
+            count = xp.count(entry.q_flat)
+            xp.assign(entry.q_flat, qs[offset:offset + count])
+            offset += count
+
     def _finish(self, entry):
-        bucket = entry.bucket
+        bucket, xp = entry.bucket, entry.xp
         reduction = bucket.reduction
         if entry.rest:
             offset = 0
             for _, gradient in entry.rest:
-                gradient[...] = entry.rest_flat[offset:offset + gradient.size].reshape(
-                    gradient.shape)
-                offset += gradient.size
+                count = xp.count(gradient)
+                xp.assign(gradient, entry.rest_flat[offset:offset + count].reshape(
+                    gradient.shape))
+                offset += count
         factor = reduction.prescale * reduction.postscale
         for output, p, q in zip(entry.outputs, entry.ps, entry.qs):
-            lowrank.expand(p, q, output)
+            xp.expand(p, q, output)
             if factor != 1.0:
                 output *= factor
         if entry.source is not None:  # what was sent less what every rank applies
-            np.subtract(entry.source, bucket.array(), out=entry.source)
+            xp.subtract(entry.source, bucket.array())
         if not self.warm_start:
             self._qs.pop(bucket.name, None)
         entry.done = True
@@ -236,20 +249,22 @@ class PowerSGD:
     def _count(self, entries):
         sent = dict.fromkeys(self.sent, 0)
         for entry in entries:
+            count = entry.xp.count
             if not entry.matrices and not entry.rest:
-                sent["plain"] += entry.bucket.array().size
-            sent["p"] += 0 if entry.p_flat is None else entry.p_flat.size
-            sent["q"] += 0 if entry.q_flat is None else entry.q_flat.size
-            sent["uncompressed"] += 0 if entry.rest_flat is None else entry.rest_flat.size
+                sent["plain"] += count(entry.bucket.array())
+            sent["p"] += 0 if entry.p_flat is None else count(entry.p_flat)
+            sent["q"] += 0 if entry.q_flat is None else count(entry.q_flat)
+            sent["uncompressed"] += 0 if entry.rest_flat is None else count(entry.rest_flat)
         self.sent = sent
 
     # ---- saved with the optimizer -------------------------------------------------------------
 
     def state_dict(self):
-        """The step count, the error vectors and the Q matrices (copies), by bucket name."""
+        """The step count, the error vectors and the Q matrices (copies, where they live:
+        numpy arrays or torch tensors), by bucket name."""
         return {"iter": self.iter,
-                "errors": {name: error.copy() for name, error in self._errors.items()},
-                "qs": {name: q.copy() for name, q in self._qs.items()}}
+                "errors": {name: _copy(error) for name, error in self._errors.items()},
+                "qs": {name: _copy(q) for name, q in self._qs.items()}}
 
     def load_state_dict(self, state):
         """Take ``state_dict()``'s (after a restart or an elastic reset)."""
@@ -257,8 +272,9 @@ class PowerSGD:
             raise RuntimeError("powersgd state cannot be loaded while a step's buckets are "
                                "being reduced; call optimizer.step() first")
         self.iter = int(state["iter"])
-        self._errors = {name: np.array(error) for name, error in state["errors"].items()}
-        self._qs = {name: np.array(q) for name, q in state["qs"].items()}
+        # kept as given; each moves to its bucket's kind, dtype and device at first use
+        self._errors = {name: _copy(error) for name, error in state["errors"].items()}
+        self._qs = {name: _copy(q) for name, q in state["qs"].items()}
 
 
 class _Waiting:
@@ -277,8 +293,8 @@ class _Waiting:
 class _Entry:
     """One bucket of the step, from hand-over to done."""
 
-    def __init__(self, bucket):
-        self.bucket = bucket
+    def __init__(self, bucket, xp):
+        self.bucket, self.xp = bucket, xp  # xp: how its arrays are worked (arrays.py)
         self.handles = []     # its allreduces in flight (plain, or uncompressed and P)
         self.matrices = []    # (what is sent of a gradient, as an n x m view; its rank)
         self.outputs = []     # the gradients those approximate, n x m views
@@ -299,13 +315,27 @@ def _split(flat, shapes):
     return views
 
 
-def _orthogonalize(matrix):
-    """Replace the columns of ``matrix`` (rows >= columns) by orthonormal ones spanning
-    theirs (Householder QR: orthonormal even where they are dependent)."""
-    matrix[...] = np.linalg.qr(matrix, mode="reduced")[0]
+def _adopted(value, like, xp, count=None):
+    """``value`` (an error or Q vector, perhaps restored from a state_dict taken where the
+    bucket lived elsewhere) as an array of ``like``'s kind, dtype and device; None where
+    there is none, or where ``count`` is given and it holds another number of elements."""
+    if value is None:
+        return None
+    if not xp.fits(value, like):
+        value = xp.from_host(on_host(value), like)
+    if count is not None and xp.count(value) != count:
+        return None
+    return value
+
+
+def _copy(value):
+    """A copy of a state vector: a numpy array or a torch tensor (where it lives), or any
+    array-like as a numpy array."""
+    xp = arrays_for(value)
+    return xp.copy(value) if xp is not None else np.array(value)
 
 
 def _size(process_set):
-    from .process_sets import group_of
+    from ..process_sets import group_of
 
     return group_of(process_set).size
