@@ -29,8 +29,7 @@ shared by the ranks) the column shows the loopback's total per rank.
 
 With ``--device cuda`` every variant trains on the GPU (rank r on GPU r % count); DDP's
 gloo reduces the CUDA gradients through host memory, hororing's by its device transport
-(HORORING_DEVICE_RING). hororing's PowerSGD takes CPU gradients only and is reported as
-refused there.
+(HORORING_DEVICE_RING).
 
 Models: ``large``, an MLP 1024-4096-4096-1024-10 (25.2 M float32 parameters, 101 MB of
 gradients) on random data, batch 16; ``train``, examples/train.py's MLP (17 K parameters)
