@@ -152,23 +152,18 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
     """
     wire = wire_of(compression)
     if wire and gpu.is_device_array(tensor):
-        if wire != "float16" or str(getattr(tensor, "dtype", "")) not in ("float16",
-                                                                         "torch.float16"):
-            wire = ""
-    if not wire:
-        return start("allreduce", tensor, name, process_set, inplace=True, op=op,
-                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-    if gpu.is_device_array(tensor):
-        return start("allreduce", tensor, name, process_set, inplace=True, op=op,
-                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                     wire=wire)
-    if not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire):
+        if wire != "float16" or str(getattr(tensor, "dtype", "")) not in _DEVICE_FLOAT16:
+            wire = ""  # no bfloat16 on the device: the ordinary path
+    elif wire and (not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire)):
         kind = getattr(compression, "__name__", compression)
         raise TypeError(f"compressed_allreduce_async_ with {kind} takes the {wire} numpy array "
                         f"its compress() made, got "
                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
     return start("allreduce", tensor, name, process_set, inplace=True, op=op,
                  prescale_factor=prescale_factor, postscale_factor=postscale_factor, wire=wire)
+
+
+_DEVICE_FLOAT16 = ("float16", "torch.float16")  # a device array's dtype, as str() names it
 
 
 def group_handles(handles):
