@@ -125,18 +125,25 @@ def test_compressed_allreduce_of_a_device_array_takes_the_device_path():
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
 def test_a_float16_device_payload_travels_in_float16_as_the_host_one_does(count, op):
     """Compression.fp16 on a device array: 16 bits on the wire (half the bytes of float32),
-    each hop adding in float32 and rounding, the same bits as the host payload's path."""
+    each hop adding in float32 and rounding: the same bits as the host payload's ring (both
+    forced onto it: by default a host buffer may take a halving algorithm, whose sums go in
+    another order, where a device buffer takes the ring)."""
     from hororing.collectives import compressed_allreduce_async_
     from hororing.context import current
     inputs = all_inputs(hvd.size(), (count,), "float32", seed=count + op)
     payload = inputs[hvd.rank()].astype(np.float16)
     on_host = payload.copy()
-    hvd.synchronize(compressed_allreduce_async_(on_host, hvd.Compression.fp16,
-                                                name=f"wire.host.{count}.{op}", op=op))
     array = device(payload)
-    with current().engine.allreduce.watch() as seen:
-        hvd.synchronize(compressed_allreduce_async_(array, hvd.Compression.fp16,
-                                                    name=f"wire.dev.{count}.{op}", op=op))
+    pipeline = current().engine.allreduce
+    pipeline.force("ring")
+    try:
+        hvd.synchronize(compressed_allreduce_async_(on_host, hvd.Compression.fp16,
+                                                    name=f"wire.host.{count}.{op}", op=op))
+        with pipeline.watch() as seen:
+            hvd.synchronize(compressed_allreduce_async_(array, hvd.Compression.fp16,
+                                                        name=f"wire.dev.{count}.{op}", op=op))
+    finally:
+        pipeline.force(None)
     np.testing.assert_array_equal(array.copy_to_host(), on_host)
     divisor = hvd.size() if op == hvd.Average else 1
     expected = np.sum([row.astype(np.float16).astype(np.float64) for row in inputs],
