@@ -128,9 +128,8 @@ class PowerSGD:
         entry.p_flat = xp.empty(sum(matrix.shape[0] * rank for matrix, rank in entry.matrices),
                                 array)
         q_count = sum(matrix.shape[1] * rank for matrix, rank in entry.matrices)
-        q_flat = self._qs.get(bucket.name) if self.warm_start else None
-        if q_flat is not None:
-            q_flat = _adopted(q_flat, array, xp, count=q_count)
+        q_flat = _adopted(self._qs.get(bucket.name), array, xp, q_count) \
+            if self.warm_start else None
         if q_flat is None:  # the same on every rank: seeded by the bucket's name and the step
             generator = np.random.default_rng(
                 [self.seed, zlib.crc32(bucket.name.encode()), self.iter])

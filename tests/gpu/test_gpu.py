@@ -54,22 +54,22 @@ def test_cupy_collectives_two_ranks_on_one_gpu(launch, transport):
 
 @pytest.mark.parametrize("transport", ["direct", "staged"])
 def test_torch_cuda_tensors_through_distributed_optimizer(launch, transport):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    job = launch(2, "torch_cuda.py", transport, env=TRANSPORTS[transport])
-    assert job.returncode == 0, _output(job)
-    assert job.stdout.count("torch cuda ok") == 2
+    _torch_job(launch, "torch_cuda.py", transport, "torch cuda ok")
 
 
 @pytest.mark.parametrize("transport", ["direct", "staged"])
 def test_torch_comm_hooks_on_cuda_gradients(launch, transport):
+    _torch_job(launch, "torch_hooks.py", transport, "torch hooks ok")
+
+
+def _torch_job(launch, job_file, transport, done):
+    """Run a torch CUDA job at 2 ranks over ``transport``; each rank prints ``done``."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
-    job = launch(2, "torch_hooks.py", transport, env=TRANSPORTS[transport])
+    job = launch(2, job_file, transport, env=TRANSPORTS[transport])
     assert job.returncode == 0, _output(job)
-    assert job.stdout.count("torch hooks ok") == 2
+    assert job.stdout.count(done) == 2
 
 
 def _output(job):
