@@ -13,6 +13,8 @@
 #          folder of them, with their libraries, as IPROUTE_DIR/bin);
 #   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
 #   HOSTS_BENCH_ARGS: more bench_compression arguments for hosts (--variants, --rounds);
+#   HOSTS_ENVS: settings for one run each, ';' between runs ("HORORING_X=1;HORORING_X=2");
+#   HOSTS_PROBE: a script and its arguments run across the same 4 hosts first;
 #   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step; GPU_STEPS names
 #   gpu_checks.sh's steps (default all of them), SCALE_RANKS scale_checks.sh's rank counts; a step is skipped once LENT_SECONDS (if set)
 #   have passed, so that what was measured comes back before the call's limit.
@@ -89,11 +91,26 @@ for step in "${steps[@]}"; do
             say "no emulated hosts here (root, ip and tc are needed)"
             continue
         fi
-        # CPU tensors only: with a GPU visible, DDP's PowerSGD hook asks for CUDA ones
-        CUDA_VISIBLE_DEVICES= timeout 600 mpiexec -f /tmp/hororing-lent-hosts/hostfile \
-            $(cat /tmp/hororing-lent-hosts/mpi-args) -genvall -n 4 python \
-            scripts/bench_compression.py --models large ${HOSTS_BENCH_ARGS:-} \
-            --json "$out/compression_4hosts.json" >> "$log" 2>&1 || say "hosts: exit $?"
+        hosts_mpiexec() {
+            # CPU tensors only: with a GPU visible, DDP's PowerSGD hook asks for CUDA ones
+            CUDA_VISIBLE_DEVICES= timeout "$1" mpiexec -f /tmp/hororing-lent-hosts/hostfile \
+                $(cat /tmp/hororing-lent-hosts/mpi-args) -genvall -n 4 "${@:2}"
+        }
+        if [ -n "${HOSTS_PROBE:-}" ]; then
+            say "hosts probe: $HOSTS_PROBE"
+            hosts_mpiexec 120 python $HOSTS_PROBE >> "$out/hosts_probe.log" 2>&1 \
+                || say "hosts probe: exit $?"
+        fi
+        # one run per entry of HOSTS_ENVS ("A=1 B=2;C=3": the first run with A and B set,
+        # the second with C), each with its own JSON; one plain run without it
+        IFS=';' read -r -a host_envs <<< "${HOSTS_ENVS:-}"
+        [ ${#host_envs[@]} -gt 0 ] || host_envs=("")
+        for index in "${!host_envs[@]}"; do
+            say "bench_compression run $index: ${host_envs[$index]:-defaults}"
+            env ${host_envs[$index]} bash -c "$(declare -f hosts_mpiexec); hosts_mpiexec 600 \
+                python scripts/bench_compression.py --models large ${HOSTS_BENCH_ARGS:-} \
+                --json '$out/compression_4hosts_$index.json'" >> "$log" 2>&1 || say "hosts: exit $?"
+        done
         bash scripts/emulated_hosts.sh down --dir /tmp/hororing-lent-hosts >> "$log" 2>&1 ;;
     *)
         say "unknown step $step" ;;

@@ -85,6 +85,7 @@ FULL_ONLY = {
     "test_mpi_operator.py::test_training_in_the_mpijob_reaches_the_accuracy_of_a_local_run[hororun-other-format]",
     "test_scale_algorithms.py::test_the_default_follows_the_model_and_every_rank_agrees_bitwise[11]",  # [6] kept
     "test_benchmarks.py::test_bench_compression_times_every_variant_on_the_small_model",
+    "test_benchmarks.py::test_bench_step_phases_times_each_part_of_a_step_for_both_libraries",
 }
 
 

@@ -6,6 +6,7 @@ Only the shape of the output is checked; timings are what the scripts are for, n
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -225,3 +226,18 @@ def test_bench_compression_times_every_variant_on_the_small_model(tmp_path):
     sent = {row["variant"]: row["sent_mb"] for row in rows if row["error"] is None}
     assert sent["alone"] < 0.1 * sent["ddp allreduce"]  # reduces nothing
     assert all(row["step_ms"] > 0 and row["cpu_ms"] > 0 for row in rows if row["error"] is None)
+
+
+def test_bench_step_phases_times_each_part_of_a_step_for_both_libraries():
+    job = run_under_mpi(3, "bench_step_phases.py", "--model", "train", "--steps", "2",
+                        timeout=300)
+    lines = job.stdout.splitlines()
+    for library in ("hororing", "ddp"):
+        steps = [line for line in lines if line.startswith(f"{library} step ")]
+        assert len(steps) == 2, job.stdout
+        for line in steps:
+            parts = dict(re.findall(r"(fwd|bwd|sync|sgd|slowest) (\d+)", line))
+            assert int(parts["fwd"]) <= int(parts["bwd"]) <= int(parts["sync"]), line
+            assert line.count(":") == 1 + 6, line  # the step's and one per parameter
+    cycles = [line for line in lines if line.strip().startswith("cycles ")]
+    assert len(cycles) == 2 and all("r1]" in line for line in cycles), job.stdout
