@@ -37,6 +37,11 @@ class Config:
     # (scripts/bench_compression.py, docs/compression.md): the fp16 hook's step 0.62-0.63x of
     # uncompressed at 64 MiB, 0.61 at 25, 0.57-0.58 at 16 and 8.
     hook_bucket_bytes: int = 16 * MiB
+    # Bucket members of at least this many bytes are reduced where they lie, not packed into
+    # the fusion buffer (engine/segments.py); -1: the cost model's size for the job (where
+    # two copies of a member cost what the ring's extra pieces at its ends do:
+    # cost.in_place_member_bytes); 0: every member is packed.
+    in_place_member_bytes: int = -1
     # Milliseconds the background thread waits after the first asynchronous submission
     # before it negotiates, so that tensors submitted together fuse (Horovod's default).
     cycle_time_ms: float = 1.0
@@ -245,6 +250,10 @@ class Config:
             raise ValueError(f"comm hook bucket size must be >= 0 bytes "
                              f"(HORORING_HOOK_BUCKET_BYTES; 0: the fusion threshold), got "
                              f"{self.hook_bucket_bytes}")
+        if self.in_place_member_bytes < -1:
+            raise ValueError(f"in-place member size must be >= 0 bytes, or -1 for the cost "
+                             f"model's (HORORING_IN_PLACE_MEMBER_BYTES), got "
+                             f"{self.in_place_member_bytes}")
         if self.output_pool_bytes < 0:
             raise ValueError(f"output pool must be >= 0 bytes (HORORING_OUTPUT_POOL_BYTES; 0: "
                              f"no pool), got {self.output_pool_bytes}")
@@ -288,6 +297,7 @@ def _names(suffix):
 _ENV_FIELDS = {
     "fusion_threshold": (_names("FUSION_THRESHOLD"), int),
     "hook_bucket_bytes": (("HORORING_HOOK_BUCKET_BYTES",), int),
+    "in_place_member_bytes": (("HORORING_IN_PLACE_MEMBER_BYTES",), int),
     "cycle_time_ms": (_names("CYCLE_TIME"), float),
     "cache_capacity": (_names("CACHE_CAPACITY"), int),
     "stall_check_seconds": (_names("STALL_CHECK_TIME_SECONDS"), float),

@@ -204,6 +204,21 @@ def predict(kind, ranks, nbytes, host, far, near=None, per_node=1, contention=1.
                  piece_ceiling).time(host, far, near, contention)
 
 
+def in_place_member_bytes(ranks, host, far):
+    """The size from which a bucket member is cheaper reduced where it lies than packed.
+
+    Packed, its bytes are copied into the fusion buffer and back out: 2 S / copy bandwidth.
+    Where it lies, the ring cuts its pieces at the member's two ends: each cut adds a piece
+    to the chunk it falls in, and that chunk is sent 2(n-1) times along the ring (n-1 hops
+    of the scatter-reduce, n-1 of the allgather), one extra message (the link's latency and
+    the host's cost of a piece) each time; two cuts: 4 (n-1) messages. Equal at
+    S = 2 (n-1) (latency + piece) copy bandwidth.
+    """
+    if ranks < 2:
+        return 0
+    return int(2 * (ranks - 1) * (far.latency_s + host.piece_s) * host.copy_Bps)
+
+
 def bandwidth_bound(ranks, nbytes, far, host=None, per_node=1):
     """What a bandwidth-optimal allreduce pays: 2(N-1)/N of the buffer through each node's
     link (N nodes of ``per_node`` ranks) and, with ``host``, (n-1)/n of it reduced on each

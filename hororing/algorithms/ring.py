@@ -14,6 +14,7 @@ rank never reduces reaches the output in the allgather. Writing the sum over the
 received, rather than into a third array, keeps the add at two reads and one write.
 """
 
+import bisect
 from typing import NamedTuple
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..kernels import reduce_into
 from .. import transport
 from .base import Algorithm, read_at_each_call
 from .plan import chunk_bounds, ring_pieces, ring_schedule
+from .segmented import Segmented
 
 
 class Ring(Algorithm):
@@ -88,12 +90,13 @@ class Ring(Algorithm):
         """
         self._run(buffer, op, tuple(bounds), self._schedules[False], finalize, source=source)
 
-    def _layout(self, bounds, itemsize, schedule):
+    def _layout(self, bounds, itemsize, schedule, cuts=()):
         """The pieces of every chunk and the elements this rank sends, worked out once per
         buffer shape (a training loop repeats a few). ``bounds``: the chunks' (start, stop)
-        ranges, or an element count to cut into ``size`` chunks."""
+        ranges, or an element count to cut into ``size`` chunks; ``cuts``: element offsets
+        no piece may span (where a ``Segmented`` buffer's arrays meet)."""
         subchunk_bytes, ceiling = self.chunking(), self.ceiling()
-        key = (bounds, itemsize, subchunk_bytes, ceiling, len(schedule.steps))
+        key = (bounds, itemsize, subchunk_bytes, ceiling, len(schedule.steps), cuts)
         layout = self._layouts.get(key)
         if layout is None:
             if len(self._layouts) >= _LAYOUTS:
@@ -103,7 +106,7 @@ class Ring(Algorithm):
             largest = max(stop - start for start, stop in bounds)
             parts = ring_pieces(largest * itemsize, subchunk_bytes, ceiling)
             layout = self._layouts[key] = _Layout(
-                [_split(start, stop, parts) for start, stop in bounds], largest,
+                [_cut(_split(start, stop, parts), cuts) for start, stop in bounds], largest,
                 sum(bounds[step.send_chunk][1] - bounds[step.send_chunk][0]
                     for step in schedule.steps))
         return layout
@@ -118,14 +121,16 @@ class Ring(Algorithm):
             if source is not None:
                 copy_flat(buffer, source)
             if finalize is not None:
-                finalize(buffer)
+                for part in getattr(buffer, "parts", (buffer,)):
+                    finalize(part)
             if synchronize is not None:
                 synchronize()
             stage.final(0, buffer.size)
             return
         with transport.activity(self._describe, self._neighbours):
-            self._steps(buffer, op, self._layout(bounds, buffer.itemsize, schedule), schedule,
-                        finalize, stage, synchronize, steps,
+            layout = self._layout(bounds, buffer.itemsize, schedule,
+                                  getattr(buffer, "cuts", ()))
+            self._steps(buffer, op, layout, schedule, finalize, stage, synchronize, steps,
                         buffer if source is None else source)
 
     def _steps(self, buffer, op, layout, schedule, finalize, stage, synchronize, steps, source):
@@ -134,7 +139,7 @@ class Ring(Algorithm):
         in_place = source is buffer
         scratch = self._scratch_halves(buffer.dtype, layout.largest) if in_place else None
         # what MPI reads and writes: the same memory, bfloat16 as its 16-bit patterns
-        sent, into = transport.sendable(source), transport.sendable(buffer)
+        sent, into = _sendable(source), _sendable(buffer)
         received = tuple(transport.sendable(half) for half in scratch) if in_place else None
         pending_sends = {}  # chunk -> send requests still reading from it
 
@@ -236,3 +241,23 @@ def copy_flat(target, source):
 def _split(start, stop, parts):
     return [(start + piece_start, start + piece_stop)
             for piece_start, piece_stop in chunk_bounds(stop - start, parts)]
+
+
+def _cut(pieces, cuts):
+    """``pieces`` split further where they span one of ``cuts`` (sorted offsets)."""
+    if not cuts:
+        return pieces
+    result = []
+    for start, stop in pieces:
+        for cut in cuts[bisect.bisect_right(cuts, start):bisect.bisect_left(cuts, stop)]:
+            result.append((start, cut))
+            start = cut
+        result.append((start, stop))
+    return result
+
+
+def _sendable(buffer):
+    """What MPI reads and writes of ``buffer`` (a ``Segmented`` one: of each array)."""
+    if isinstance(buffer, Segmented):
+        return buffer.map(transport.sendable)
+    return transport.sendable(buffer)

@@ -40,6 +40,7 @@ from ..algorithms import cost
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
 from .buffers import HostBuffers
+from .segments import lay_out, plan as segment_plan
 
 class Route(NamedTuple):
     """The settings in effect for routing allreduces; replaced whole, never changed."""
@@ -60,6 +61,9 @@ class Route(NamedTuple):
     # pieces of subchunk_bytes); and the same for the hierarchical allreduce's ring across nodes
     piece_ceiling: int = 0
     cross_piece_ceiling: int = 0
+    # bucket members of this many bytes are reduced where they lie on the host ring, the
+    # small ones between them packed (segments.py; 0: every member packed)
+    member_bytes: int = 0
 
     def bucket_bytes(self, hooked=False):
         """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
@@ -85,6 +89,8 @@ class Route(NamedTuple):
             cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
             piece_ceiling=piece_ceiling,
             cross_piece_ceiling=config.piece_ceiling(across_nodes=True),
+            member_bytes=(in_place_member_bytes(size, across_nodes)
+                          if config.in_place_member_bytes < 0 else config.in_place_member_bytes),
             # False: the flat ring where hierarchical would run (HOROVOD_HIERARCHICAL_
             # ALLREDUCE=0 under autotuning from the set values, or the autotuner's choice)
             hierarchical=config.hierarchical_allreduce is not False,
@@ -93,15 +99,26 @@ class Route(NamedTuple):
             else threshold)
 
 
+def _links(size, across_nodes):
+    """The link between ranks and the ranks per node the cost model prices a job with: 10
+    Gbit/s Ethernet between nodes, or a node's memory, shared by every rank, where the job is
+    on one node."""
+    if across_nodes:
+        return cost.PRESETS["10gbe"], 1
+    return cost.PRESETS["shm"], size
+
+
+def in_place_member_bytes(size, across_nodes):
+    """The cost model's size from which a bucket member is reduced where it lies."""
+    return cost.in_place_member_bytes(size, cost.HOST, _links(size, across_nodes)[0])
+
+
 def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
     the fitted host constants (``cost.HOST``), a node's memory as the link within it (shared
     by every rank where the job is on one node) and 10 Gbit/s Ethernet between nodes. The
     same on every rank: it depends on nothing measured at run time."""
-    if across_nodes:
-        far, per_node = cost.PRESETS["10gbe"], 1
-    else:  # every rank on one node: they share its memory and caches
-        far, per_node = cost.PRESETS["shm"], size
+    far, per_node = _links(size, across_nodes)
     return cost.choices(size, cost.HOST, far, cost.PRESETS["shm"], per_node=per_node,
                         small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
                         piece_ceiling=piece_ceiling)
@@ -227,22 +244,29 @@ class AllreducePipeline:
         started = time.monotonic()
         source = None  # out of place: the input, read by the algorithm
         packed = False  # the bucket went into the fusion buffer: unpack it after
+        unpacking = None  # segments: the packed runs to unpack after
         if len(items) == 1 and reduce_dtype == dtype:
             buffer = outputs[0].reshape(outputs[0].size)
             if inputs[0] is not outputs[0]:
                 source = inputs[0].reshape(inputs[0].size)
             ranges = [(0, buffer.size)]
         else:
-            # gradients that live in one flat tensor, back to back in bucket order, are
-            # reduced where they lie; anything else is packed into the fusion buffer
-            buffer = place.span(inputs, outputs) if reduce_dtype == dtype else None
+            # large members are reduced where they lie (the ring cuts its pieces at their
+            # ends), gradients that live in one flat tensor, back to back in bucket order,
+            # too; anything else is packed into the fusion buffer
+            buffer = self._segmented(items, place, dtype, reduce_dtype, inputs, outputs)
+            if buffer is not None:
+                buffer, unpacking = buffer
+                ranges = None  # only the ring takes segments: it splits by position
+            elif reduce_dtype == dtype:
+                buffer = place.span(inputs, outputs)
             if buffer is None:
                 buffer = place.fusion_view(reduce_dtype, sum(array.size for array in inputs),
                                            self.route.fusion_threshold)
                 ranges = pack(inputs, buffer)
                 packed = True
                 self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
-            else:
+            elif unpacking is None:
                 ends = np.cumsum([array.size for array in inputs]).tolist()
                 ranges = list(zip([0] + ends[:-1], ends))
         kind = "adasum" if meta.op == Adasum else self.kind_for(buffer.nbytes)
@@ -256,7 +280,8 @@ class AllreducePipeline:
                                    or not algorithm.out_of_place):
             place.copy(buffer, source)  # the input is never scaled where it lies
             source = None
-        scale_into(buffer, prescale)
+        for part in buffer.parts if unpacking is not None else (buffer,):
+            scale_into(part, prescale)
         for observe in self.observers:
             observe(kind, buffer)
         collective_started = time.monotonic()
@@ -266,13 +291,33 @@ class AllreducePipeline:
             algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments,
                                 source=source)
         self._span(items, "ALLREDUCE", collective_started)
-        if packed:
+        if packed or unpacking:
             unpack_started = time.monotonic()
-            unpack(buffer, ranges, outputs)
+            for view, view_ranges, view_outputs in unpacking or [(buffer, ranges, outputs)]:
+                unpack(view, view_ranges, view_outputs)
             self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
         place.finish()
         for (_, request), output in zip(items, outputs):
             complete(request, place.result(request, output))
+
+
+    def _segmented(self, items, place, dtype, reduce_dtype, inputs, outputs):
+        """A host bucket with members of the route's ``member_bytes`` or more, which the
+        ring reduces, laid out in segments (``segments.py``): ``(buffer, unpacking)``;
+        else None. Decided by the members' sizes, the same on every rank."""
+        if place is not self.host or reduce_dtype != dtype or items[0][0].meta.op == Adasum:
+            return None
+        plan = segment_plan([array.size for array in inputs], reduce_dtype.itemsize,
+                            self.route.member_bytes)
+        if plan is None or self.kind_for(plan[-1].stop * reduce_dtype.itemsize) != "ring":
+            return None
+        started = time.monotonic()
+        buffer, unpacking = lay_out(
+            plan, inputs, outputs, place,
+            lambda count: place.fusion_view(dtype, count, self.route.fusion_threshold))
+        if unpacking:
+            self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
+        return buffer, unpacking
 
 
 _BANDWIDTH = ("ring", "rabenseifner")  # where the hierarchical allreduce may stand in
