@@ -6,6 +6,8 @@ How tensors reach the engine and come back is ``bridge.py``. Every verb takes ``
 blocking, differentiable verbs over them are ``mpi_ops.py``.
 """
 
+import weakref
+
 import torch
 
 from .. import collectives as core
@@ -87,7 +89,9 @@ def _staged(process_set):
     return core.group_of(process_set).engine.allreduce.device_transport() != "direct"
 
 
-_PINNED = {}  # (process set, name) -> a pinned host tensor kept for that name's payloads
+# the set's Group -> {name: a pinned host tensor kept for that name's payloads}; an entry goes
+# with its Group (a removed process set's, or every one at shutdown)
+_PINNED = weakref.WeakKeyDictionary()
 
 
 def _bfloat16_through_host(tensor, name, process_set, submit):
@@ -96,12 +100,12 @@ def _bfloat16_through_host(tensor, name, process_set, submit):
     bfloat16 payloads do (16 bits on the wire, float32 sums), then comes back up. Named
     payloads (a hook's buckets) keep their host copy from call to call."""
     _check_free(name, process_set)
-    key = (id(process_set), name)
-    host = _PINNED.get(key) if isinstance(name, str) else None
+    kept = _PINNED.setdefault(core.group_of(process_set), {})
+    host = kept.get(name) if isinstance(name, str) else None
     if host is None or host.shape != tensor.shape:
         host = torch.empty(tensor.shape, dtype=torch.bfloat16, pin_memory=True)
         if isinstance(name, str):
-            _PINNED[key] = host
+            kept[name] = host
     host.copy_(tensor.detach())  # waits for the tensor's producer on its stream
 
     def finish(result):
