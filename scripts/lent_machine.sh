@@ -15,6 +15,8 @@
 #   HOSTS_BENCH_ARGS: more bench_compression arguments for hosts (--variants, --rounds);
 #   HOSTS_ENVS: settings for one run each, ';' between runs ("HORORING_X=1;HORORING_X=2");
 #   HOSTS_PROBE: a script and its arguments run across the same 4 hosts first;
+#   command: LENT_COMMAND (a bash line) with this MPI and the checkout on the paths, its
+#   output in OUTDIR/command.log;
 #   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step; GPU_STEPS names
 #   gpu_checks.sh's steps (default all of them), SCALE_RANKS scale_checks.sh's rank counts; a step is skipped once LENT_SECONDS (if set)
 #   have passed, so that what was measured comes back before the call's limit.
@@ -112,6 +114,10 @@ for step in "${steps[@]}"; do
                 --json '$out/compression_4hosts_$index.json'" >> "$log" 2>&1 || say "hosts: exit $?"
         done
         bash scripts/emulated_hosts.sh down --dir /tmp/hororing-lent-hosts >> "$log" 2>&1 ;;
+    command)
+        say "command: ${LENT_COMMAND:-}"
+        timeout 600 bash -c "${LENT_COMMAND:?the command step runs LENT_COMMAND}" \
+            >> "$out/command.log" 2>&1 || say "command: exit $?" ;;
     *)
         say "unknown step $step" ;;
     esac
