@@ -39,6 +39,7 @@ import numpy as np
 from ..algorithms import cost
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
 from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
+from ..algorithms.segmented import Segmented
 from .buffers import HostBuffers
 from .segments import lay_out, plan as segment_plan
 
@@ -140,6 +141,7 @@ class AllreducePipeline:
         self._device = None
         self.route = route
         self.across_nodes = across_nodes
+        self._splits = {}  # (segment counts, itemsize, route) -> split: _split_pays
 
     def reroute(self, **changes):
         """Replace the route by one with ``changes`` (Route's fields), for every bucket from
@@ -245,6 +247,7 @@ class AllreducePipeline:
         source = None  # out of place: the input, read by the algorithm
         packed = False  # the bucket went into the fusion buffer: unpack it after
         unpacking = None  # segments: the packed runs to unpack after
+        split = False  # segments reduced one by one
         if len(items) == 1 and reduce_dtype == dtype:
             buffer = outputs[0].reshape(outputs[0].size)
             if inputs[0] is not outputs[0]:
@@ -256,7 +259,7 @@ class AllreducePipeline:
             # too; anything else is packed into the fusion buffer
             buffer = self._segmented(items, place, dtype, reduce_dtype, inputs, outputs)
             if buffer is not None:
-                buffer, unpacking = buffer
+                buffer, unpacking, split = buffer
                 ranges = None  # only the ring takes segments: it splits by position
             elif reduce_dtype == dtype:
                 buffer = place.span(inputs, outputs)
@@ -269,6 +272,22 @@ class AllreducePipeline:
             elif unpacking is None:
                 ends = np.cumsum([array.size for array in inputs]).tolist()
                 ranges = list(zip([0] + ends[:-1], ends))
+        # a bucket in segments the cost model prices cheaper one by one: a reduction each
+        for part in buffer.parts if split else (buffer,):
+            self._reduce(items, meta, place, part, source, ranges)
+        if packed or unpacking:
+            unpack_started = time.monotonic()
+            for view, view_ranges, view_outputs in unpacking or [(buffer, ranges, outputs)]:
+                unpack(view, view_ranges, view_outputs)
+            self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
+        place.finish()
+        for (_, request), output in zip(items, outputs):
+            complete(request, place.result(request, output))
+
+
+    def _reduce(self, items, meta, place, buffer, source, ranges):
+        """Reduce one flat ``buffer`` (or ``Segmented`` one) of the bucket ``items`` with the
+        algorithm its size calls for (out of place from ``source`` where given)."""
         kind = "adasum" if meta.op == Adasum else self.kind_for(buffer.nbytes)
         algorithm = place.algorithms[kind]
         segments = None  # the ring splits by position; the servers and Adasum go by tensor
@@ -280,7 +299,7 @@ class AllreducePipeline:
                                    or not algorithm.out_of_place):
             place.copy(buffer, source)  # the input is never scaled where it lies
             source = None
-        for part in buffer.parts if unpacking is not None else (buffer,):
+        for part in buffer.parts if isinstance(buffer, Segmented) else (buffer,):
             scale_into(part, prescale)
         for observe in self.observers:
             observe(kind, buffer)
@@ -291,20 +310,12 @@ class AllreducePipeline:
             algorithm.allreduce(buffer, KERNEL_OP[meta.op], finalize, segments=segments,
                                 source=source)
         self._span(items, "ALLREDUCE", collective_started)
-        if packed or unpacking:
-            unpack_started = time.monotonic()
-            for view, view_ranges, view_outputs in unpacking or [(buffer, ranges, outputs)]:
-                unpack(view, view_ranges, view_outputs)
-            self._span(items, "MEMCPY_OUT_FUSION_BUFFER", unpack_started)
-        place.finish()
-        for (_, request), output in zip(items, outputs):
-            complete(request, place.result(request, output))
-
 
     def _segmented(self, items, place, dtype, reduce_dtype, inputs, outputs):
         """A host bucket with members of the route's ``member_bytes`` or more, which the
-        ring reduces, laid out in segments (``segments.py``): ``(buffer, unpacking)``;
-        else None. Decided by the members' sizes, the same on every rank."""
+        ring reduces, laid out in segments (``segments.py``): ``(buffer, unpacking, split)``,
+        ``split`` where the cost model prices a reduction per segment below one ring over
+        them all; else None. Decided by the members' sizes, the same on every rank."""
         if place is not self.host or reduce_dtype != dtype or items[0][0].meta.op == Adasum:
             return None
         plan = segment_plan([array.size for array in inputs], reduce_dtype.itemsize,
@@ -317,7 +328,40 @@ class AllreducePipeline:
             lambda count: place.fusion_view(dtype, count, self.route.fusion_threshold))
         if unpacking:
             self._span(items, "MEMCPY_IN_FUSION_BUFFER", started)
-        return buffer, unpacking
+        split = self._split_pays(tuple(segment.stop - segment.start for segment in plan),
+                                 reduce_dtype.itemsize, self.route)
+        return buffer, unpacking, split
+
+    def _split_pays(self, counts, itemsize, route):
+        """Whether a reduction per segment of ``counts`` elements, each by the algorithm its
+        size calls for, is priced at least ``cost.MARGIN`` below one ring over them all
+        (many ranks of one node: a smaller ring's messages stay in the caches). Worked out
+        once per bucket shape and route."""
+        key = (counts, itemsize, route)
+        pays = self._splits.get(key)
+        if pays is None:
+            if len(self._splits) >= 64:  # a training loop repeats a few buckets
+                self._splits.clear()
+            pays = self._splits[key] = self._priced_split(counts, itemsize, route)
+        return pays
+
+    def _priced_split(self, counts, itemsize, route):
+        if route.forced is not None or self.hierarchical_runs():
+            return False
+        size = self.comm.Get_size()
+        far, per_node = _links(size, self.across_nodes)
+        shm = cost.PRESETS["shm"]
+
+        def price(kind, nbytes):
+            if kind not in cost.KINDS:  # hierarchical: not priced here
+                return None
+            return cost.predict(kind, size, nbytes, cost.HOST, far, shm, per_node=per_node,
+                                subchunk_bytes=route.subchunk_bytes,
+                                piece_ceiling=route.piece_ceiling)
+        one = price("ring", sum(counts) * itemsize)
+        parts = [price(cost.lookup(route.table, count * itemsize), count * itemsize)
+                 for count in counts]
+        return None not in parts and sum(parts) < (1 - cost.MARGIN) * one
 
 
 _BANDWIDTH = ("ring", "rabenseifner")  # where the hierarchical allreduce may stand in

@@ -103,3 +103,21 @@ def test_without_a_large_member_or_with_segments_off_the_bucket_is_fused():
         for array, every in zip(arrays, inputs):
             assert_close(array, reference_allreduce(every, hvd.Sum))
         assert not isinstance(seen[0][1], Segmented)
+
+
+def test_a_bucket_priced_cheaper_in_parts_reduces_each_segment_on_its_own(monkeypatch):
+    """Where the cost model prices one reduction per segment below one ring over them all
+    (many ranks of one node), each segment is reduced alone: the small runs still packed and
+    unpacked, the scale factors applied to each."""
+    from hororing.engine.allreduce import AllreducePipeline
+    monkeypatch.setattr(AllreducePipeline, "_split_pays", lambda self, *args: True)
+    inputs = member_inputs("float64", seed=90)
+    arrays = [every[hvd.rank()].copy() for every in inputs]
+    with segmented_ring() as seen:
+        hvd.grouped_allreduce_(arrays, op=hvd.Average, prescale_factor=2.0,
+                               postscale_factor=0.25, name="seg.split")
+    for array, every in zip(arrays, inputs):
+        assert_close(array, reference_allreduce(every, hvd.Average, 2.0, 0.25))
+    # one flat buffer per segment: three large members, three runs of small ones
+    assert [buffer.size for _, buffer in seen] == [7, 1500, 14, 2001, 1999, 5]
+    assert not any(isinstance(buffer, Segmented) for _, buffer in seen)
