@@ -12,6 +12,9 @@ from the input, each scatter-reduce step receives straight into the output buffe
 the input's piece to it there (no scratch: the output has no data yet), and the one chunk a
 rank never reduces reaches the output in the allgather. Writing the sum over the bytes just
 received, rather than into a third array, keeps the add at two reads and one write.
+
+A ``Segmented`` buffer (several arrays sliced as one: a bucket whose large members are
+reduced where they lie) runs the same schedule, its pieces cut where the arrays meet.
 """
 
 import bisect
@@ -121,7 +124,7 @@ class Ring(Algorithm):
             if source is not None:
                 copy_flat(buffer, source)
             if finalize is not None:
-                for part in getattr(buffer, "parts", (buffer,)):
+                for part in buffer.parts if isinstance(buffer, Segmented) else (buffer,):
                     finalize(part)
             if synchronize is not None:
                 synchronize()
@@ -129,7 +132,7 @@ class Ring(Algorithm):
             return
         with transport.activity(self._describe, self._neighbours):
             layout = self._layout(bounds, buffer.itemsize, schedule,
-                                  getattr(buffer, "cuts", ()))
+                                  buffer.cuts if isinstance(buffer, Segmented) else ())
             self._steps(buffer, op, layout, schedule, finalize, stage, synchronize, steps,
                         buffer if source is None else source)
 

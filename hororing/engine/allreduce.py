@@ -38,8 +38,8 @@ import numpy as np
 
 from ..algorithms import cost
 from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
-from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
 from ..algorithms.segmented import Segmented
+from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
 from .buffers import HostBuffers
 from .segments import lay_out, plan as segment_plan
 
@@ -141,7 +141,7 @@ class AllreducePipeline:
         self._device = None
         self.route = route
         self.across_nodes = across_nodes
-        self._splits = {}  # (segment counts, itemsize, route) -> split: _split_pays
+        self._splits = {}  # (segment counts, itemsize, route version) -> _split_pays
 
     def reroute(self, **changes):
         """Replace the route by one with ``changes`` (Route's fields), for every bucket from
@@ -284,7 +284,6 @@ class AllreducePipeline:
         for (_, request), output in zip(items, outputs):
             complete(request, place.result(request, output))
 
-
     def _reduce(self, items, meta, place, buffer, source, ranges):
         """Reduce one flat ``buffer`` (or ``Segmented`` one) of the bucket ``items`` with the
         algorithm its size calls for (out of place from ``source`` where given)."""
@@ -337,7 +336,7 @@ class AllreducePipeline:
         size calls for, is priced at least ``cost.MARGIN`` below one ring over them all
         (many ranks of one node: a smaller ring's messages stay in the caches). Worked out
         once per bucket shape and route."""
-        key = (counts, itemsize, route)
+        key = (counts, itemsize, route.version)
         pays = self._splits.get(key)
         if pays is None:
             if len(self._splits) >= 64:  # a training loop repeats a few buckets
