@@ -23,7 +23,7 @@ The names below are the engine's face: no module outside ``engine/`` imports any
 name (tests/unit/test_layout.py holds it).
 """
 
-from .allreduce import scaling
+from .scaling import scaling
 from .buckets import assign
 from .engine import FLAG_FAILED, Engine
 from .negotiation import JOIN_NAME, Meta

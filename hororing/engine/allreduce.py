@@ -37,11 +37,12 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..algorithms import cost
-from ..kernels import divide_into, divide_trunc, pack, round_to_fp16, scale_into, unpack
+from ..kernels import pack, scale_into, unpack
 from ..algorithms.segmented import Segmented
-from ..ops import BFLOAT16, Adasum, Average, KERNEL_OP, Sum, is_floating
+from ..ops import BFLOAT16, Adasum, KERNEL_OP
 from .buffers import HostBuffers
-from .segments import lay_out, plan as segment_plan
+from .scaling import scaling
+from .segments import lay_out, plan as segment_plan, split_pays
 
 class Route(NamedTuple):
     """The settings in effect for routing allreduces; replaced whole, never changed."""
@@ -349,18 +350,7 @@ class AllreducePipeline:
             return False
         size = self.comm.Get_size()
         far, per_node = _links(size, self.across_nodes)
-        shm = cost.PRESETS["shm"]
-
-        def price(kind, nbytes):
-            if kind not in cost.KINDS:  # hierarchical: not priced here
-                return None
-            return cost.predict(kind, size, nbytes, cost.HOST, far, shm, per_node=per_node,
-                                subchunk_bytes=route.subchunk_bytes,
-                                piece_ceiling=route.piece_ceiling)
-        one = price("ring", sum(counts) * itemsize)
-        parts = [price(cost.lookup(route.table, count * itemsize), count * itemsize)
-                 for count in counts]
-        return None not in parts and sum(parts) < (1 - cost.MARGIN) * one
+        return split_pays(counts, itemsize, route, size, far, per_node)
 
 
 _BANDWIDTH = ("ring", "rabenseifner")  # where the hierarchical allreduce may stand in
@@ -396,63 +386,6 @@ def wire_bytes(meta):
 def moved_bytes(responses):
     """The bytes a cycle's ``responses`` moved (what the autotuner scores by)."""
     return sum(wire_bytes(response.meta) for response in responses if response.meta.dtype)
-
-
-@functools.lru_cache(maxsize=1024)  # a training loop repeats the same few tensors
-def scaling(meta, contributors):
-    """The factor applied before the reduction, and the finalizer applied after it."""
-    if meta.wire and meta.op == Average:
-        # a 16-bit wire sum could overflow where the average would not: divide first
-        return meta.prescale / contributors, finalizer(meta._replace(op=Sum), contributors)
-    return meta.prescale, finalizer(meta, contributors)
-
-
-def _rounds_to_fp16(meta):
-    return meta.dtype == "float16" and not meta.wire
-
-
-def finalizer(meta, size):
-    """The division (Average over ``size`` contributions) and postscale of a reduced piece.
-
-    A float16 tensor's float32 sum is rounded to float16 before an Average's division or a
-    postscale, where Horovod's float16 sum is. The sum itself is exact in float32 (Horovod
-    rounds after every addition), so the two agree bitwise up to 2 ranks, and beyond that
-    whenever Horovod's partial sums are exact.
-    """
-    finalize = _finalizer(meta, size)
-    if finalize is None or not _rounds_to_fp16(meta):
-        return finalize
-
-    def finalize_half(piece):
-        round_to_fp16(piece)
-        finalize(piece)
-    return finalize_half
-
-
-def _finalizer(meta, size):
-    postscale = meta.postscale
-    if meta.op == Average:
-        if is_floating(meta.dtype):
-            if postscale == 1.0:
-                def finalize_divided(piece):
-                    divide_into(piece, size)
-                return finalize_divided
-            factor = postscale / size
-
-            def finalize(piece):
-                scale_into(piece, factor)
-            return finalize
-
-        def finalize_integer(piece):
-            divide_trunc(piece, size)
-            scale_into(piece, postscale)
-        return finalize_integer
-    if postscale == 1.0:
-        return None
-
-    def finalize_scaled(piece):
-        scale_into(piece, postscale)
-    return finalize_scaled
 
 
 def complete(request, result):

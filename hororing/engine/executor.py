@@ -23,7 +23,8 @@ from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
 from ..ops import KERNEL_OP
-from .allreduce import AllreducePipeline, Route, complete, scaling, wire_dtype
+from .allreduce import AllreducePipeline, Route, complete, wire_dtype
+from .scaling import scaling
 from .buckets import assign, bucket_key
 
 

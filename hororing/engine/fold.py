@@ -21,7 +21,8 @@ import numpy as np
 from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
 from ..kernels import scale_into
 from ..ops import Adasum, KERNEL_OP
-from .allreduce import complete, scaling, wire_bytes, wire_dtype
+from .allreduce import complete, wire_bytes, wire_dtype
+from .scaling import scaling
 
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8

@@ -17,6 +17,7 @@ memory still send the same messages.
 
 from typing import NamedTuple
 
+from ..algorithms import cost
 from ..algorithms.segmented import Segmented
 from ..kernels import pack
 
@@ -84,3 +85,21 @@ def lay_out(segments, inputs, outputs, place, fusion_view):
             unpacking.append((view, pack(inputs[members], view), outputs[members]))
             parts[index] = view
     return Segmented(parts), unpacking
+
+
+def split_pays(counts, itemsize, route, ranks, far, per_node):
+    """Whether reducing each of the segments of ``counts`` elements on its own, by the
+    algorithm the ``route``'s table gives its size, is priced at least ``cost.MARGIN`` below
+    one ring over them all (``ranks`` ranks, ``per_node`` on a node, linked by ``far``):
+    where a ring over the whole bucket has more bytes in flight than a node's caches hold,
+    smaller ones stay in them."""
+    shm = cost.PRESETS["shm"]
+
+    def price(kind, nbytes):
+        return cost.predict(kind, ranks, nbytes, cost.HOST, far, shm, per_node=per_node,
+                            subchunk_bytes=route.subchunk_bytes,
+                            piece_ceiling=route.piece_ceiling)
+    one = price("ring", sum(counts) * itemsize)
+    parts = sum(price(cost.lookup(route.table, count * itemsize), count * itemsize)
+                for count in counts)
+    return parts < (1 - cost.MARGIN) * one
