@@ -8,7 +8,7 @@
 # Usage: bash scripts/lent_machine.sh WHEELDIR OUTDIR [STEP ...]
 #   steps: scale (scripts/scale_checks.sh, CPU only), gpu (scripts/gpu_checks.sh),
 #          staged (the staged ring's copy size against the host ring, 8 and 64 MiB),
-#          hosts (bench_compression across 4 emulated 1 Gbit/s hosts, CPU only, a core per
+#          hosts (bench_compression across HOSTS (default 4) emulated 1 Gbit/s hosts, CPU only, a core per
 #          rank: needs root, ip and tc on PATH; an image without iproute2 can be given a
 #          folder of them, with their libraries, as IPROUTE_DIR/bin);
 #   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
@@ -86,9 +86,10 @@ for step in "${steps[@]}"; do
         say "gpu checks"
         timeout 900 bash scripts/gpu_checks.sh "$out/gpu" ${GPU_STEPS:-} >> "$log" 2>&1 || say "gpu: exit $?" ;;
     hosts)
-        say "bench_compression across 4 emulated hosts"
+        hosts=${HOSTS:-4}
+        say "bench_compression across $hosts emulated hosts"
         [ -n "${IPROUTE_DIR:-}" ] && export PATH="$IPROUTE_DIR/bin:$PATH"
-        if ! bash scripts/emulated_hosts.sh up 4 --rate 1gbit --dir /tmp/hororing-lent-hosts \
+        if ! bash scripts/emulated_hosts.sh up "$hosts" --rate 1gbit --dir /tmp/hororing-lent-hosts \
                 >> "$log" 2>&1; then
             say "no emulated hosts here (root, ip and tc are needed)"
             continue
@@ -96,7 +97,7 @@ for step in "${steps[@]}"; do
         hosts_mpiexec() {
             # CPU tensors only: with a GPU visible, DDP's PowerSGD hook asks for CUDA ones
             CUDA_VISIBLE_DEVICES= timeout "$1" mpiexec -f /tmp/hororing-lent-hosts/hostfile \
-                $(cat /tmp/hororing-lent-hosts/mpi-args) -genvall -n 4 "${@:2}"
+                $(cat /tmp/hororing-lent-hosts/mpi-args) -genvall -n "$hosts" "${@:2}"
         }
         if [ -n "${HOSTS_PROBE:-}" ]; then
             say "hosts probe: $HOSTS_PROBE"
@@ -109,9 +110,9 @@ for step in "${steps[@]}"; do
         [ ${#host_envs[@]} -gt 0 ] || host_envs=("")
         for index in "${!host_envs[@]}"; do
             say "bench_compression run $index: ${host_envs[$index]:-defaults}"
-            env ${host_envs[$index]} bash -c "$(declare -f hosts_mpiexec); hosts_mpiexec 600 \
+            env hosts="$hosts" ${host_envs[$index]} bash -c "$(declare -f hosts_mpiexec); hosts_mpiexec 600 \
                 python scripts/bench_compression.py --models large ${HOSTS_BENCH_ARGS:-} \
-                --json '$out/compression_4hosts_$index.json'" >> "$log" 2>&1 || say "hosts: exit $?"
+                --json '$out/compression_${hosts}hosts_$index.json'" >> "$log" 2>&1 || say "hosts: exit $?"
         done
         bash scripts/emulated_hosts.sh down --dir /tmp/hororing-lent-hosts >> "$log" 2>&1 ;;
     command)
