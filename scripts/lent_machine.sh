@@ -10,14 +10,16 @@
 #          staged (the staged ring's copy size against the host ring, 8 and 64 MiB),
 #          hosts (bench_compression across HOSTS (default 4) emulated 1 Gbit/s hosts, CPU only, a core per
 #          rank: needs root, ip and tc on PATH; an image without iproute2 can be given a
-#          folder of them, with their libraries, as IPROUTE_DIR/bin);
+#          folder of them, with their libraries, as IPROUTE_DIR/bin: scripts/pack_iproute.sh);
 #   default: staged scale gpu. Each step has a hard timeout; logs and results in OUTDIR.
 #   HOSTS_BENCH_ARGS: more bench_compression arguments for hosts (--variants, --rounds);
 #   HOSTS_ENVS: settings for one run each, ';' between runs ("HORORING_X=1;HORORING_X=2");
 #   HOSTS_PROBE: a script and its arguments run across the same 4 hosts first;
 #   command: LENT_COMMAND (a bash line) with this MPI and the checkout on the paths, its
 #   output in OUTDIR/command.log;
-#   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step; GPU_STEPS names
+#   STAGED_ROUNDS (default 2) rounds of the copy-size sweep per staged step, over the copy
+#   sizes STAGED_COPIES (bytes, default "8388608 2097152 1048576 524288") and the allreduce
+#   sizes STAGED_BYTES (default 8388608,67108864); GPU_STEPS names
 #   gpu_checks.sh's steps (default all of them), SCALE_RANKS scale_checks.sh's rank counts; a step is skipped once LENT_SECONDS (if set)
 #   have passed, so that what was measured comes back before the call's limit.
 set -u
@@ -70,10 +72,10 @@ for step in "${steps[@]}"; do
         say "staged ring: copy size against the host ring"
         staged_runs=$((${staged_runs:-0} + 1))
         for round in $(seq "${STAGED_ROUNDS:-2}"); do
-            for copy in 8388608 2097152 1048576 524288; do
+            for copy in ${STAGED_COPIES:-8388608 2097152 1048576 524288}; do
                 HORORING_DEVICE_RING=staged HORORING_STAGED_COPY_BYTES=$copy timeout 90 \
                     mpiexec -n 2 python scripts/bench_gpu.py --ring-child \
-                    --ring-bytes 8388608,67108864 --rounds 7 --seconds 2 2>&1 \
+                    --ring-bytes "${STAGED_BYTES:-8388608,67108864}" --rounds 7 --seconds 2 2>&1 \
                     | sed "s/^/copy=$copy round=$staged_runs.$round /" >> "$out/staged.jsonl"
             done
         done

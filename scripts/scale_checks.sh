@@ -5,7 +5,8 @@
 # algorithm, size and rank count).
 # Usage: bash scripts/scale_checks.sh [OUTDIR [RANKS ...]]   (default results/scale).
 # Tables go to OUTDIR/scale_checks.log, results to OUTDIR/scale_shm_N.json, the fit to
-# OUTDIR/scale_fit.json and the comparison to OUTDIR/scale_validation.json.
+# OUTDIR/scale_fit.json and the comparison to OUTDIR/scale_validation.json (SCALE_CALIBRATE=0:
+# no calibration here; run it elsewhere on the JSON files).
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-results/scale}
@@ -30,7 +31,7 @@ for ranks in "${ranks_list[@]}"; do
         echo "== exit $?" | tee -a "$log"
     fi
 done
-if [ ${#files[@]} -gt 0 ]; then
+if [ ${#files[@]} -gt 0 ] && [ "${SCALE_CALIBRATE:-1}" != 0 ]; then
     echo "== simulate_scale --calibrate" | tee -a "$log"
     timeout 300 python scripts/simulate_scale.py --calibrate "${files[@]}" \
         --fit "$out/scale_fit.json" --validation "$out/scale_validation.json" >> "$log" 2>&1 \
