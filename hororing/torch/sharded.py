@@ -396,8 +396,10 @@ class ShardedOptimizer(WrappingOptimizer):
                 position += len(vector.leaves)
                 gathered = self._gather_state(group_index, vector, states)
                 for offset, parameter in enumerate(vector.parameters):
+                    # a per-tensor value gets a copy per parameter: Adam counts its step in
+                    # place, so a tensor shared by several would count once for each of them
                     full_state[index_of[parameter]] = {
-                        key: (value[offset] if isinstance(value, list) else value)
+                        key: (value[offset] if isinstance(value, list) else _own(value))
                         for key, value in gathered.items()}
         groups = []
         for group, original in zip(inner["param_groups"], self._original.param_groups):
@@ -418,7 +420,7 @@ class ShardedOptimizer(WrappingOptimizer):
                     group_index, vector, f"state.{key}"), process_set=self.process_set)
                 gathered[key] = vector.split(vector.in_vector_order(full, self._group.size))
             else:
-                gathered[key] = value.clone() if torch.is_tensor(value) else value
+                gathered[key] = value
         return gathered
 
     def load_state_dict(self, state_dict):
@@ -441,15 +443,23 @@ class ShardedOptimizer(WrappingOptimizer):
                 entries = [{} for _ in vector.leaves]
                 for key in keys:
                     values = [saved.get(key) for saved in per_parameter]
+                    present = [value for value in values if value is not None]
                     if all(_sliced(key, value) and value.shape == parameter.shape
-                           for value, parameter in zip(values, vector.parameters)):
-                        flat = torch.cat([value.reshape(-1) for value in values])
+                           for value, parameter in zip(values, vector.parameters)
+                           if value is not None):
+                        # a parameter without state (it had no gradient yet where the state
+                        # was saved: a plain optimizer, or Horovod's on one rank) starts from
+                        # zeros, as its elements of the flat state would have
+                        flat = torch.cat([
+                            (value if value is not None else
+                             torch.zeros(parameter.shape, dtype=present[0].dtype,
+                                         device=present[0].device)).reshape(-1)
+                            for value, parameter in zip(values, vector.parameters)])
                         for entry, (low, high) in zip(entries, vector.leaf_bounds):
                             entry[key] = flat[low:high].clone()
                     else:  # a per-tensor value (Adam's step, which it counts up in place)
                         for entry in entries:
-                            entry[key] = values[0].clone() if torch.is_tensor(values[0]) \
-                                else values[0]
+                            entry[key] = _own(present[0])
                 for entry in entries:
                     if entry:
                         inner_state[position] = entry
@@ -460,6 +470,11 @@ class ShardedOptimizer(WrappingOptimizer):
             inner_groups.append({**{key: value for key, value in group.items()
                                     if key != "params"}, "params": inner["params"]})
         self._optimizer.load_state_dict({"state": inner_state, "param_groups": inner_groups})
+
+
+def _own(value):
+    """A copy of ``value`` where it is a tensor (one parameter's own state)."""
+    return value.detach().clone() if torch.is_tensor(value) else value
 
 
 class ZeroRedundancyOptimizer(ShardedOptimizer):
