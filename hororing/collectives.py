@@ -20,8 +20,8 @@ from .context import current
 from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request
 from .process_sets import group_of
 from .validate import (ALLREDUCE_OPS, DTYPE_NAMES, check_adasum_dtype, check_array,
-                       check_factor, check_name, check_root, check_splits, check_writable,
-                       resolve_op)
+                       check_factor, check_name, check_ndim, check_root, check_splits,
+                       check_writable, resolve_op)
 
 
 def synchronize(handle):
@@ -458,9 +458,7 @@ def _contiguous(array):
 def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields):
     """A cupy / numba.cuda / CUDA-array-interface tensor: the result stays on its device."""
     gpu.check_device_array(tensor)
-    if len(tensor.shape) < min_ndim:
-        raise ValueError(f"tensor must have at least {min_ndim} dimension(s), got shape "
-                         f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1, -1)")
+    check_ndim(tensor.shape, min_ndim)
     name = check_name(name) or group.auto_name(kind)
     check_adasum_dtype(fields.get("op"), gpu.device_dtype(tensor))
     meta = Meta(kind=kind, dtype=gpu.device_dtype(tensor).name, shape=tuple(tensor.shape),

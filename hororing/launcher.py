@@ -126,9 +126,17 @@ def build_command(args, mpiexec, flavor, scratch, within=None):
     with srun), and Slurm's limits stand: no ``--oversubscribe``. Any other: its hosts.
 
     Raises:
-        ValueError: a malformed host list or host file.
+        ValueError: a malformed host list or host file, or more ranks than its slots.
     """
     hosts = hosts_of(args)
+    if hosts is not None and args.np > sum(slots for _, slots in hosts):
+        # as horovodrun refuses: MPICH would wrap the extra ranks onto the hosts silently,
+        # two ranks then sharing a GPU or a core on a real host
+        listed = ", ".join(f"{host}:{slots}" for host, slots in hosts)
+        raise ValueError(f"-np {args.np} asks for more processes than the hosts' "
+                         f"{sum(slots for _, slots in hosts)} slots ({listed}); lower -np, or "
+                         f"give the hosts more slots (host:N in -H, 'host slots=N' in a host "
+                         f"file)")
     if hosts is None and within is not None and not within.managed:
         hosts = within.hosts
     env = job_environment(args)
@@ -238,7 +246,25 @@ def job_environment(args):
         env[variable_of("autotune")] = "1"
     if getattr(args, "as_horovod", False):
         env["HORORING_AS_HOROVOD"] = "1"
+        if not alias_installed():
+            sys.stderr.write(
+                "hororun: --as-horovod: this Python has no hororing-horovod-alias.pth in its "
+                "site-packages (an editable install does not put it there), so 'import "
+                "horovod' in the ranks will fail; install hororing from its wheel, or copy "
+                "hororing/horovod-alias.pth into site-packages as "
+                "hororing-horovod-alias.pth\n")
     return env
+
+
+def alias_installed():
+    """Whether this Python's site-packages has the file that starts the ``horovod`` alias."""
+    import site
+    import sysconfig
+
+    folders = [sysconfig.get_paths()["purelib"], site.getusersitepackages(),
+               *site.getsitepackages()]
+    return any(os.path.exists(os.path.join(folder, "hororing-horovod-alias.pth"))
+               for folder in folders)
 
 
 def hosts_of(args):

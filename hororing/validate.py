@@ -30,9 +30,11 @@ def check_ndim(shape, min_ndim, argument="tensor"):
     """Raise ValueError for an array of fewer than ``min_ndim`` dimensions (the verbs that
     split or gather rows need one); every binding's arrays are checked by it."""
     if len(shape) < min_ndim:
+        # leading dimensions of 1 added: a scalar becomes one row (reshape(1)), not (1, 1)
+        wanted = ", ".join(str(extent) for extent in (1,) * (min_ndim - len(shape)) + tuple(shape))
         raise ValueError(f"{argument} must have at least {min_ndim} dimension(s), got a "
                          f"{len(shape)}-d array of shape {tuple(shape)}; reshape it, e.g. "
-                         f"{argument}.reshape(1, -1)")
+                         f"{argument}.reshape({wanted})")
 
 
 def check_writable(tensor, argument="tensor", flags=None):

@@ -12,7 +12,7 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pro
                 is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,
                 shutdown, size)
 from .. import data
-from ..errors import HostsUpdatedInterrupt
+from ..errors import HostsUpdatedInterrupt, PreconditionError
 from . import comm_hooks, elastic
 from .async_optimizer import AsyncPSOptimizer
 from .bridge import poll, synchronize
@@ -36,7 +36,7 @@ from .timeline import start_timeline, stop_timeline
 __all__ = [
     "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer",
     "ZeroRedundancyOptimizer",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",

@@ -30,7 +30,7 @@ def free_port():
         return str(probe.getsockname()[1])
 
 
-def test_torchrun_with_two_processes_is_refused_on_both():
+def test_torchrun_with_two_processes_is_refused():
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
     if not torchrun.exists() and shutil.which("torchrun") is None:
         pytest.skip("no torchrun (pip install torch)")
@@ -39,8 +39,11 @@ def test_torchrun_with_two_processes_is_refused_on_both():
                          timeout=120)
     assert job.returncode != 0
     assert "size 1" not in job.stdout  # nobody trained alone
+    # torchrun ends the other worker once one has failed, so the second refusal may never be
+    # printed: at least one is (every process refuses on its own: the test below, without
+    # torchrun's ending of workers)
     assert job.stderr.count("torchrun started 2 processes, but MPI made this one a job of "
-                            "size 1") == 2, job.stderr[-3000:]
+                            "size 1") in (1, 2), job.stderr[-3000:]
     assert "hororun -np 2 python SCRIPT" in job.stderr
 
 

@@ -92,3 +92,16 @@ def test_hororun_as_horovod_sets_the_variable_for_the_ranks(tmp_path, monkeypatc
     parsed = launcher._parser().parse_args(["-np", "2", "python", "t.py"])
     _, env = launcher.build_command(parsed, "mpiexec", launcher.MPICH, str(tmp_path))
     assert "HORORING_AS_HOROVOD" not in env
+
+
+def test_hororun_as_horovod_says_when_this_python_cannot_start_the_alias(tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.delenv("HORORING_AS_HOROVOD", raising=False)
+    parsed = launcher._parser().parse_args(["-np", "2", "--as-horovod", "python", "t.py"])
+    monkeypatch.setattr(launcher, "alias_installed", lambda: False)
+    launcher.build_command(parsed, "mpiexec", launcher.MPICH, str(tmp_path))
+    assert ("--as-horovod: this Python has no hororing-horovod-alias.pth in its site-packages"
+            in capsys.readouterr().err)
+    monkeypatch.setattr(launcher, "alias_installed", lambda: True)
+    launcher.build_command(parsed, "mpiexec", launcher.MPICH, str(tmp_path))
+    assert capsys.readouterr().err == ""

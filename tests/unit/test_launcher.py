@@ -36,12 +36,13 @@ def test_mpich_gets_a_hydra_host_file(tmp_path):
     assert env["HOROVOD_START_TIMEOUT"] == "30.0"
 
 
-def test_open_mpi_gets_hosts_and_oversubscribe_when_ranks_exceed_slots(tmp_path, monkeypatch):
+def test_open_mpi_gets_hosts_and_oversubscribe_when_ranks_exceed_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(mpiexec.os, "geteuid", lambda: 0)
-    command, _ = launcher.build_command(args(np=6, hosts="a:2,b:2"), "mpiexec",
+    monkeypatch.setattr(mpiexec.os, "cpu_count", lambda: 2)
+    command, _ = launcher.build_command(args(np=4, hosts="localhost:4"), "mpiexec",
                                         launcher.OPEN_MPI, str(tmp_path))
     assert "--allow-run-as-root" in command and "--oversubscribe" in command
-    assert command[command.index("-H") + 1] == "a:2,b:2"
+    assert command[command.index("-H") + 1] == "localhost:4"
     monkeypatch.setattr(mpiexec.os, "geteuid", lambda: 1000)
     command, _ = launcher.build_command(args(np=4, hosts="a:2,b:2"), "mpiexec",
                                         launcher.OPEN_MPI, str(tmp_path))
@@ -118,3 +119,28 @@ def test_open_mpi_carries_the_jobs_variables_to_other_hosts(tmp_path, monkeypatc
     command, _ = launcher.build_command(args(hosts="node1:2,node2:2"), "mpiexec", launcher.MPICH,
                                         str(tmp_path))
     assert "-x" not in command
+
+
+@pytest.mark.parametrize("flavor", [launcher.MPICH, launcher.OPEN_MPI])
+def test_more_ranks_than_the_hosts_slots_are_refused(tmp_path, flavor):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=1\nb:1\n")
+    with pytest.raises(ValueError, match=r"-np 3 asks for more processes than the hosts' 2 "
+                                         r"slots \(a:1, b:1\); lower -np, or give the hosts "
+                                         r"more slots"):
+        launcher.build_command(args(np=3, hostfile=str(hostfile)), "mpiexec", flavor,
+                               str(tmp_path))
+    with pytest.raises(ValueError, match=r"-np 5 asks for more processes than the hosts' 4"):
+        launcher.build_command(args(np=5, hosts="a:2,b:2"), "mpiexec", flavor, str(tmp_path))
+    command, _ = launcher.build_command(args(np=2, hostfile=str(hostfile)), "mpiexec", flavor,
+                                        str(tmp_path))
+    assert command[:3] == ["mpiexec", "-n", "2"]
+
+
+def test_hororun_refuses_more_ranks_than_slots_on_its_command_line(tmp_path, capsys):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a:1\nb:1\n")
+    assert launcher.main(["--mpiexec", "mpiexec", "-np", "3", "--hostfile", str(hostfile),
+                          "python", "t.py"]) == 2
+    assert "hororun: -np 3 asks for more processes than the hosts' 2 slots" in \
+        capsys.readouterr().err

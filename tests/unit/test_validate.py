@@ -22,8 +22,16 @@ def test_check_array_type_errors(value, message):
 
 
 def test_check_array_ndim():
-    with pytest.raises(ValueError, match="tensor must have at least 1 dimension"):
+    with pytest.raises(ValueError, match=r"tensor must have at least 1 dimension.*"
+                                         r"e\.g\. tensor\.reshape\(1\)$"):
         check_array(np.array(1.0), min_ndim=1)
+    # the suggestion is the shape wanted: a leading 1 per missing dimension
+    scalar = np.array(1.0)
+    with pytest.raises(ValueError, match=r"reshape\(1\)$"):
+        check_array(scalar, min_ndim=1)
+    assert scalar.reshape(1).shape == (1,)
+    with pytest.raises(ValueError, match=r"reshape\(1, 3\)$"):
+        check_array(np.ones(3), min_ndim=2)
 
 
 def test_read_only_in_place():
