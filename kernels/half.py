@@ -28,8 +28,11 @@ def tensor(array, bfloat16=False):
     slower here)."""
     if type(array) is not np.ndarray:
         return None
-    is_bf16 = bfloat16 and array.dtype.name == _BFLOAT16
-    if array.dtype != _HALF and not is_bf16:
+    dtype = array.dtype
+    if dtype.itemsize != 2:  # before the name: numpy computes a dtype's name in Python (~2 us)
+        return None
+    is_bf16 = bfloat16 and dtype.kind == "V" and dtype.name == _BFLOAT16
+    if dtype != _HALF and not is_bf16:
         return None
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "from_numpy"):

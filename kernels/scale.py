@@ -65,4 +65,6 @@ def divide_trunc(buffer, divisor, stream=0):
 
 def _floating(dtype):
     # bfloat16 (ml_dtypes) is floating though numpy gives it kind "V"
-    return dtype.kind == "f" or dtype.name == "bfloat16"
+    # (the name last: numpy computes a dtype's name in Python, ~2 us)
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype.itemsize == 2
+                                 and dtype.name == "bfloat16")

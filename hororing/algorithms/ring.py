@@ -141,9 +141,13 @@ class Ring(Algorithm):
         pieces = layout.pieces
         in_place = source is buffer
         scratch = self._scratch_halves(buffer.dtype, layout.largest) if in_place else None
-        # what MPI reads and writes: the same memory, bfloat16 as its 16-bit patterns
-        sent, into = _sendable(source), _sendable(buffer)
-        received = tuple(transport.sendable(half) for half in scratch) if in_place else None
+        # what MPI reads and writes: the same memory, bfloat16 as its 16-bit patterns (only
+        # 16-bit dtypes can need another view: the others skip the calls, on every step)
+        if buffer.dtype.itemsize == 2:
+            sent, into = _sendable(source), _sendable(buffer)
+            received = tuple(transport.sendable(half) for half in scratch) if in_place else None
+        else:
+            sent, into, received = source, buffer, scratch
         pending_sends = {}  # chunk -> send requests still reading from it
 
         def post_receives(index):
