@@ -388,9 +388,12 @@ def start_group(kind, tensors, name, process_set, start_member):
 def _reduction_fields(allowed, default_op, min_ndim):
     def fields(group, tensor, average=None, op=default_op, prescale_factor=1.0,
                postscale_factor=1.0, wire=""):
+        # a float factor is taken as it is, without the call (every allreduce comes here)
         return dict(op=resolve_op(op, average, allowed=allowed),
-                    prescale=check_factor(prescale_factor, "prescale_factor"),
-                    postscale=check_factor(postscale_factor, "postscale_factor"),
+                    prescale=prescale_factor if type(prescale_factor) is float
+                    else check_factor(prescale_factor, "prescale_factor"),
+                    postscale=postscale_factor if type(postscale_factor) is float
+                    else check_factor(postscale_factor, "postscale_factor"),
                     wire=wire), min_ndim
     return fields
 
@@ -428,14 +431,21 @@ def _arguments_of(rule):
 
 
 def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, **fields):
-    if gpu.is_device_array(tensor):
-        return _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields)
-    check_array(tensor, min_ndim=min_ndim)
-    name = check_name(name) or group.auto_name(kind)
+    # each check is called where it will raise, or where the array is not a plain numpy one
+    # (the common case passes them inline: a call each would be paid on every collective)
+    if type(tensor) is not np.ndarray:
+        if gpu.is_device_array(tensor):
+            return _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields)
+        check_array(tensor, min_ndim=min_ndim)
+    elif tensor.dtype not in DTYPE_NAMES or tensor.ndim < min_ndim:
+        check_array(tensor, min_ndim=min_ndim)
+    if type(name) is not str or not name:
+        name = check_name(name) or group.auto_name(kind)
     output = writeback = None
     flags = tensor.flags  # a new flags object on every access
     if inplace:
-        check_writable(tensor, flags=flags)
+        if not flags.writeable:
+            check_writable(tensor, flags=flags)
         if flags.c_contiguous:
             output = tensor
         else:
@@ -443,7 +453,8 @@ def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False
             tensor = output = _contiguous(tensor)
     elif not flags.c_contiguous:
         tensor = _contiguous(tensor)
-    check_adasum_dtype(fields.get("op"), tensor.dtype)
+    if fields.get("op") == ops.Adasum:
+        check_adasum_dtype(ops.Adasum, tensor.dtype)
     meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,
                 shape=tuple(tensor.shape), **fields)
     handle = Handle(name, group.engine)

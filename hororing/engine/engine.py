@@ -59,11 +59,13 @@ class Engine:
         self._wakeups = Wakeups(comm)
         self.executor = Executor(comm.Dup(), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
-        self._folding = LatencyFolding(self.allreduce, self.size, self.executor.span)
+        self._folding = LatencyFolding(self.allreduce, self.size, self.executor)
         self.cycle = Cycle(self._exchange, self._folding, config.cache_capacity)
         self._drive_lock = threading.Lock()
         self._work = threading.Event()
         self._submissions = Submissions(self._nudge)
+        self.submit = self._submissions.add
+        self.check_free = self._submissions.check_free
         self._last_cycle_at = 0.0
         self._outgoing_flags = 0
         self._outgoing_message = None
@@ -79,23 +81,16 @@ class Engine:
 
     # ---- called from user threads -------------------------------------------------------
 
-    def submit(self, request, blocking=False):
-        """Queue a request; return its handle. Raises ValueError for a name in flight.
-
-        Args:
-            blocking: the caller will ``wait`` on the handle at once and drive the cycle
-                itself, so the background thread is not woken for it.
-        """
-        self._submissions.add(request, blocking)
-        return request.handle
-
-    def check_free(self, name):
-        """Raise ValueError if a collective named ``name`` is in flight on this rank. The
-        verbs ask first, before converting their input, which may release the GIL: a
-        collective just submitted under that name could otherwise complete meanwhile (its
-        peers already waiting), and whether the second call is refused would depend on
-        timing (``submit`` checks again, under the queue's lock)."""
-        self._submissions.check_free(name)
+    # Two entries every call goes through are the queue's own methods, bound in __init__
+    # (a wrapper here would be one more Python call per collective):
+    #   submit(request, blocking=False): queue a request; return its handle. Raises ValueError
+    #       for a name in flight. ``blocking``: the caller will ``wait`` on the handle at once
+    #       and drive the cycle itself, so the background thread is not woken for it.
+    #   check_free(name): raise ValueError if a collective named ``name`` is in flight on
+    #       this rank. The verbs ask first, before converting their input, which may release
+    #       the GIL: a collective just submitted under that name could otherwise complete
+    #       meanwhile (its peers already waiting), and whether the second call is refused
+    #       would depend on timing (``submit`` checks again, under the queue's lock).
 
     def batch(self):
         """``with engine.batch():`` the requests submitted inside (by this thread) enter the
@@ -112,8 +107,7 @@ class Engine:
         """
         if handle.done():  # completed in an earlier cycle (fused with the one waited on)
             return handle.result()
-        self.await_(handle)
-        self._submissions.start_driving()
+        self._submissions.start_driving(handle.name)
         try:
             return self._drive_until(handle)
         finally:
@@ -289,7 +283,8 @@ class Engine:
         if folded is not None:
             response = responses[0]
             request = self._submissions.take(response.name)
-            self.executor.negotiated(response, request, time.monotonic())
+            if self.executor.timeline is not None:
+                self.executor.negotiated(response, request, time.monotonic())
             self._folding.finish(response, request, folded)
         elif responses:
             # a deadlock fails each rank's own names: none were missed

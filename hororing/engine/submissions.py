@@ -29,9 +29,9 @@ class Submissions:
         self._wake = wake
         self._batches = threading.local()  # per thread: requests held by ``batch``
 
-    def add(self, request, blocking):
-        """Queue ``request`` (or hold it in this thread's batch). Raises ValueError for a
-        name in flight, HorovodInternalError once the engine has stopped.
+    def add(self, request, blocking=False):
+        """Queue ``request`` (or hold it in this thread's batch); return its handle. Raises
+        ValueError for a name in flight, HorovodInternalError once the engine has stopped.
 
         Args:
             blocking: the caller will wait on the handle at once and drive the cycle
@@ -52,6 +52,7 @@ class Submissions:
         elif not blocking:
             self.async_waiting = True
             self._wake()
+        return request.handle
 
     def check_free(self, name):
         """Raise ValueError if a collective named ``name`` is in flight on this rank."""
@@ -84,12 +85,15 @@ class Submissions:
             if request is not None:
                 request.awaited = True
 
-    def start_driving(self):
-        """A user thread drives cycles until its ``stop_driving`` (a plain pair, not a
-        context manager: this runs on every blocking call). The background thread polls
-        slowly meanwhile."""
+    def start_driving(self, name):
+        """A user thread waits for the request named ``name`` and drives cycles until its
+        ``stop_driving`` (a plain pair, not a context manager: this runs on every blocking
+        call). The background thread polls slowly meanwhile."""
         with self.lock:
             self.drivers += 1
+            request = self.pending.get(name)
+            if request is not None:
+                request.awaited = True
 
     def stop_driving(self):
         """If collectives are still pending when the last driver stops, the background
