@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""What one blocking allreduce costs against MPI_Allreduce, and how many Python calls it makes.
+
+Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_call_cost.py --sizes 4KiB,64KiB,1MiB
+
+For each size, ``hvd.allreduce_`` (Sum, float32, numpy) and ``MPI_Allreduce`` on a buffer of
+the same size take turns, a Barrier before every call; the time is the slowest rank's median.
+Then the Python function calls one steady-state call makes in the calling thread (median
+over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
+another checkout of hororing the same script measures that one, so two versions can be
+run one after the other, alternated, on the same machine.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hororing as hvd
+
+COMM = MPI.COMM_WORLD
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    rows = []
+    for nbytes in args.sizes:
+        count = nbytes // 4
+        ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
+
+        def library():
+            hvd.allreduce_(ours, op=hvd.Sum, name=f"cost.{nbytes}")
+
+        def mpi():
+            COMM.Allreduce(MPI.IN_PLACE, theirs, MPI.SUM)
+        times = {"hororing": [], "mpi": []}
+        for index in range(args.warmup + args.calls):
+            order = (("hororing", library), ("mpi", mpi))
+            for name, run in (order if index % 2 else order[::-1]):
+                (ours if name == "hororing" else theirs)[...] = 1.0
+                COMM.Barrier()
+                started = time.perf_counter()
+                run()
+                if index >= args.warmup:
+                    times[name].append(time.perf_counter() - started)
+        expected = float(COMM.Get_size())
+        wrong = int(np.count_nonzero(ours != expected)) + int(np.count_nonzero(theirs != expected))
+        median = {name: COMM.allreduce(statistics.median(values), op=MPI.MAX)
+                  for name, values in times.items()}
+        calls = python_calls(library, ours)
+        rows.append((nbytes, median["hororing"], median["mpi"], calls,
+                     COMM.allreduce(wrong)))
+    if hvd.rank() == 0:
+        print(f"# {COMM.Get_size()} ranks; hororing from {hvd.__file__}")
+        print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
+              f"{'Python calls':>13}")
+        for nbytes, ours_s, mpi_s, calls, wrong in rows:
+            print(f"{nbytes:>9} {ours_s * 1e6:>12.1f} {mpi_s * 1e6:>8.1f} {mpi_s / ours_s:>13.2f} "
+                  f"{calls:>13.0f}" + (f"  WRONG {wrong}" if wrong else ""))
+    hvd.shutdown()
+    return 1 if any(row[4] for row in rows) else 0
+
+
+def python_calls(call, buffer, repeats=40):
+    """The median count of Python function calls one ``call()`` makes in this thread."""
+    counts = []
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+    for _ in range(repeats):
+        buffer[...] = 1.0
+        count = 0
+        sys.setprofile(profile)
+        try:
+            call()
+        finally:
+            sys.setprofile(None)
+        counts.append(count - 1)  # the call() wrapper itself
+    return statistics.median(counts)
+
+
+def parse_size(text):
+    text = text.strip()
+    for suffix, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("B", 1)):
+        if text.endswith(suffix):
+            return int(text[:-len(suffix)]) * factor
+    return int(text)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=lambda text: [parse_size(part) for part in text.split(",")],
+                        default=[4096, 65536, 1 << 20])
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls per size and side")
+    parser.add_argument("--warmup", type=int, default=100)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
