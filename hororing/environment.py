@@ -165,6 +165,13 @@ def launch_environment(environ=None):
     )
 
 
+def torch_rendezvous(environ=None):
+    """What torch.distributed's env:// rendezvous would read here: (whether RANK is set,
+    MASTER_ADDR, MASTER_PORT); the last two "" where unset."""
+    env = os.environ if environ is None else environ
+    return "RANK" in env, env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+
+
 def reserve_tf_intra_op_threads(threads, environ=None):
     """Set TF_NUM_INTRAOP_THREADS to ``threads`` (read by TensorFlow when its runtime starts)."""
     env = os.environ if environ is None else environ

@@ -17,6 +17,7 @@ Example:
 
 import itertools
 import sys
+import zlib
 
 from ._mpi import MPI
 from .engine import Engine
@@ -146,6 +147,8 @@ def group_of(process_set):
     context = current()
     if process_set is None or process_set is global_process_set:
         return context.group
+    if type(process_set) is MembersSet:
+        return process_set.group
     set_id = registered_id(process_set)
     group = context.sets.groups.get(set_id)
     if group is None:
@@ -153,6 +156,33 @@ def group_of(process_set):
                          f"{context.sets.ranks(set_id)}); only its members may call its "
                          f"collectives")
     return group
+
+
+class MembersSet(ProcessSet):
+    """A process set made by its members alone (``members_process_set``): the other ranks
+    of the job take no part and do not know it. Its collectives are those of any set."""
+
+    def __init__(self, ranks, group):
+        super().__init__(ranks)
+        self.group = group
+        self.process_set_id = group.set_id
+
+    def size(self):
+        return self.group.size
+
+    def rank(self):
+        return self.group.rank
+
+
+def members_process_set(ranks):
+    """Make the process set of ``ranks``, called by those ranks alone, each with the same list
+    (a subgroup in torch.distributed's sense: the other ranks never call). Its communicator
+    comes from MPI_Comm_create_group over the job's; it lasts until ``hvd.shutdown()``.
+
+    Raises:
+        ValueError: the ranks are invalid, or this rank is not one of them.
+    """
+    return MembersSet(sorted(ranks), current().sets.add_members(ranks))
 
 
 def registered_id(process_set):
@@ -198,6 +228,7 @@ class Registry:
         self.groups = {0: global_group}           # the sets this rank belongs to, by id
         self._ranks = {0: list(range(self._size))}  # every registered set's ranks, by id
         self._ids = itertools.count(1)
+        self._ids_of_members = itertools.count(1)   # this rank's own count: not agreed
 
     def ranks(self, set_id):
         """The ranks of registered set ``set_id`` (KeyError if none)."""
@@ -236,6 +267,28 @@ class Registry:
         if member:
             self.groups[set_id] = Group(set_id, ranks, comm, Engine(comm, self._config, None))
         return set_id
+
+    def add_members(self, ranks):
+        """This rank's Group for the set of ``ranks``, made by its members alone (see
+        ``members_process_set``); kept until ``close``."""
+        ranks = sorted(ranks)
+        if (not ranks or len(set(ranks)) != len(ranks)
+                or any(not 0 <= rank < self._size for rank in ranks)):
+            raise ValueError(f"a process set needs distinct ranks in [0, {self._size}), got "
+                             f"{ranks}")
+        if self._rank not in ranks:
+            raise ValueError(f"rank {self._rank} is not in {ranks}: only a set's members make "
+                             f"it this way")
+        job = self._comm.Get_group()
+        members = job.Incl(ranks)
+        # the tag keeps apart sets being made at once by overlapping members
+        comm = self._comm.Create_group(members, tag=zlib.crc32(repr(ranks).encode()) % 32768)
+        members.Free()
+        job.Free()
+        key = f"members.{next(self._ids_of_members)}"
+        group = Group(key, ranks, comm, Engine(comm, self._config, None))
+        self.groups[key] = group
+        return group
 
     def remove(self, set_id):
         """Unregister set ``set_id`` on every rank: a collective over the job."""

@@ -212,8 +212,9 @@ class Engine:
                     # let tensors submitted together arrive, so they negotiate and fuse as one
                     delay = (self._last_cycle_at + self.allreduce.route.cycle_time_ms / 1000.0
                              - time.monotonic())
-                    if delay > 0:
-                        time.sleep(delay)
+                    if delay > 0:  # cut short when a submission is awaited
+                        self._submissions.urgent.wait(delay)
+                    self._submissions.urgent.clear()
                 elif drivers and time.monotonic() < self._watch.next_stall_check:
                     continue  # a caller is driving cycles: polling too would only contend
                 with self._drive_lock:

@@ -13,13 +13,14 @@ class Handle:
     blocking call whose own thread drives the cycle never needs one.
     """
 
-    __slots__ = ("name", "_engine", "_done", "_event", "_outcome")
+    __slots__ = ("name", "_engine", "_done", "_event", "_outcome", "_then")
 
     def __init__(self, name, engine):
         self.name, self._engine = name, engine
         self._done = False
         self._event = None
         self._outcome = (None, None)  # (result, error) once done
+        self._then = None
 
     def done(self):
         """Return True once the result (or an error) is available; never blocks."""
@@ -46,9 +47,23 @@ class Handle:
     def _finish(self):
         with _EVENT_LOCK:
             self._done = True
-            event = self._event
+            event, then = self._event, self._then
         if event is not None:
             event.set()
+        if then is not None:
+            then(self)
+
+    def then(self, callback):
+        """Call ``callback(handle)`` once the handle is done: at once if it already is, else
+        on the thread that completes it (the engine's, or one driving it). One callback per
+        handle; it must not block."""
+        with _EVENT_LOCK:
+            if self._then is not None:
+                raise RuntimeError(f"{self!r} already has a completion callback")
+            self._then = callback
+            done = self._done
+        if done:
+            callback(self)
 
     def synchronize(self):
         """Wait for the result (driving the engine from this thread) and return it, or raise

@@ -28,6 +28,9 @@ class Submissions:
         self.failure = None        # HorovodInternalError once the engine cannot go on
         self._wake = wake
         self._batches = threading.local()  # per thread: requests held by ``batch``
+        # set when a queued submission is awaited: the background thread then starts its
+        # cycle at once rather than after the cycle time that lets submissions gather
+        self.urgent = threading.Event()
 
     def add(self, request, blocking=False):
         """Queue ``request`` (or hold it in this thread's batch); return its handle. Raises
@@ -79,11 +82,14 @@ class Submissions:
                 self._wake()
 
     def awaited(self, name):
-        """A thread is about to wait for the request named ``name``."""
+        """A thread is about to wait for the request named ``name`` (or its future has a
+        waiter): it is not held back to gather others."""
         with self.lock:
             request = self.pending.get(name)
             if request is not None:
                 request.awaited = True
+        if request is not None and not self.urgent.is_set():
+            self.urgent.set()
 
     def start_driving(self, name):
         """A user thread waits for the request named ``name`` and drives cycles until its
