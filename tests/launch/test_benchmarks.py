@@ -251,3 +251,16 @@ def test_bench_call_cost_times_both_sides_and_counts_the_calls():
     assert [row[0] for row in rows] == ["4096", "24576"] and "WRONG" not in job.stdout
     for row in rows:
         assert float(row[1]) > 0 and float(row[2]) > 0 and 10 < float(row[4]) < 1000
+
+
+def test_bench_ddp_backend_times_ddp_over_both_backends_and_they_agree(tmp_path):
+    output = tmp_path / "ddp.json"
+    run_under_mpi(3, "bench_ddp_backend.py", "--models", "small", "--rounds", "1", "--steps",
+                  "1", "--json", str(output), timeout=600)
+    rows = {row["variant"]: row for row in json.loads(output.read_text())["rows"]}
+    assert set(rows) == {f"{backend} {hook}" for backend in ("hororing", "gloo")
+                         for hook in ("none", "fp16", "powersgd4")}
+    assert all(row["step_ms"] > 0 for row in rows.values())
+    # the same training over either backend: the same parameters, up to the order of sums
+    assert rows["hororing none"]["max_param_diff"] < 1e-5
+    assert rows["hororing fp16"]["max_param_diff"] < 1e-3

@@ -18,9 +18,11 @@ from ..._mpi import MPI
 from ...process_sets import global_process_set, group_of, members_process_set
 from ...running import current
 from .. import async_ops
+from ..compression import Compression
 from .work import DoneWork, HandlesWork, RequestWork
 
 NAME = "hororing"
+_SIXTEEN_BITS = {torch.float16: Compression.fp16, torch.bfloat16: Compression.bf16}
 SLOTS = 8  # names per call signature: at most this many such calls in flight at once
 
 _RED = dist.ReduceOp.RedOpType
@@ -130,10 +132,19 @@ class ProcessGroupHororing(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op, factor = reduction(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
         blocking = not _opt(opts, "asyncOp", True) and len(tensors) == 1
-        handles = [self._start("allreduce", tensor, lambda name: async_ops.start_allreduce(
-            tensor, None, name, op, factor, 1.0, self._set, inplace=True, blocking=blocking))
-            for tensor in tensors]
+        handles = [self._start("allreduce", tensor, lambda name: self._allreduce(
+            tensor, name, op, factor, blocking)) for tensor in tensors]
         return self._work(handles, lambda results: tensors)
+
+    def _allreduce(self, tensor, name, op, factor, blocking):
+        """One tensor's in-place allreduce; a 16-bit float tensor's Sum or Average travels
+        in 16 bits, as torch's backends send it (DDP's fp16_compress_hook halves the bytes)."""
+        wire = _SIXTEEN_BITS.get(tensor.dtype)
+        if wire is not None and op in (ops.Sum, ops.Average):
+            return async_ops.compressed_allreduce_async_(tensor, wire, name, op, factor, 1.0,
+                                                         self._set)
+        return async_ops.start_allreduce(tensor, None, name, op, factor, 1.0, self._set,
+                                         inplace=True, blocking=blocking)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op, factor = reduction(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
