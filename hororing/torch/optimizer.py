@@ -29,6 +29,7 @@ from .. import ops
 from ..comm_hooks import check_hook
 from ..process_sets import global_process_set, group_of
 from . import comm_hooks, mpi_ops
+from .amp import scaled_step
 from .bridge import as_numpy
 from .compression import Compression
 from .functions import refuse_uninitialized
@@ -188,8 +189,18 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     # ---- what torch.optim.Optimizer users call ----------------------------------------------
 
-    def step(self, closure=None):
-        """Wait for the gradients' allreduces (unless skipped), then step."""
+    # torch.amp's GradScaler hands itself to step(): unscaling waits for the averages (amp.py)
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, grad_scaler=None):
+        """Wait for the gradients' allreduces (unless skipped), then step. Under
+        ``scaler.step(optimizer)``, the averages are unscaled and checked (amp.py)."""
+        if grad_scaler is not None:
+            synchronized = self._synchronized and not self._handles
+            self._synchronized = False
+            return scaled_step(self, grad_scaler, closure, self.synchronize,
+                               self._should_synchronize and not synchronized, synchronized,
+                               self._optimizer.step)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "

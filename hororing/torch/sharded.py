@@ -36,6 +36,7 @@ from .. import collectives, ops, transport
 from ..process_sets import global_process_set, group_of
 from ..zero import ParameterGather
 from . import mpi_ops
+from .amp import all_finite
 from .bridge import as_numpy, from_numpy
 from .compression import Compression
 from .functions import refuse_uninitialized
@@ -319,8 +320,14 @@ class ShardedOptimizer(WrappingOptimizer):
         return sum((0 if vector.reduced is None else vector.reduced.nbytes) +
                    vector.pool.held_bytes() for vectors in self._vectors for vector in vectors)
 
-    def step(self, closure=None):
-        """Wait for the reduce-scatters, step this rank's chunks, allgather the parameters."""
+    # torch.amp's GradScaler hands itself to step(): it unscales this rank's reduced
+    # chunks, and every rank takes the same skip decision (amp.py)
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, grad_scaler=None):
+        """Wait for the reduce-scatters, step this rank's chunks, allgather the parameters.
+        Under ``scaler.step(optimizer)`` the chunks are unscaled first, and a step with inf
+        or NaN anywhere is skipped on every rank."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -331,11 +338,15 @@ class ShardedOptimizer(WrappingOptimizer):
                 for vector in vectors:
                     for leaf, grad in zip(vector.leaves, vector.leaf_grads):
                         leaf.grad = grad
-            self._optimizer.step()
-            for vectors in self._vectors:  # each rank's updated chunks, into every rank's vector
+            if grad_scaler is None or all_finite(self, grad_scaler, f"{self._prefix}.amp",
+                                                 self.process_set):
+                self._optimizer.step()
+                for vectors in self._vectors:  # each rank's updated chunks, into every rank's
+                    for vector in vectors:
+                        self._gather.gather(vector.values.view(torch.uint8).numpy(),
+                                            vector.buckets_layout)
+            for vectors in self._vectors:
                 for vector in vectors:
-                    self._gather.gather(vector.values.view(torch.uint8).numpy(),
-                                        vector.buckets_layout)
                     for leaf in vector.leaves:
                         leaf.grad = None
         self._synchronized = False
