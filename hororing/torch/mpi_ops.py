@@ -10,6 +10,7 @@ from .. import collectives as core
 from .. import ops
 from ..process_sets import global_process_set
 from ..validate import ALLREDUCE_OPS, resolve_op
+from . import joined
 from .async_ops import (allgather_async, allreduce_async, allreduce_async_, alltoall_async,
                         broadcast_async, broadcast_async_, broadcast_now,
                         compressed_allreduce_async_, grouped_allgather_async,
@@ -134,8 +135,12 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=o
 
 
 def join(device=-1):
-    """Declare this rank out of data; return the rank that joined last (see hororing.join)."""
-    return core.join(device)
+    """Declare this rank out of data; return the rank that joined last (see hororing.join).
+    Every DistributedOptimizer then holds the last rank's parameters on every rank
+    (joined.py), as after DDP's Join."""
+    last = core.join(device)
+    joined.after_join(last)
+    return last
 
 
 def barrier(process_set=global_process_set):

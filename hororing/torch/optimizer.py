@@ -28,7 +28,7 @@ import torch
 from .. import ops
 from ..comm_hooks import check_hook
 from ..process_sets import global_process_set, group_of
-from . import comm_hooks, mpi_ops
+from . import comm_hooks, joined, mpi_ops
 from .amp import scaled_step
 from .bridge import as_numpy
 from .compression import Compression
@@ -144,6 +144,7 @@ class _DistributedOptimizer(WrappingOptimizer):
             check_hook(comm_hook, op, compression is Compression.none)
             self._comm_hook = (None, comm_hook)
         self._whole_bytes = None  # the bucket size whole buckets were laid out for
+        joined.track(self)
         if self._reduces():
             self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
                                               self._bucket_bytes()))
@@ -186,6 +187,10 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     def _reduces(self):
         return self._group is not None and self._group.size > 1
+
+    def joined_parameters(self):
+        """(parameter, name) pairs that hvd.join() makes equal on every rank (joined.py)."""
+        return list(self._names.items()) if self._reduces() else []
 
     # ---- what torch.optim.Optimizer users call ----------------------------------------------
 
