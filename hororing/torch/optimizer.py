@@ -126,6 +126,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._pass_counts = {}
         self._should_synchronize = True
         self._synchronized = False
+        self._local = False  # inside no_sync()
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
         # parameter -> its bucket (a tuple of parameters), for buckets started whole once all
@@ -347,6 +348,16 @@ class _DistributedOptimizer(WrappingOptimizer):
                                        index == len(buckets) - 1)
 
     @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate their gradients on this rank and reduce nothing,
+        as DDP's ``no_sync()``: the first backward pass after it reduces the sum."""
+        self._local = True
+        try:
+            yield
+        finally:
+            self._local = False
+
+    @contextlib.contextmanager
     def skip_synchronize(self):
         """Use around step() after an explicit synchronize() (e.g. for gradient clipping)."""
         self._should_synchronize = False
@@ -372,6 +383,8 @@ class _DistributedOptimizer(WrappingOptimizer):
         if view is not None and grad.layout == torch.strided and grad.data_ptr() != view.data_ptr():
             view.copy_(grad)  # a new gradient tensor: into the bucket, and point .grad there
             parameter.grad = view
+        if self._local:  # inside no_sync(): the gradient accumulates here, nothing starts
+            return
         if parameter in self._handles or parameter in self._held.get(
                 self._whole_bucket.get(parameter), _NONE_HELD):
             raise RuntimeError(
