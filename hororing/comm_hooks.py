@@ -161,6 +161,14 @@ def check_hook(hook, op, compression_is_none):
     if not callable(hook):
         raise TypeError(f"comm_hook must be callable as hook(state, bucket), got "
                         f"{type(hook).__name__}")
+    if getattr(hook, "__module__", "").startswith("torch.distributed.algorithms"):
+        raise TypeError(
+            f"{hook.__name__} is one of DDP's hooks: it takes torch's GradBucket and runs "
+            f"torch.distributed collectives, which a DistributedOptimizer's buckets do not "
+            f"offer. Use hororing's own (hvd.comm_hooks.allreduce, fp16, bf16, "
+            f"powersgd(rank=...)), or run DDP's hooks with DDP over the hororing backend: "
+            f"dist.init_process_group(\"hororing\"); "
+            f"DistributedDataParallel(model).register_comm_hook(state, hook)")
     if not compression_is_none:
         raise ValueError("pass either compression= or comm_hook=, not both: a hook decides "
                          "how a bucket travels (comm_hooks.fp16 and .bf16 are the "

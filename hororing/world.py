@@ -59,7 +59,8 @@ def _largest_claim(launch):
                        "hororing is an MPI library, and processes started by torch.distributed's "
                        "launchers cannot join one MPI job: " + _MPI_LAUNCH.format(
                            n=launch.torch_world_size) + " (on Kubernetes, Kubeflow's MPIJob; "
-                       "docs/clusters.md)."))
+                       "docs/clusters.md). A torch.distributed script runs there as it is, "
+                       "with init_process_group(\"hororing\") (docs/torch_distributed.md)."))
     other_mpi = ("the mpirun that started it belongs to another MPI library than the one "
                  "mpi4py loaded here (`python -c \"from mpi4py import MPI; "
                  "print(MPI.Get_library_version())\"` names it): use that library's mpirun, "

@@ -15,6 +15,27 @@ class SyncBatchNorm(_BatchNorm):
     rank's batch (one allreduce forward, one backward). Evaluation uses running statistics.
     """
 
+    @classmethod
+    def convert_sync_batchnorm(cls, module):
+        """``module`` with every BatchNorm1d/2d/3d layer in it replaced by a SyncBatchNorm
+        holding the same weights and running statistics, as torch.nn.SyncBatchNorm's
+        ``convert_sync_batchnorm`` (which torch runs on CUDA only); on CPU and GPU alike."""
+        converted = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, (cls, torch.nn.SyncBatchNorm)):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats)
+            if module.affine:
+                with torch.no_grad():
+                    converted.weight = module.weight
+                    converted.bias = module.bias
+            converted.running_mean = module.running_mean
+            converted.running_var = module.running_var
+            converted.num_batches_tracked = module.num_batches_tracked
+            converted.train(module.training)
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert_sync_batchnorm(child))
+        return converted
+
     def _check_input_dim(self, input):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (batch, channels, ...), got {input.dim()}D")

@@ -341,6 +341,13 @@ def test_combinations_that_make_no_sense_are_refused():
     with pytest.raises(ValueError, match="sharded=True reduce-scatters its gradients"):
         DistributedOptimizer(SGD({"w": np.zeros(3)}, lr=0.1), sharded=True,
                              comm_hook=comm_hooks.allreduce)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    for ddp_hook in (default_hooks.fp16_compress_hook, powerSGD_hook.powerSGD_hook):
+        with pytest.raises(TypeError, match=r"one of DDP's hooks.*init_process_group"):
+            hvd.DistributedOptimizer(sgd, model.named_parameters(), comm_hook=ddp_hook)
+        optimizer = hvd.DistributedOptimizer(sgd, model.named_parameters())
+        with pytest.raises(TypeError, match="register_comm_hook\\(state, hook\\)"):
+            optimizer.register_comm_hook(None, ddp_hook)
 
 
 def test_sharded_takes_16_bit_hooks_as_its_compression():

@@ -1,5 +1,7 @@
 """hororing.torch: verbs on tensors, autograd, DistributedOptimizer, helpers, SyncBatchNorm."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -239,6 +241,27 @@ def test_sync_batch_norm_matches_batch_norm_on_the_global_batch():
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sync.running_mean, reference.running_mean, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(sync.running_var, reference.running_var, atol=1e-6, rtol=1e-5)
+
+
+def test_convert_sync_batchnorm_keeps_the_weights_and_syncs_the_statistics():
+    size, rank = hvd.size(), hvd.rank()
+    torch.manual_seed(4)
+    plain = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.BatchNorm1d(3),
+                                torch.nn.Sequential(torch.nn.BatchNorm1d(3)))
+    with torch.no_grad():
+        plain[1].weight.uniform_(0.5, 1.5)
+        plain[1].running_mean.fill_(0.25)
+    reference = copy.deepcopy(plain)
+    converted = hvd.SyncBatchNorm.convert_sync_batchnorm(plain)
+    assert isinstance(converted[1], hvd.SyncBatchNorm)
+    assert isinstance(converted[2][0], hvd.SyncBatchNorm)
+    assert converted[1].weight is plain[1].weight and converted[0] is plain[0]
+    inputs = [rank_tensor(r, (4, 5), seed=11) for r in range(size)]
+    output = converted(inputs[rank])
+    expected = reference(torch.cat(inputs))
+    torch.testing.assert_close(output, expected[4 * rank:4 * rank + 4], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(converted[1].running_mean, reference[1].running_mean,
+                               atol=1e-6, rtol=1e-5)
 
 
 def test_torch_bad_input():
