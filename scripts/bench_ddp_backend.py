@@ -14,6 +14,7 @@ The default group is hororing's (``init_process_group("hororing")`` with nothing
 MASTER_ADDR/MASTER_PORT set, for the gloo group beside it); gloo's is ``new_group(backend=
 "gloo")`` over the same ranks. Each variant is DDP over one of the two with one of DDP's own
 comm hooks (none: DDP's allreduce; fp16_compress_hook; powerSGD_hook rank 4 from step 2),
+or FSDP2 (``--hooks fsdp2``: fully_shard on each Linear and on the model, over the group),
 every variant its own copy of the model from the same weights, fed the same batches, timed in
 turn (the order rotating between rounds), a Barrier before each step; a step's time is the
 slowest rank's and the table gives the median. After the last step the two backends' copies
@@ -72,6 +73,11 @@ class Variant:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
         self.label = f"{backend} {hook}"
         self.backend, self.hook = backend, hook
+        self.times, self.bytes = [], []
+        if hook == "fsdp2":
+            self.net = fsdp2(build(model), group)
+            self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01)
+            return
         self.net = torch.nn.parallel.DistributedDataParallel(
             build(model), process_group=group, gradient_as_bucket_view=True,
             # powerSGD_hook over gloo hangs with several buckets in flight (bench_compression.py)
@@ -85,12 +91,28 @@ class Variant:
                 use_error_feedback=True, warm_start=True)
             self.net.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01)
-        self.times, self.bytes = [], []
+
+    def parameters(self):
+        """The full parameters (FSDP2's sharded ones gathered)."""
+        return [getattr(parameter, "full_tensor", lambda: parameter)().detach()
+                for parameter in self.net.parameters()]
 
     def step(self, inputs, labels):
         self.optimizer.zero_grad()
         torch.nn.functional.cross_entropy(self.net(inputs), labels).backward()
         self.optimizer.step()
+
+
+def fsdp2(net, group):
+    """FSDP2 over ``group`` (None: the default group): each Linear sharded, then the whole."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
 
 
 def run_model(comm, model, args, link):
@@ -125,7 +147,7 @@ def run_model(comm, model, args, link):
             other = by_label[f"gloo {variant.hook}"]
             row["max_param_diff"] = comm.allreduce(max(
                 (mine - theirs).abs().max().item()
-                for mine, theirs in zip(variant.net.parameters(), other.net.parameters())),
+                for mine, theirs in zip(variant.parameters(), other.parameters())),
                 op=MPI.MAX)
         rows.append(row)
     dist.destroy_process_group(gloo)
@@ -152,7 +174,7 @@ def main():
     parser.add_argument("--models", nargs="+", default=["small", "large", "mlp25m"],
                         choices=sorted(WIDTHS))
     parser.add_argument("--hooks", nargs="+", default=["none", "fp16", "powersgd4"],
-                        choices=["none", "fp16", "powersgd1", "powersgd4"])
+                        choices=["none", "fp16", "powersgd1", "powersgd4", "fsdp2"])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", help="write the rows here (rank 0)")
