@@ -11,6 +11,8 @@ import gc
 import weakref
 
 from ..process_sets import global_process_set
+from .async_ops import broadcast_async_
+from .bridge import synchronize
 
 _OPTIMIZERS = []  # weak references to the DistributedOptimizers, in the order they were made
 
@@ -23,8 +25,6 @@ def track(optimizer):
 def after_join(last_rank):
     """Every live tracked optimizer over the global process set: the last rank's
     parameters, broadcast to every rank."""
-    from .functions import broadcast_parameters
-
     # an optimizer dropped in a reference cycle goes now on every rank alike, not whenever
     # each rank's collector happens to run
     gc.collect()
@@ -35,5 +35,7 @@ def after_join(last_rank):
             continue
         if optimizer.process_set is not global_process_set:
             continue
-        named = [(f"join.{name}", parameter) for parameter, name in optimizer.joined_parameters()]
-        broadcast_parameters(named, root_rank=last_rank)
+        handles = [broadcast_async_(parameter.data, last_rank, name=f"join.{name}")
+                   for parameter, name in optimizer.joined_parameters()]
+        for handle in handles:
+            synchronize(handle)
