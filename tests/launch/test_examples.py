@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import mpiexec
+from conftest import mpiexec, reported_accuracy, run_example
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
@@ -156,3 +156,12 @@ def test_cuda_without_a_gpu_says_so_on_every_rank(tmp_path):
     job = run(2, "--device", "cuda", "--checkpoint", str(tmp_path / "checkpoint.pt"), timeout=120)
     assert job.returncode != 0
     assert job.stderr.count("--device cuda: this torch sees no CUDA device") == 2, job.stderr[-2000:]
+
+
+def test_the_ddp_example_trains_over_the_hororing_backend_at_three_ranks():
+    """examples/train_ddp.py: a DDP script whose only change is the backend's name."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    job = run_example("train_ddp.py", 3)
+    assert "3 ranks, DDP over hororing" in job.stdout
+    assert reported_accuracy(job) >= 0.95

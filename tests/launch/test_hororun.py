@@ -47,3 +47,14 @@ def test_start_timeout_ends_a_job_whose_rank_never_reaches_init():
     assert job.returncode != 0
     assert "not every rank reached hvd.init() within 2 s" in job.stderr
 
+
+
+def test_a_ddp_script_runs_under_hororun_over_the_hororing_backend():
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    job = subprocess.run([hororun(), "-np", "2", "--start-timeout", "120", sys.executable,
+                          str(ROOT / "examples" / "train_ddp.py"), "--hook", "fp16"],
+                         capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "2 ranks, DDP over hororing, hook fp16" in job.stdout
+    assert float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1)) >= 0.95
