@@ -6,6 +6,8 @@ Every verb takes ``process_set`` (``hvd.global_process_set`` by default); ``root
 ``hvd.rank()`` numbering.
 """
 
+import torch
+
 from .. import collectives as core
 from .. import ops
 from ..process_sets import global_process_set
@@ -41,6 +43,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     check_tensor(tensor)
     compression = compression or Compression.none
     op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
+    if compression is Compression.none and not (tensor.requires_grad and
+                                                torch.is_grad_enabled()):
+        # no gradient to carry: straight to the engine, as the Function's forward would go
+        return synchronize(start_allreduce(tensor, None, name, op, prescale_factor,
+                                           postscale_factor, process_set, inplace=False,
+                                           blocking=True))
     payload, ctx = compression.compress(tensor)
     result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor, compression,
                               process_set)
@@ -89,6 +97,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Return root_rank's tensor on every rank (differentiable). Every rank must call it."""
     check_tensor(tensor)
+    if not (tensor.requires_grad and torch.is_grad_enabled()):  # no gradient to carry
+        return broadcast_now(tensor, root_rank, name, process_set, inplace=False)
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 

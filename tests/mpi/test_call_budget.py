@@ -52,3 +52,29 @@ def test_a_repeated_blocking_4_kib_allreduce_stays_within_its_call_budget(op):
     assert 10 < calls <= BUDGET[op], f"{calls} Python calls per blocking 4 KiB allreduce_"
     expected = 1.0 if op == hvd.Average else float(hvd.size())
     np.testing.assert_array_equal(values, np.full(1024, expected, dtype=np.float32))
+
+
+# the torch binding's blocking verbs on a tensor that needs no gradient (1-3 ranks: allreduce
+# 70, broadcast 84 at this point, with one to spare); they skip the autograd Function
+TORCH_BUDGET = {"allreduce": 71, "broadcast": 85}
+
+
+@pytest.mark.parametrize("verb", sorted(TORCH_BUDGET))
+def test_the_torch_bindings_blocking_verbs_stay_within_their_call_budget(verb):
+    torch = pytest.importorskip("torch")
+    import hororing.torch as hvd_torch
+
+    tensor = torch.full((1024,), float(hvd.rank() + 1))
+    results = []
+
+    def call():
+        if verb == "allreduce":
+            results.append(hvd_torch.allreduce(tensor, op=hvd.Sum, name="budget.torch"))
+        else:
+            results.append(hvd_torch.broadcast(tensor, 0, name="budget.torch.broadcast"))
+    for _ in range(20):
+        call()
+    calls = calls_per_allreduce(call)
+    assert 10 < calls <= TORCH_BUDGET[verb], f"{calls} Python calls per blocking torch {verb}"
+    expected = (sum(range(1, hvd.size() + 1)) if verb == "allreduce" else 1.0)
+    assert all(torch.equal(result, torch.full((1024,), float(expected))) for result in results)
