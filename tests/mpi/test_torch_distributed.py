@@ -261,6 +261,20 @@ def test_point_to_point_around_the_ring():
     dist.barrier()
 
 
+def test_point_to_point_between_two_ranks_of_a_fresh_group_needs_no_one_else():
+    rank, size = rank_size()
+    if size == 1:
+        pytest.skip("needs two ranks")
+    group = dist.new_group(list(range(size)))
+    if rank == 0:
+        dist.send(torch.arange(6.0), dst=1, group=group)
+    elif rank == 1:
+        received = torch.empty(6)
+        dist.recv(received, src=0, group=group)
+        assert received.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    dist.barrier()
+
+
 def test_subgroups_run_on_their_members_only():
     rank, size = rank_size()
     evens = list(range(0, size, 2))

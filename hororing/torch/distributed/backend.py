@@ -64,8 +64,9 @@ class ProcessGroupHororing(dist.ProcessGroup):
         self._counts = {}     # call signature -> calls made with it
         self._holders = {}    # name -> the engine handle that last held it
         self._names_lock = threading.Lock()
-        self._p2p = None
-        self._p2p_lock = threading.Lock()
+        # the group's own duplicate communicator for sends and receives (they never match the
+        # engine's messages), made now: every member is here, and MPI_Comm_dup needs them all
+        self._p2p = group_of(process_set).comm.Dup()
 
     def getBackendName(self):
         return NAME
@@ -378,12 +379,7 @@ class ProcessGroupHororing(dist.ProcessGroup):
     # ---- point to point --------------------------------------------------------------------
 
     def _peer_comm(self):
-        """The group's own duplicate communicator for sends and receives: they never match
-        the engine's messages."""
-        with self._p2p_lock:
-            if self._p2p is None:
-                self._p2p = group_of(self._set).comm.Dup()
-            return self._p2p
+        return self._p2p
 
     def send(self, tensors, dst, tag):
         comm = self._peer_comm()
