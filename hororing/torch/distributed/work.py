@@ -3,9 +3,10 @@ whose future completes when hororing's handles do, so nothing blocks inside the 
 DDP's reducer and comm hooks can chain on the future.
 
 A future's callbacks run on the thread that completes it, and torch's hooks block in them
-(PowerSGD's waits for its next allreduce inside a callback). So the engine's thread never
-completes a future: a waiter completes its own (``Work.wait``), and otherwise a completion
-thread does (``_Completions``), another being started whenever every one is blocked.
+(PowerSGD's waits for its next allreduce inside a callback). So the engine's thread completes
+a future only where no Python code chained on it (``_WatchedFuture``: DDP's reducer waits from
+C++); a waiter completes its own (``Work.wait``); otherwise a completion thread does
+(``_Completions``), another being started whenever every one is blocked.
 """
 
 import queue
@@ -50,6 +51,27 @@ class _Completions:
 _COMPLETIONS = _Completions()
 
 
+class _WatchedFuture(torch.futures.Future):
+    """A future that knows whether Python code chained on it (``then``,
+    ``add_done_callback``): such a callback may block, so it must not run on the engine's
+    thread. ``lock`` orders a chaining against the engine's decision to complete at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.chained = False
+
+    def then(self, callback):
+        with self.lock:
+            self.chained = True
+        return super().then(callback)
+
+    def add_done_callback(self, callback):
+        with self.lock:
+            self.chained = True
+        return super().add_done_callback(callback)
+
+
 class HandlesWork(dist._Work):
     """The Work of one collective made of hororing handles (``TorchHandle``s).
 
@@ -65,7 +87,7 @@ class HandlesWork(dist._Work):
         self._handles = list(handles)
         self._finish = finish
         self._on_error = on_error
-        self._future = torch.futures.Future()
+        self._future = _WatchedFuture()
         self._left = len(self._handles)
         self._lock = threading.Lock()
         self._waiting = False   # a thread is in wait(): it completes the future itself
@@ -88,6 +110,12 @@ class HandlesWork(dist._Work):
             self._left -= 1
             last = self._left == 0
         if last and not self._waiting:
+            future = self._future
+            with future.lock:
+                if not future.chained:  # only C++ waits on it (DDP's reducer): complete here
+                    if self._claim():
+                        self._complete()
+                    return
             _COMPLETIONS.submit(lambda: self._claim() and self._complete())
 
     def _claim(self):
