@@ -319,7 +319,7 @@ def join(device=-1):
 # ---- the one door --------------------------------------------------------------------------
 
 def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, blocking=False,
-          **arguments):
+          into=None, **arguments):
     """Start one collective: the entry every verb here and both bindings go through.
 
     ``arguments`` are the verb's own (``average``, ``op``, ``prescale_factor``,
@@ -327,7 +327,9 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     ``root_rank`` for broadcast; ``splits`` for alltoall; none for allgather, barrier and
     join), checked by the kind's rule below and turned into the fields every rank must agree
     on. ``blocking``: the caller synchronizes at once and drives the engine itself (the
-    background thread is not woken for it). Returns the handle.
+    background thread is not woken for it). ``into``: a C-contiguous numpy array the result
+    of an allgather is written into where it fits exactly (else a new one is made). Returns
+    the handle.
 
     Raises:
         TypeError, ValueError: a bad argument, named, before anything is queued.
@@ -347,7 +349,7 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         _check_arguments(kind, arguments)  # names what the kind takes, where that was wrong
         raise
     return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
-                   blocking=blocking, **fields)
+                   blocking=blocking, into=into, **fields)
 
 
 def _synchronization(kind, process_set, arguments):
@@ -430,7 +432,8 @@ def _arguments_of(rule):
              if parameter.default is inspect.Parameter.empty})
 
 
-def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, **fields):
+def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, into=None,
+            **fields):
     # each check is called where it will raise, or where the array is not a plain numpy one
     # (the common case passes them inline: a call each would be paid on every collective)
     if type(tensor) is not np.ndarray:
@@ -453,6 +456,9 @@ def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False
             tensor = output = _contiguous(tensor)
     elif not flags.c_contiguous:
         tensor = _contiguous(tensor)
+    if into is not None and kind == "allgather" and type(into) is np.ndarray \
+            and into.flags.c_contiguous and into.dtype == tensor.dtype:
+        output = into  # the executor writes the gathered rows here where they fit exactly
     if fields.get("op") == ops.Adasum:
         check_adasum_dtype(ops.Adasum, tensor.dtype)
     meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,

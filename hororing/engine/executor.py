@@ -139,10 +139,22 @@ class Executor:
         dim0s = [response.metas[rank].shape[0] for rank in range(self.size)]
         rest = tuple(meta.shape[1:])
         row_bytes = math.prod(rest) * np.dtype(meta.dtype).itemsize
-        output = place.new((sum(dim0s),) + rest, meta.dtype)
+        shape = (sum(dim0s),) + rest
         counts = [dim0 * row_bytes for dim0 in dim0s]
-        self.comm.Allgatherv([place.flat_bytes(request.tensor), MPI.BYTE],
-                             [place.flat_bytes(output), counts, _displacements(counts), MPI.BYTE])
+        displacements = _displacements(counts)
+        send = [place.flat_bytes(request.tensor), MPI.BYTE]
+        given = request.output  # the caller's array, where it holds exactly the rows
+        output = None
+        if given is not None and given.size == math.prod(shape):
+            output = given.reshape(shape)
+            start, mine = output.ctypes.data, request.tensor.ctypes.data
+            if mine == start + displacements[self.rank]:
+                send = MPI.IN_PLACE  # the input is this rank's rows of the output already
+            elif start < mine + request.tensor.nbytes and mine < start + output.nbytes:
+                output = None  # the input lies elsewhere in the output: a buffer of its own
+        if output is None:
+            output = place.new(shape, meta.dtype)
+        self.comm.Allgatherv(send, [place.flat_bytes(output), counts, displacements, MPI.BYTE])
         return output
 
     def _alltoall(self, response, request, place):

@@ -131,6 +131,22 @@ def test_all_gather_forms(count, async_op):
     torch.testing.assert_close(flat, everyone(count).reshape(-1))
 
 
+def test_all_gather_into_tensor_in_place_and_overlapping():
+    """FSDP2's way: the input is this rank's chunk of the output (gathered in place); an
+    input lying elsewhere in the output is gathered through a buffer of its own."""
+    rank, size = rank_size()
+    output = torch.zeros(size * 5)
+    output[5 * rank:5 * rank + 5] = data(rank, 5)
+    dist.all_gather_into_tensor(output, output[5 * rank:5 * rank + 5])
+    torch.testing.assert_close(output.double(), everyone(5).reshape(-1))
+    if size > 1:
+        output = torch.zeros(size * 5)
+        elsewhere = (rank + 1) % size
+        output[5 * elsewhere:5 * elsewhere + 5] = data(rank, 5)
+        dist.all_gather_into_tensor(output, output[5 * elsewhere:5 * elsewhere + 5])
+        torch.testing.assert_close(output.double(), everyone(5).reshape(-1))
+
+
 def test_object_collectives():
     rank, size = rank_size()
     gathered = [None] * size

@@ -17,7 +17,9 @@ from ... import ops
 from ..._mpi import MPI
 from ...process_sets import global_process_set, group_of, members_process_set
 from ...running import current
+from ... import collectives as core
 from .. import async_ops
+from ..bridge import TorchHandle, as_numpy, to_torch
 from ..compression import Compression
 from .work import DoneWork, HandlesWork, RequestWork
 
@@ -190,11 +192,12 @@ class ProcessGroupHororing(dist.ProcessGroup):
             raise ValueError(f"all_gather_into_tensor: the output has {output.numel()} elements; "
                              f"it needs the input's {tensor.numel()} times the group's size "
                              f"{self.size()}")
-        handle = self._gather_flat(tensor, "allgather_into_tensor")
+        handle = self._gather_flat(tensor, "allgather_into_tensor", into=output)
         return self._work([handle], lambda results: _copy_flat(results[0], output))
 
     def allgather_into_tensor_coalesced(self, outputs, tensors, opts=None):
-        handles = [self._gather_flat(tensor, "allgather_into_tensor") for tensor in tensors]
+        handles = [self._gather_flat(tensor, "allgather_into_tensor", into=output)
+                   for tensor, output in zip(tensors, outputs)]
 
         def finish(results):
             for result, output in zip(results, outputs):
@@ -221,11 +224,24 @@ class ProcessGroupHororing(dist.ProcessGroup):
             return output_lists
         return self._work(handles, finish)
 
-    def _gather_flat(self, tensor, kind):
+    def _gather_flat(self, tensor, kind, into=None):
+        """Every member's ``tensor``, flat, in rank order; ``into``: a tensor the engine
+        gathers straight into where it can (a contiguous CPU tensor of the same dtype, not
+        bfloat16), with no copy after."""
         flat = tensor.detach().reshape(-1)
-        return self._start(kind, flat, lambda name: async_ops.allgather_async(flat, name,
-                                                                              self._set),
-                           rows_vary=True)
+        if (into is None or into.device.type != "cpu" or not into.is_contiguous()
+                or into.dtype != flat.dtype or flat.dtype == torch.bfloat16
+                or flat.device.type != "cpu"):
+            return self._start(kind, flat, lambda name: async_ops.allgather_async(
+                flat, name, self._set), rows_vary=True)
+        target = into.detach().view(-1)
+
+        def start(name):
+            inner = core.start("allgather", as_numpy(flat), name, self._set,
+                               into=target.numpy())
+            return TorchHandle(inner, lambda result: target if result.ctypes.data ==
+                               target.data_ptr() else to_torch(result, flat))
+        return self._start(kind, flat, start, rows_vary=True)
 
     # ---- reduce_scatter --------------------------------------------------------------------
 
@@ -372,7 +388,6 @@ class ProcessGroupHororing(dist.ProcessGroup):
     # ---- barrier ---------------------------------------------------------------------------
 
     def barrier(self, opts=None):
-        from ... import collectives as core
         handle = core.start("barrier", process_set=self._set)
         return self._work([_Raw(handle)], lambda results: [])
 
@@ -423,6 +438,8 @@ def _opt(opts, name, default):
 
 
 def _copy_flat(result, output):
+    if result.data_ptr() == output.data_ptr():  # gathered into the output itself
+        return output
     output.view(-1).copy_(result.reshape(-1)) if output.is_contiguous() else \
         output.copy_(result.reshape(output.shape))
     return output
