@@ -14,14 +14,14 @@ import torch
 import torch.distributed as dist
 
 from ... import ops
-from ..._mpi import MPI
 from ...process_sets import global_process_set, group_of, members_process_set
 from ...running import current
 from ... import collectives as core
 from .. import async_ops
 from ..bridge import TorchHandle, as_numpy, to_torch
 from ..compression import Compression
-from .work import DoneWork, HandlesWork, RequestWork
+from .peer import PointToPoint
+from .work import DoneWork, HandlesWork
 
 NAME = "hororing"
 _SIXTEEN_BITS = {torch.float16: Compression.fp16, torch.bfloat16: Compression.bf16}
@@ -48,7 +48,7 @@ def reduction(reduce_op):
     return op, factor
 
 
-class ProcessGroupHororing(dist.ProcessGroup):
+class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
     """A torch.distributed process group over a hororing process set.
 
     Args:
@@ -199,11 +199,7 @@ class ProcessGroupHororing(dist.ProcessGroup):
         handles = [self._gather_flat(tensor, "allgather_into_tensor", into=output)
                    for tensor, output in zip(tensors, outputs)]
 
-        def finish(results):
-            for result, output in zip(results, outputs):
-                _copy_flat(result, output)
-            return outputs
-        return self._work(handles, finish)
+        return self._work(handles, _copy_each(outputs))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         handles = [self._gather_flat(tensor, "allgather_coalesced") for tensor in input_tensors]
@@ -266,11 +262,7 @@ class ProcessGroupHororing(dist.ProcessGroup):
             handles.append(self._scatter_rows(tensor.detach().reshape(self.size(), -1), op,
                                               factor, "reduce_scatter_tensor"))
 
-        def finish(results):
-            for result, output in zip(results, outputs):
-                _copy_flat(result, output)
-            return outputs
-        return self._work(handles, finish)
+        return self._work(handles, _copy_each(outputs))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op, factor = reduction(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
@@ -286,11 +278,7 @@ class ProcessGroupHororing(dist.ProcessGroup):
             rows = torch.stack([part.detach().reshape(-1) for part in inputs])
             handles.append(self._scatter_rows(rows, op, factor, "reduce_scatter"))
 
-        def finish(results):
-            for result, output in zip(results, outputs):
-                _copy_flat(result, output)
-            return outputs
-        return self._work(handles, finish)
+        return self._work(handles, _copy_each(outputs))
 
     def _scatter_rows(self, rows, op, factor, kind):
         """Row r of ``rows`` (one per rank) reduced over the group, to rank r: hororing's
@@ -391,35 +379,6 @@ class ProcessGroupHororing(dist.ProcessGroup):
         handle = core.start("barrier", process_set=self._set)
         return self._work([_Raw(handle)], lambda results: [])
 
-    # ---- point to point --------------------------------------------------------------------
-
-    def _peer_comm(self):
-        return self._p2p
-
-    def send(self, tensors, dst, tag):
-        comm = self._peer_comm()
-        self._job_rank(dst, "dst")
-        tensor = _host(tensors[0], "send").contiguous()
-        request = comm.Isend(_buffer(tensor), dest=dst, tag=tag)
-        return RequestWork(request, tensors, finish=lambda: tensor)
-
-    def recv(self, tensors, src, tag):
-        self._job_rank(src, "src")
-        return self._receive(tensors, src, tag)
-
-    def recv_anysource(self, tensors, tag):
-        return self._receive(tensors, MPI.ANY_SOURCE, tag)
-
-    def _receive(self, tensors, source, tag):
-        comm = self._peer_comm()
-        target = tensors[0]
-        _host(target, "recv")
-        staging = target if target.is_contiguous() else torch.empty_like(
-            target, memory_format=torch.contiguous_format)
-        request = comm.Irecv(_buffer(staging), source=source, tag=tag)
-        finish = None if staging is target else (lambda: target.copy_(staging))
-        return RequestWork(request, tensors, finish)
-
 
 class _Raw:
     """A bare engine handle (a barrier's) in the shape of a TorchHandle."""
@@ -445,6 +404,15 @@ def _copy_flat(result, output):
     return output
 
 
+def _copy_each(outputs):
+    """A finish laying each result into its output tensor, in order."""
+    def finish(results):
+        for result, output in zip(results, outputs):
+            _copy_flat(result, output)
+        return outputs
+    return finish
+
+
 def _split_into(results, output_lists):
     """Each gathered (flat, every rank's piece in rank order) result into its list of output
     tensors, one per rank."""
@@ -456,18 +424,6 @@ def _split_into(results, output_lists):
         for part, output in zip(torch.split(result, sizes), outputs):
             _copy_flat(part, output)
     return None
-
-
-def _host(tensor, verb):
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{verb} of the hororing backend moves CPU tensors; this one is on "
-                         f"{tensor.device}: send tensor.cpu() and copy it back")
-    return tensor
-
-
-def _buffer(tensor):
-    """An MPI buffer over a contiguous CPU tensor's bytes."""
-    return tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else bytearray()
 
 
 def make(options, backend_options=None):

@@ -72,14 +72,43 @@ class _WatchedFuture(torch.futures.Future):
         return super().add_done_callback(callback)
 
 
-class HandlesWork(dist._Work):
+class _FutureWork(dist._Work):
+    """What torch asks of a Work besides ``wait``, read from its future ``_future``."""
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._future.done()
+
+    def exception(self):
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except BaseException as error:
+            return error
+        return None
+
+    def is_success(self):
+        return self._future.done() and self.exception() is None
+
+    def result(self):
+        self.wait()
+        return self._future.value()
+
+    def synchronize(self):
+        self.wait()
+
+
+class HandlesWork(_FutureWork):
     """The Work of one collective made of hororing handles (``TorchHandle``s).
 
     ``finish(results)`` runs once every handle is done, with each handle's torch result in
     order; it lays results where torch wants them (copies into output tensors) and returns
-    the future's value; ``on_error()`` runs first where a handle failed. ``wait`` drives the engine from the calling thread, as a blocking
-    hororing call does, then returns once ``finish`` has run; an error raises there and
-    fails the future.
+    the future's value; ``on_error()`` runs first where a handle failed. ``wait`` drives the
+    engine from the calling thread, as a blocking hororing call does, then returns once
+    ``finish`` has run; an error raises there and fails the future.
     """
 
     def __init__(self, handles, finish, on_error=None):
@@ -148,38 +177,6 @@ class HandlesWork(dist._Work):
         self._future.wait()
         return True
 
-    def get_future(self):
-        return self._future
-
-    def is_completed(self):
-        return self._future.done()
-
-    def is_success(self):
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except BaseException:
-            return False
-        return True
-
-    def exception(self):
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except BaseException as error:
-            return error
-        return None
-
-    def result(self):
-        self.wait()
-        return self._future.value()
-
-    def synchronize(self):
-        self.wait()
-
-
 def _result(inner):
     """A finished engine handle's result (a group's: the list of its members'), or its
     error raised; never drives the engine (this may run on the engine's own thread)."""
@@ -195,7 +192,7 @@ def _members(inner):
     return handles if handles is not None else [inner]
 
 
-class DoneWork(dist._Work):
+class DoneWork(_FutureWork):
     """A collective that finished inside the call (a size-1 group's, or one with nothing to
     move): its future already holds ``value``."""
 
@@ -207,26 +204,8 @@ class DoneWork(dist._Work):
     def wait(self, timeout=None):
         return True
 
-    def get_future(self):
-        return self._future
 
-    def is_completed(self):
-        return True
-
-    def is_success(self):
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._future.value()
-
-    def synchronize(self):
-        pass
-
-
-class RequestWork(dist._Work):
+class RequestWork(_FutureWork):
     """A point-to-point send or receive: an MPI request on the group's own communicator.
 
     ``wait`` waits for the request and runs ``finish`` (a receive's copy into a tensor that
@@ -275,27 +254,9 @@ class RequestWork(dist._Work):
         except BaseException:  # the future carries it
             pass
 
-    def is_completed(self):
-        return self._future.done()
-
-    def is_success(self):
-        return self._future.done() and self.exception() is None
-
-    def exception(self):
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except BaseException as error:
-            return error
-        return None
-
     def result(self):
         self.wait()
         return self._tensors
-
-    def synchronize(self):
-        self.wait()
 
     def _source_rank(self):
         return self._source
