@@ -13,7 +13,7 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pro
                 shutdown, size)
 from .. import data
 from ..errors import HostsUpdatedInterrupt, PreconditionError
-from . import comm_hooks, distributed, elastic
+from . import checkpoint, comm_hooks, distributed, elastic
 from .async_optimizer import AsyncPSOptimizer
 from .bridge import poll, synchronize
 from .build import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available,
@@ -40,7 +40,7 @@ __all__ = [
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size",
+    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "checkpoint", "cross_rank", "cross_size",
     "comm_hooks", "cuda_built", "distributed", "data", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "gpu_available",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",

@@ -1,0 +1,215 @@
+"""Checkpoints in torch.distributed.checkpoint's (DCP's) format, each rank writing its part.
+
+    hvd.checkpoint.save("ckpt/step100", model, optimizer, step=100, epoch=3)
+    extra = hvd.checkpoint.load("ckpt/step100", model, optimizer)   # {"step": 100, "epoch": 3}
+    handle = hvd.checkpoint.async_save("ckpt/step200", model, optimizer, step=200)
+    ...                                                             # training goes on
+    handle.wait()
+
+Every call is collective: every rank calls it with its own model and optimizer. A sharded
+optimizer's ranks each write their slice of its state and never hold the whole; what every
+rank holds alike (the parameters, an unsharded optimizer's state) is written once. A load
+works at any number of ranks: each reads its own slice of the state as the optimizer it is
+given divides it. The directory is a DCP checkpoint keyed by parameter names, as
+``torch.distributed.checkpoint.state_dict.get_state_dict`` keys a full state dict
+(``states.py``); a process with neither MPI nor hororing reads it with ``dcp.load`` or
+``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``.
+
+DCP plans over a torch.distributed process group: a ``hororing`` group of every rank, made
+at the first call (``dist.init_process_group("hororing")`` first, where no default group
+exists yet). A save is published whole or not at all (``files.py``).
+"""
+
+import copy
+import threading
+
+import torch
+
+from . import files, states
+from .boxes import Boxes
+
+__all__ = ["save", "load", "async_save", "AsyncSave"]
+
+_GROUP = None
+_PENDING = None  # the AsyncSave in flight
+
+
+def _group():
+    """The process group DCP plans over: every rank, hororing's backend, used by checkpoints
+    alone (an async save's thread runs its collectives there, beside training's)."""
+    global _GROUP
+    import torch.distributed as dist
+
+    from ... import context
+    if not dist.is_initialized():
+        dist.init_process_group("hororing")
+    if dist.get_world_size() != context.size():
+        raise RuntimeError(
+            f"torch.distributed's world has {dist.get_world_size()} processes, hororing's "
+            f"{context.size()}: checkpoints need both to be the same ranks (start torch's "
+            f"with dist.init_process_group('hororing'), or let a checkpoint call start it)")
+    if _GROUP is None:
+        _GROUP = dist.new_group(backend="hororing")
+    return _GROUP
+
+
+def _agreed(group, problems, what):
+    """Raise on every rank if any rank has ``problems`` (so no rank goes on alone into the
+    collectives that follow)."""
+    import torch.distributed as dist
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, problems, group=group)
+    found = []
+    for rank, found_here in enumerate(everyone):
+        for problem in found_here:
+            if problem not in found:
+                found.append(problem)
+    if found:
+        raise ValueError(f"{what}: " + "; ".join(found))
+
+
+def _on_rank0(group, action):
+    """Run ``action`` on rank 0; raise its error on every rank."""
+    import torch.distributed as dist
+    problems = []
+    if dist.get_rank(group) == 0:
+        try:
+            problem = action()
+            if problem:
+                problems.append(problem)
+        except OSError as error:
+            problems.append(f"{type(error).__name__}: {error}")
+    return problems
+
+
+def _write(state, path, group):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from .planners import SavePlanner
+    _agreed(group, _on_rank0(group, lambda: files.unwritable(path)),
+            f"cannot save a checkpoint at {path}")
+    _agreed(group, _on_rank0(group, lambda: files.begin(path)),
+            f"cannot save a checkpoint at {path}")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(files.saving(path)),
+             planner=SavePlanner(), process_group=group)
+    _agreed(group, _on_rank0(group, lambda: files.publish(path)),
+            f"cannot publish the checkpoint at {path}")
+    dist.barrier(group=group)
+
+
+def save(path, model, optimizer=None, **extra):
+    """Write ``model``'s and ``optimizer``'s state and ``extra`` (picklable values, tensors)
+    to the directory ``path`` (collective). A sharded optimizer's ranks write their own
+    slices of its state. Replaces an earlier checkpoint at ``path`` once the new one is
+    complete."""
+    wait_pending()
+    _write(states.to_save(model, optimizer, extra), path, _group())
+
+
+def load(path, model, optimizer=None):
+    """Read the checkpoint at ``path`` into ``model`` and ``optimizer`` (collective; any
+    number of ranks, whatever number saved it) and return its ``extra`` values. A checkpoint
+    of another model, one torn by a rank that stopped while saving, or an optimizer that does
+    not fit raises ``ValueError`` naming what differs, on every rank, before anything is
+    read."""
+    import torch.distributed.checkpoint as dcp
+
+    from .planners import LoadPlanner
+    wait_pending()
+    group = _group()
+    problems, destination = [], None
+    try:
+        metadata = files.read_metadata(path)
+        destination = states.Destination(model, optimizer, metadata.planner_data,
+                                         metadata.state_dict_metadata)
+        problems = destination.problems
+    except ValueError as error:
+        problems = [str(error)]
+    _agreed(group, problems, f"cannot load {path}")
+    dcp.load(destination.tree, storage_reader=dcp.FileSystemReader(path),
+             planner=LoadPlanner(), process_group=group)
+    destination.apply()
+    return destination.extra()
+
+
+class AsyncSave:
+    """An ``async_save`` in flight: ``wait()`` returns once it is published (raising what
+    went wrong on any rank), ``done()`` says whether it has ended."""
+
+    def __init__(self, state, path, group):
+        self.path = path
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(state, path, group),
+                                        name=f"hororing checkpoint {path}")
+        self._thread.start()
+
+    def _run(self, state, path, group):
+        try:
+            _write(state, path, group)
+        except BaseException as error:  # raised by wait()
+            self._error = error
+
+    def done(self):
+        return not self._thread.is_alive()
+
+    def wait(self):
+        global _PENDING
+        self._thread.join()
+        if _PENDING is self:
+            _PENDING = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def wait_pending():
+    """Wait for the async save in flight, if any (every save and load does first)."""
+    if _PENDING is not None:
+        _PENDING.wait()
+
+
+class _Staging:
+    """Host memory an async save copies the state into, kept from save to save (a save of
+    the same model reuses it: no fresh pages to fault in)."""
+
+    def __init__(self):
+        self.buffers = {}
+
+    def copy(self, key, tensor):
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
+                                 pin_memory=tensor.is_cuda)
+            self.buffers[key] = buffer
+        buffer.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+        return buffer
+
+    def stage(self, value, key=()):
+        if isinstance(value, dict):
+            return {name: self.stage(item, key + (name,)) for name, item in value.items()}
+        if isinstance(value, list):
+            return [self.stage(item, key + (index,)) for index, item in enumerate(value)]
+        if isinstance(value, Boxes):
+            boxes = iter(range(len(value.chunks)))
+            return value.staged(lambda view: self.copy(key + (next(boxes),), view))
+        if torch.is_tensor(value):
+            return self.copy(key, value)
+        return copy.deepcopy(value)
+
+
+_STAGING = _Staging()
+
+
+def async_save(path, model, optimizer=None, **extra):
+    """``save`` in the background: the state is copied to host staging memory before this
+    returns (training may change it at once), and written by a thread while training goes
+    on. Returns an ``AsyncSave``; a later save or load waits for it first. Collective."""
+    global _PENDING
+    wait_pending()
+    group = _group()
+    staged = _STAGING.stage(states.to_save(model, optimizer, extra))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # the device-to-host copies into pinned staging
+    _PENDING = AsyncSave(staged, path, group)
+    return _PENDING
