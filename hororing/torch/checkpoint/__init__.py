@@ -21,6 +21,7 @@ exists yet). A save is published whole or not at all (``files.py``).
 """
 
 import copy
+import os
 import threading
 
 import torch
@@ -32,6 +33,7 @@ __all__ = ["save", "load", "async_save", "AsyncSave"]
 
 _GROUP = None
 _PENDING = None  # the AsyncSave in flight
+_NICE = 10  # an async save's writing thread's niceness (Linux: per thread)
 
 
 def _group():
@@ -51,6 +53,13 @@ def _group():
     if _GROUP is None:
         _GROUP = dist.new_group(backend="hororing")
     return _GROUP
+
+
+def _to_save(group, model, optimizer, extra):
+    """This rank's part of the checkpoint: its slices, and its share of what is replicated."""
+    import torch.distributed as dist
+    return states.share_replicated(states.to_save(model, optimizer, extra),
+                                   dist.get_rank(group), dist.get_world_size(group))
 
 
 def _agreed(group, problems, what):
@@ -104,7 +113,8 @@ def save(path, model, optimizer=None, **extra):
     slices of its state. Replaces an earlier checkpoint at ``path`` once the new one is
     complete."""
     wait_pending()
-    _write(states.to_save(model, optimizer, extra), path, _group())
+    group = _group()
+    _write(_to_save(group, model, optimizer, extra), path, group)
 
 
 def load(path, model, optimizer=None):
@@ -145,6 +155,10 @@ class AsyncSave:
         self._thread.start()
 
     def _run(self, state, path, group):
+        try:  # training's threads come first where they share cores with this one
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
+        except (AttributeError, OSError):
+            pass
         try:
             _write(state, path, group)
         except BaseException as error:  # raised by wait()
@@ -208,7 +222,7 @@ def async_save(path, model, optimizer=None, **extra):
     global _PENDING
     wait_pending()
     group = _group()
-    staged = _STAGING.stage(states.to_save(model, optimizer, extra))
+    staged = _STAGING.stage(_to_save(group, model, optimizer, extra))
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the device-to-host copies into pinned staging
     _PENDING = AsyncSave(staged, path, group)

@@ -8,6 +8,7 @@ checks that ``.metadata`` is there and that every file it names is as long as it
 
 import os
 import shutil
+import warnings
 
 METADATA = ".metadata"
 
@@ -63,6 +64,10 @@ def read_metadata(path):
             raise ValueError(f"no checkpoint at {path}: there is no such directory")
         raise ValueError(f"{path} is not a complete checkpoint: it has no {METADATA} "
                          f"(written last, once every rank's files are)")
+    if os.path.isdir(saving(path)):
+        warnings.warn(f"{saving(path)} holds a later save that did not finish (a rank stopped "
+                      f"while saving); the complete checkpoint at {path} is loaded",
+                      stacklevel=3)
     metadata = FileSystemReader(path).read_metadata()
     needed = {}
     for info in (metadata.storage_data or {}).values():

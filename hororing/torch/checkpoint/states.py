@@ -82,6 +82,33 @@ def to_save(model, optimizer, extra):
     return state
 
 
+def share_replicated(tree, rank, size):
+    """Keep, of the tensors every rank holds alike (everything but ``Boxes``), only those this
+    rank writes: each goes to one rank, the largest first to the rank with the fewest bytes
+    so far. Every rank decides alike from the same sizes, so each tensor is written once and
+    the writing is spread (an async save stages this rank's share only)."""
+    found = []
+
+    def visit(node, path):
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                visit(value, path + (key,))
+            elif torch.is_tensor(value) and isinstance(node, dict):  # (in a list: DCP's
+                found.append((value.nbytes, path + (key,), node, key))  # dedup writes it)
+    visit(tree, ())
+    load = [0] * size
+    drop = []
+    for nbytes, path, node, key in sorted(found, key=lambda item: (-item[0], str(item[1]))):
+        writer = min(range(size), key=lambda candidate: (load[candidate], candidate))
+        load[writer] += nbytes
+        if writer != rank:
+            drop.append((node, key))
+    for node, key in drop:
+        del node[key]
+    return tree
+
+
 def _sharded_state(optimizer, names):
     """parameter name -> {key: this rank's Boxes of per-element state, or the per-tensor
     value (the same on every rank)}."""

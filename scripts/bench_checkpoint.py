@@ -1,0 +1,194 @@
+#!/usr/bin/env python
+"""Checkpoints of a sharded Adam: hvd.checkpoint against gathering the full state.
+
+Run under MPI (one job per row; the directory must be one every rank sees):
+
+  mpiexec -n 4 python scripts/bench_checkpoint.py --params 100e6 --dir /tmp/ckpt-bench
+
+An MLP of --params float32 parameters (square layers of --width) trains under
+``DistributedOptimizer(Adam, sharded=True)``. Then, in this order, on the same state:
+
+- ``gather``: what a sharded optimizer offered before: ``optimizer.state_dict()`` (the full
+  state gathered on every rank) and rank 0 ``torch.save``s it with the model.
+- ``save``: ``hvd.checkpoint.save`` (each rank writes its slice; the parameters once).
+- ``async1``, ``async``: ``hvd.checkpoint.async_save``'s call, the first (which allocates
+  the staging memory) and the second (which reuses it, as every later save of a run does);
+  training steps run while the second writes, each against the median of quiet steps.
+- ``load``: ``hvd.checkpoint.load`` into a fresh model and optimizer.
+
+Peak memory is the resident set size sampled every millisecond by a thread while the call
+runs, less the size before it: what the call adds. Beside it: this rank's shard of the Adam
+state and the largest bucket (the bound a save should stay under). Prints one table; ``--json``
+prints the rows.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+
+import torch
+from mpi4py import MPI
+
+import hororing.torch as hvd
+from benchinfo import machine_info, machine_line
+
+COMM = MPI.COMM_WORLD
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident():
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * PAGE
+
+
+class Peak:
+    """The most resident memory above the start, sampled every millisecond."""
+
+    def __enter__(self):
+        self.start = self.peak = resident()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, resident())
+            time.sleep(0.001)
+
+    def __exit__(self, *_):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, resident())
+        self.added = self.peak - self.start
+
+
+def build(params, width):
+    layers = max(1, round(params / (width * width + width)))
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+
+def step(model, optimizer, data):
+    optimizer.zero_grad()
+    model(data).pow(2).mean().backward()
+    optimizer.step()
+
+
+def timed(action):
+    COMM.Barrier()
+    with Peak() as peak:
+        start = time.perf_counter()
+        action()
+        seconds = time.perf_counter() - start
+    return seconds, peak.added
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, default=100e6)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--dir", default="/tmp/hororing-bench-checkpoint")
+    parser.add_argument("--quiet-steps", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    hvd.init()
+    torch.manual_seed(0)
+    model = build(int(args.params), args.width)
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
+                                         sharded=True)
+    data = torch.randn(args.batch_size, args.width,
+                       generator=torch.Generator().manual_seed(hvd.rank()))
+    step(model, optimizer, data)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    shard = sum(value.nbytes for state in optimizer.state.values()
+                for value in state.values() if torch.is_tensor(value))
+    bucket = max((bucket.high - bucket.low) * 4 for vectors in optimizer._vectors
+                 for vector in vectors for bucket in vector.buckets)
+    if hvd.rank() == 0:
+        shutil.rmtree(args.dir, ignore_errors=True)
+        os.makedirs(args.dir)
+    COMM.Barrier()
+    rows = {}
+
+    def gather():
+        state = optimizer.state_dict()
+        if hvd.rank() == 0:
+            torch.save({"model": model.state_dict(), "optimizer": state},
+                       os.path.join(args.dir, "gathered.pt"))
+        del state
+    rows["gather"] = timed(gather)
+    rows["save"] = timed(lambda: hvd.checkpoint.save(os.path.join(args.dir, "dcp"), model,
+                                                     optimizer, step=1))
+    quiet = []
+    for _ in range(args.quiet_steps):
+        quiet.append(timed(lambda: step(model, optimizer, data))[0])
+    handle = []
+    # the first async save allocates its staging memory; later ones (a training run's every
+    # save after its first) copy into it
+    rows["async1"] = timed(lambda: handle.append(hvd.checkpoint.async_save(
+        os.path.join(args.dir, "dcp-async"), model, optimizer, step=2)))
+    handle.pop().wait()
+    rows["async"] = timed(lambda: handle.append(hvd.checkpoint.async_save(
+        os.path.join(args.dir, "dcp-async"), model, optimizer, step=2)))
+    during, write_start = [], time.perf_counter()
+    while True:  # every rank steps until every rank's write is done
+        busy = COMM.allreduce(0 if handle[0].done() else 1)
+        if not busy and during:
+            break
+        start = time.perf_counter()
+        step(model, optimizer, data)
+        during.append(time.perf_counter() - start)
+    handle[0].wait()
+    write_seconds = time.perf_counter() - write_start
+    fresh = build(int(args.params), args.width)
+    fresh_optimizer = hvd.DistributedOptimizer(torch.optim.Adam(fresh.parameters(), lr=1e-4),
+                                               sharded=True)
+    rows["load"] = timed(lambda: hvd.checkpoint.load(os.path.join(args.dir, "dcp"), fresh,
+                                                     fresh_optimizer))
+    files = sorted((name, os.path.getsize(os.path.join(args.dir, "dcp", name)))
+                   for name in os.listdir(os.path.join(args.dir, "dcp")))
+    gathered = COMM.gather({name: (seconds, added) for name, (seconds, added) in rows.items()})
+    steps = COMM.gather((statistics.median(quiet), during))
+    if hvd.rank() != 0:
+        return
+    size = hvd.size()
+    table = []
+    for name in rows:
+        seconds = max(rank[name][0] for rank in gathered)
+        added = [rank[name][1] for rank in gathered]
+        table.append({"what": name, "ranks": size, "params": parameters,
+                      "seconds": round(seconds, 3), "peak_added_mb_per_rank":
+                      [round(value / 2**20) for value in added],
+                      "shard_plus_bucket_mb": round((shard + bucket) / 2**20)})
+    quiet_step = max(rank[0] for rank in steps)
+    during_steps = [max(values) for values in zip(*(rank[1] for rank in steps))]
+    total = sum(size for _, size in files)
+    if args.json:
+        print(json.dumps({"rows": table, "quiet_step": quiet_step, "steps_during_async":
+                          during_steps, "async_write_seconds": write_seconds,
+                          "files": files}))
+        return
+    print(machine_line(machine_info()))
+    print(f"{size} ranks, {parameters / 1e6:.1f} M parameters, Adam sharded=True; this "
+          f"rank's shard {shard / 2**20:.0f} MiB, largest bucket {bucket / 2**20:.0f} MiB")
+    print(f"{'what':8} {'seconds':>8}  peak added per rank (MiB)")
+    for row in table:
+        print(f"{row['what']:8} {row['seconds']:8.3f}  {row['peak_added_mb_per_rank']}")
+    save_seconds = next(row["seconds"] for row in table if row["what"] == "save")
+    async_seconds = next(row["seconds"] for row in table if row["what"] == "async")
+    print(f"async_save's call / save: {async_seconds / save_seconds:.3f}; background write "
+          f"{write_seconds:.2f} s")
+    print(f"quiet step {quiet_step:.3f} s; steps during the write: "
+          + ", ".join(f"{value:.3f} ({value / quiet_step:.2f}x)" for value in during_steps))
+    print(f"files: " + ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in files)
+          + f"; largest {max(size for _, size in files) / total:.0%} of {total / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

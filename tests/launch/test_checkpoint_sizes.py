@@ -1,0 +1,41 @@
+"""hvd.checkpoint across job sizes: saved by 4 ranks, resumed by 2, 3 and 5 (sizes the
+state does not divide evenly), and a save torn by a rank that died (jobs/checkpoint_sizes.py)."""
+
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def resumed(job, size, step=2):
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(size):
+        assert f"rank {rank} resumed at {size} ranks from step {step}" in job.stdout, job.stdout
+
+
+def test_a_checkpoint_of_4_ranks_resumes_at_2_3_and_5(launch, tmp_path):
+    path = str(tmp_path / "ckpt")
+    saved = launch(4, "checkpoint_sizes.py", "save", path, timeout=180)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    for size in (2, 3, 5):
+        resumed(launch(size, "checkpoint_sizes.py", "load", path, timeout=180), size)
+
+
+def test_a_save_a_rank_died_in_is_never_loaded(launch, tmp_path):
+    path = str(tmp_path / "ckpt")
+    # nothing complete at the path: every rank refuses, naming the unfinished save
+    torn = launch(4, "checkpoint_sizes.py", "torn", path, timeout=180)
+    assert torn.returncode != 0
+    assert not os.path.exists(path) and os.path.isdir(path + ".saving")
+    refused = launch(3, "checkpoint_sizes.py", "load", path, timeout=180)
+    assert refused.returncode == 0, refused.stderr[-3000:]
+    for rank in range(3):
+        assert f"rank {rank} refused: cannot load {path}: the save of {path} did not " \
+               f"finish" in refused.stdout, refused.stdout
+    # a complete checkpoint, then a torn save over it: the complete one stays and loads
+    assert launch(4, "checkpoint_sizes.py", "save", path, timeout=180).returncode == 0
+    assert launch(4, "checkpoint_sizes.py", "torn", path, timeout=180).returncode != 0
+    job = launch(2, "checkpoint_sizes.py", "load", path, timeout=180)
+    resumed(job, 2)
+    assert "holds a later save that did not finish" in job.stderr
