@@ -234,8 +234,10 @@ class Destination:
             raise ValueError(f"{self.names[parameter]} is not trained by this optimizer "
                              f"(it does not require a gradient), yet the checkpoint has "
                              f"optimizer state for it")
-        leaves = self._leaf_state.setdefault((vector, key), [
-            torch.zeros(high - low, dtype=dtype) for low, high in vector.leaf_bounds])
+        leaves = self._leaf_state.get((vector, key))
+        if leaves is None:  # once per vector and key: the leaves every parameter's views share
+            leaves = self._leaf_state[(vector, key)] = [
+                torch.zeros(high - low, dtype=dtype) for low, high in vector.leaf_bounds]
         offset = 0
         for member in vector.parameters:
             if member is parameter:
