@@ -264,3 +264,17 @@ def test_bench_ddp_backend_times_ddp_over_both_backends_and_they_agree(tmp_path)
     # the same training over either backend: the same parameters, up to the order of sums
     assert rows["hororing none"]["max_param_diff"] < 1e-5
     assert rows["hororing fp16"]["max_param_diff"] < 1e-3
+
+
+def test_bench_checkpoint_times_each_way_to_save_and_writes_one_file_per_rank(tmp_path):
+    job = run_under_mpi(3, "bench_checkpoint.py", "--params", "2e6", "--width", "256",
+                        "--quiet-steps", "1", "--dir", str(tmp_path / "ckpt"), "--json",
+                        timeout=300)
+    report = json.loads(job.stdout.strip().splitlines()[-1])
+    assert [row["what"] for row in report["rows"]] == ["gather", "save", "async1", "async",
+                                                       "load"]
+    assert all(row["seconds"] > 0 and len(row["peak_added_mb_per_rank"]) == 3
+               for row in report["rows"])
+    assert report["steps_during_async"] and report["quiet_step"] > 0
+    names = [name for name, _ in report["files"]]
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
