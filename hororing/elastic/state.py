@@ -99,11 +99,20 @@ class State:
     # -- across relaunches ------------------------------------------------------------------
 
     def _persist(self):
-        """Write the last saved state to this host's disk (local rank 0 only)."""
+        """Write the last saved state to this host's disk (local rank 0 writes the commit
+        file; every rank takes part in ``persisted_snapshot``)."""
         directory = job.directory()
-        if directory is not None and context.local_rank() == 0:
+        if directory is None:
+            return
+        snapshot = self.persisted_snapshot(directory, self._commits)
+        if context.local_rank() == 0:
             commits.write(directory, self._commits, {"commits": self._commits,
-                                                     "state": self.snapshot()})
+                                                     "state": snapshot})
+
+    def persisted_snapshot(self, directory, seq):
+        """What commit ``seq``'s file holds (every rank calls it): ``snapshot()``, unless a
+        part of the state writes itself beside the file in ``directory`` (collective)."""
+        return self.snapshot()
 
     def _resume(self):
         """Load the newest commit that any host kept, on every rank. Collective.
@@ -199,6 +208,11 @@ class StateHandler:
     def apply(self, saved):
         raise NotImplementedError
 
+    def persisted(self, directory, seq, name):
+        """What a commit file holds for this value (default: the saved copy). Every rank
+        calls it, in the same order: a handler may write its own part beside the file."""
+        return self.saved
+
     def sync(self):
         raise NotImplementedError
 
@@ -230,6 +244,11 @@ class HandledState(ObjectState):
 
     def snapshot(self):
         return {"handlers": {name: handler.saved for name, handler in self._handlers.items()},
+                "objects": super().snapshot()}
+
+    def persisted_snapshot(self, directory, seq):
+        return {"handlers": {name: handler.persisted(directory, seq, name)
+                             for name, handler in self._handlers.items()},
                 "objects": super().snapshot()}
 
     def load_snapshot(self, snapshot):

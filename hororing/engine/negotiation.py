@@ -72,16 +72,22 @@ class _Entry:
 
 def generated_once(name):
     """True for a name ``Group.auto_name`` generated for one unnamed call
-    (``allreduce.noname.7``, a grouped call's members ``grouped_allreduce.noname.3.0``): it
-    never comes again, so it takes no cache entry (a cache filled with them would leave the
-    names a job repeats without one). A function of the name alone, so every rank decides
-    alike; a DistributedOptimizer's ``allreduce.noname.<group>.<index>`` repeats and is cached."""
+    (``allreduce.noname.7``, a grouped call's members ``grouped_allreduce.noname.3.0``, the
+    parts of one unnamed object or sparse call: ``broadcast_object.noname.4.size``,
+    ``.data``, ``sparse_allreduce.noname.2.values``): it never comes again, so it takes no
+    cache entry (the cache keeps nothing new once full, so entries for names that never
+    come again would leave the names a job repeats without one). A function of the name
+    alone, so every rank decides alike; a DistributedOptimizer's
+    ``allreduce.noname.<group>.<index>`` repeats and is cached."""
     prefix, separator, tail = name.rpartition(".noname.")
     if not separator:
         return False
     number, _, member = tail.partition(".")
-    return number.isdigit() and (not member or (prefix.startswith("grouped_")
-                                                and member.isdigit()))
+    if not number.isdigit():
+        return False
+    if member.isdigit():
+        return prefix.startswith("grouped_")
+    return True  # no member, or a named part of the one call
 
 
 class ResponseCache:

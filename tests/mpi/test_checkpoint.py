@@ -298,3 +298,20 @@ def test_an_optimizer_over_parameters_not_in_the_model_is_refused(directory):
     optimizer.add_param_group({"params": [stranger]})
     with pytest.raises(ValueError, match="not in the model"):
         hvd.checkpoint.save(os.path.join(directory, "ckpt"), model, optimizer)
+
+
+def test_saves_and_loads_leave_the_engines_response_cache_to_training(directory):
+    # a save's object gathers differ in size each time: cached, they would fill the cache
+    # that a training loop's repeated names need (a full cache keeps nothing new)
+    from hororing.context import current
+    cache = current().engine.cycle.negotiator.cache
+    model, parameters, optimizer = trained("sharded")
+    path = os.path.join(directory, "ckpt")
+    hvd.checkpoint.save(path, model, optimizer, step=0)
+    hvd.checkpoint.load(path, model, optimizer)
+    before = len(cache._entries)
+    for number in range(3):
+        train("sharded", parameters, optimizer, range(number, number + 1))
+        hvd.checkpoint.save(path, model, optimizer, step=number, log=list(range(number * 50)))
+        hvd.checkpoint.load(path, model, optimizer)
+    assert len(cache._entries) == before

@@ -46,3 +46,15 @@ def test_a_missed_failure_advances_the_count_past_its_number():
     engine.on_missed_error("broadcast.noname.1")  # already past it: no change
     engine.on_missed_error("grad.fc1")            # a user's name: nothing to catch up
     assert group.auto_name("broadcast") == "broadcast.noname.6"
+
+
+def test_only_names_generated_for_one_call_are_kept_out_of_the_response_cache():
+    from hororing.engine.negotiation import generated_once
+    once = ["allreduce.noname.7", "grouped_allreduce.noname.3.0",
+            "broadcast_object.noname.4.size", "broadcast_object.noname.4.data",
+            "allgather_object.noname.0.size", "sparse_allreduce.noname.2.values",
+            "torch.3.allgather.noname.12"]
+    repeated = ["allreduce.noname.0.5", "grads.0", "torch.1.allreduce.float32.10.3",
+                "allreduce.noname.x", "broadcast_object.epoch.size"]
+    assert [name for name in once if not generated_once(name)] == []
+    assert [name for name in repeated if generated_once(name)] == []

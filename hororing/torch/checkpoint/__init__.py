@@ -29,9 +29,9 @@ import torch
 from . import files, states
 from .boxes import Boxes
 
-__all__ = ["save", "load", "async_save", "AsyncSave"]
+__all__ = ["save", "load", "async_save", "AsyncSave", "save_optimizer", "load_optimizer"]
 
-_GROUP = None
+_GROUP = None  # (the default group it was made in, the group)
 _PENDING = None  # the AsyncSave in flight
 _NICE = 10  # an async save's writing thread's niceness (Linux: per thread)
 
@@ -50,15 +50,18 @@ def _group():
             f"torch.distributed's world has {dist.get_world_size()} processes, hororing's "
             f"{context.size()}: checkpoints need both to be the same ranks (start torch's "
             f"with dist.init_process_group('hororing'), or let a checkpoint call start it)")
-    if _GROUP is None:
-        _GROUP = dist.new_group(backend="hororing")
-    return _GROUP
+    world = dist.group.WORLD
+    if _GROUP is None or _GROUP[0] is not world:  # (again after a destroy_process_group)
+        group = dist.new_group(backend="hororing")
+        group.names_repeat = False  # a save's calls differ in size each time: kept uncached
+        _GROUP = (world, group)
+    return _GROUP[1]
 
 
-def _to_save(group, model, optimizer, extra):
+def _to_save(group, model, optimizer, extra, names=None):
     """This rank's part of the checkpoint: its slices, and its share of what is replicated."""
     import torch.distributed as dist
-    return states.share_replicated(states.to_save(model, optimizer, extra),
+    return states.share_replicated(states.to_save(model, optimizer, extra, names),
                                    dist.get_rank(group), dist.get_world_size(group))
 
 
@@ -123,6 +126,26 @@ def load(path, model, optimizer=None):
     of another model, one torn by a rank that stopped while saving, or an optimizer that does
     not fit raises ``ValueError`` naming what differs, on every rank, before anything is
     read."""
+    return _load(path, model, optimizer)
+
+
+def save_optimizer(path, optimizer):
+    """``save`` of an optimizer alone, its parameters named by their position over its groups
+    (as its own ``state_dict()`` numbers them): what hvd.elastic's ``TorchState`` commits
+    of a sharded optimizer. Collective."""
+    wait_pending()
+    group = _group()
+    _write(_to_save(group, None, optimizer, {}, states.positional_names(optimizer)), path,
+           group)
+
+
+def load_optimizer(path, optimizer):
+    """Read a ``save_optimizer`` checkpoint into ``optimizer`` (any number of ranks, any
+    kind of optimizer over the same parameters in the same order). Collective."""
+    _load(path, None, optimizer, states.positional_names(optimizer))
+
+
+def _load(path, model, optimizer, names=None):
     import torch.distributed.checkpoint as dcp
 
     from .planners import LoadPlanner
@@ -132,7 +155,7 @@ def load(path, model, optimizer=None):
     try:
         metadata = files.read_metadata(path)
         destination = states.Destination(model, optimizer, metadata.planner_data,
-                                         metadata.state_dict_metadata)
+                                         metadata.state_dict_metadata, names)
         problems = destination.problems
     except ValueError as error:
         problems = [str(error)]

@@ -68,12 +68,21 @@ def _groups(optimizer, names):
             for hyper, group in zip(hyper_groups, _original_groups(optimizer))]
 
 
-def to_save(model, optimizer, extra):
+def positional_names(optimizer):
+    """parameter -> its position over the optimizer's groups (as its own state_dict numbers
+    them), for a checkpoint of an optimizer alone."""
+    return {parameter: str(index) for index, parameter in enumerate(
+        parameter for group in _original_groups(optimizer) for parameter in group["params"])}
+
+
+def to_save(model, optimizer, extra, names=None):
     """The nested dict a save writes (views of the live tensors: write or stage it before
-    the next step)."""
-    state = {"model": unwrapped(model).state_dict(), "extra": dict(extra)}
+    the next step). ``model`` None: the optimizer alone, its parameters named by ``names``."""
+    state = {"extra": dict(extra)}
+    if model is not None:
+        state["model"] = unwrapped(model).state_dict()
     if optimizer is not None:
-        names = parameter_names(model, optimizer)
+        names = names or parameter_names(model, optimizer)
         per_parameter = _sharded_state(optimizer, names) if sharded(optimizer) else {
             names[parameter]: dict(optimizer.state[parameter])
             for group in optimizer.param_groups for parameter in group["params"]
@@ -144,12 +153,13 @@ class Destination:
     -> its path in the nested dict; ``storage``: flat key -> its storage metadata), and how
     the result reaches the model (in place) and the optimizer (``apply``)."""
 
-    def __init__(self, model, optimizer, paths, storage):
+    def __init__(self, model, optimizer, paths, storage, names=None):
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
         self.model, self.optimizer = model, optimizer
         self.problems = []
-        own = unwrapped(model).state_dict()
-        self.names = parameter_names(model, optimizer) if optimizer is not None else {}
+        own = unwrapped(model).state_dict() if model is not None else {}
+        self.names = names or (parameter_names(model, optimizer) if optimizer is not None
+                               else {})
         by_name = {name: parameter for parameter, name in self.names.items()}
         self.tree = {"model": {}, "extra": {}}
         self._leaf_state = {}  # (group vector, key) -> the leaves' tensors (sharded)
@@ -158,7 +168,7 @@ class Destination:
         for flat, path in paths.items():
             meta = storage[flat]
             tensor = isinstance(meta, TensorStorageMetadata)
-            if path[0] == "model" and len(path) == 2:
+            if path[0] == "model" and len(path) == 2 and model is not None:
                 name = path[1]
                 saved_model.add(name)
                 if name not in own:

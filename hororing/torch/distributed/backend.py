@@ -66,6 +66,10 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         self._counts = {}     # call signature -> calls made with it
         self._holders = {}    # name -> the engine handle that last held it
         self._names_lock = threading.Lock()
+        # False: every call gets a name of its own that the engine's response cache never
+        # keeps (a group whose calls do not repeat, such as checkpoints' object gathers of
+        # ever-changing sizes, would otherwise fill the cache the training loop's names need)
+        self.names_repeat = True
         # the group's own duplicate communicator for sends and receives (they never match the
         # engine's messages), made now: every member is here, and MPI_Comm_dup needs them all
         self._p2p = group_of(process_set).comm.Dup()
@@ -101,6 +105,11 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         call that last held it is done, waited for here if need be (every member waits
         for the same call, which needs nothing later). ``rows_vary``: the first dimension
         may differ between members (allgather, all-to-all), so it is left out."""
+        if not self.names_repeat:  # Group.auto_name's form: never cached (generated_once)
+            with self._names_lock:
+                count = self._counts.get(kind, 0)
+                self._counts[kind] = count + 1
+            return start(f"torch.{self._name}.{kind}.noname.{count}")
         shape = tensor.shape[1:] if rows_vary else tensor.shape
         signature = f"{kind}.{str(tensor.dtype)[6:]}.{'x'.join(map(str, shape))}"
         with self._names_lock:
