@@ -18,6 +18,7 @@ def test_a_checkpoint_of_4_ranks_resumes_at_2_3_and_5(launch, tmp_path):
     path = str(tmp_path / "ckpt")
     saved = launch(4, "checkpoint_sizes.py", "save", path, timeout=180)
     assert saved.returncode == 0, saved.stderr[-3000:]
+    assert "a plain process reads one Adam's state" in saved.stdout
     for size in (2, 3, 5):
         resumed(launch(size, "checkpoint_sizes.py", "load", path, timeout=180), size)
 

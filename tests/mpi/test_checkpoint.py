@@ -315,3 +315,19 @@ def test_saves_and_loads_leave_the_engines_response_cache_to_training(directory)
         hvd.checkpoint.save(path, model, optimizer, step=number, log=list(range(number * 50)))
         hvd.checkpoint.load(path, model, optimizer)
     assert len(cache._entries) == before
+
+
+def test_an_optimizer_of_some_ranks_only_is_refused_before_any_collective(directory):
+    if hvd.size() < 3:
+        pytest.skip("needs a process set of some ranks, not all")
+    subset = hvd.add_process_set([0, 1])
+    try:
+        if subset.included():  # the other ranks call nothing: no collective may start
+            model, parameters, _ = trained("plain")
+            optimizer = hvd.DistributedOptimizer(torch.optim.SGD(parameters, lr=0.1),
+                                                 process_set=subset)
+            with pytest.raises(ValueError, match="process_set has 2 of the 3 ranks"):
+                hvd.checkpoint.save(os.path.join(directory, "ckpt"), model, optimizer)
+    finally:
+        hvd.barrier()
+        hvd.remove_process_set(subset)

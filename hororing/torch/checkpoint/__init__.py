@@ -65,6 +65,18 @@ def _to_save(group, model, optimizer, extra, names=None):
                                    dist.get_rank(group), dist.get_world_size(group))
 
 
+def _check_optimizer(optimizer):
+    """Refuse an optimizer of some ranks only, before any collective."""
+    from ... import context
+    from ...process_sets import group_of
+    process_set = getattr(optimizer, "process_set", None)
+    if process_set is not None and group_of(process_set).size != context.size():
+        raise ValueError(
+            f"a checkpoint holds an optimizer of every rank; this one's process_set has "
+            f"{group_of(process_set).size} of the {context.size()} ranks. Save it with the "
+            f"optimizer's own state_dict() instead")
+
+
 def _agreed(group, problems, what):
     """Raise on every rank if any rank has ``problems`` (so no rank goes on alone into the
     collectives that follow)."""
@@ -115,6 +127,7 @@ def save(path, model, optimizer=None, **extra):
     to the directory ``path`` (collective). A sharded optimizer's ranks write their own
     slices of its state. Replaces an earlier checkpoint at ``path`` once the new one is
     complete."""
+    _check_optimizer(optimizer)
     wait_pending()
     group = _group()
     _write(_to_save(group, model, optimizer, extra), path, group)
@@ -133,6 +146,7 @@ def save_optimizer(path, optimizer):
     """``save`` of an optimizer alone, its parameters named by their position over its groups
     (as its own ``state_dict()`` numbers them): what hvd.elastic's ``TorchState`` commits
     of a sharded optimizer. Collective."""
+    _check_optimizer(optimizer)
     wait_pending()
     group = _group()
     _write(_to_save(group, None, optimizer, {}, states.positional_names(optimizer)), path,
@@ -243,6 +257,7 @@ def async_save(path, model, optimizer=None, **extra):
     returns (training may change it at once), and written by a thread while training goes
     on. Returns an ``AsyncSave``; a later save or load waits for it first. Collective."""
     global _PENDING
+    _check_optimizer(optimizer)
     wait_pending()
     group = _group()
     staged = _STAGING.stage(_to_save(group, model, optimizer, extra))

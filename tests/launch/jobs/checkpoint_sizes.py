@@ -3,6 +3,7 @@
 be what one process training on the same batches computes."""
 
 import os
+import subprocess
 import sys
 
 import torch
@@ -38,7 +39,20 @@ def reference(steps, size):
         for sum_, parameter in zip(total, network.parameters()):
             parameter.grad = sum_ / ranks
         optimizer.step()
-    return network
+    return network, optimizer
+
+
+def read_plainly(path):
+    """The checkpoint as a process with neither MPI nor hororing reads it."""
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("PMI", "MPI", "HYDRA", "OMPI", "PMIX"))}
+    script = ("import sys\n"
+              "from torch.distributed.checkpoint.format_utils import dcp_to_torch_save\n"
+              "dcp_to_torch_save(sys.argv[1], sys.argv[2])\n"
+              "assert 'mpi4py' not in sys.modules and 'hororing' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", script, path, path + ".pt"], check=True,
+                   env=environment, timeout=120)
+    return torch.load(path + ".pt", weights_only=False)
 
 
 def train(network, optimizer, steps):
@@ -62,6 +76,18 @@ def main():
             dcp.FileSystemWriter.write_data = lambda *args: os._exit(3)
         hvd.checkpoint.save(path, network, optimizer, step=2 if mode == "save" else 3)
         print(f"rank {hvd.rank()} saved", flush=True)
+        if hvd.rank() == 0:  # every rank's slices, in the parameters' shapes: one Adam's
+            saved = read_plainly(path)
+            expected, adam = reference(2, SAVED_AT)
+            for (name, parameter), state in zip(expected.named_parameters(),
+                                                adam.state.values()):
+                torch.testing.assert_close(saved["model"][name], parameter.detach(),
+                                           rtol=1e-5, atol=1e-6)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(saved["optim"]["state"][name][key],
+                                               state[key], rtol=1e-5, atol=1e-9)
+                assert float(saved["optim"]["state"][name]["step"]) == 2.0
+            print("a plain process reads one Adam's state", flush=True)
         return
     try:
         extra = hvd.checkpoint.load(path, network, optimizer)
@@ -69,7 +95,7 @@ def main():
         print(f"rank {hvd.rank()} refused: {error}", flush=True)
         return
     train(network, optimizer, range(extra["step"], 4))
-    expected = reference(4, hvd.size())
+    expected, _ = reference(4, hvd.size())
     for parameter, wanted in zip(network.parameters(), expected.parameters()):
         torch.testing.assert_close(parameter.detach(), wanted.detach(), rtol=1e-5, atol=1e-6)
     print(f"rank {hvd.rank()} resumed at {hvd.size()} ranks from step {extra['step']}",
