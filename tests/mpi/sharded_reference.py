@@ -96,6 +96,27 @@ def sharded_run(optimizer_class, options, steps=STEPS, make=None, passes=1, set_
     return parameters, optimizer
 
 
+def train(kind, parameters, optimizer, steps):
+    """``steps`` of training with ``optimizer``: a plain torch optimizer (``kind`` "plain")
+    gets the averaged gradient computed on this rank alone, any other its own rank's."""
+    for step in steps:
+        if kind == "plain":  # the averaged gradient, computed on this rank alone
+            grads = [torch.zeros_like(parameter) for parameter in parameters]
+            for rank in range(hvd.size()):
+                for parameter in parameters:
+                    parameter.grad = None
+                loss_of(parameters, rank, step).backward()
+                for total, parameter in zip(grads, parameters):
+                    if parameter.grad is not None:
+                        total += parameter.grad
+            for total, parameter in zip(grads, parameters):
+                parameter.grad = total / hvd.size() if parameter.requires_grad else None
+        else:
+            optimizer.zero_grad()
+            loss_of(parameters, hvd.rank(), step).backward()
+        optimizer.step()
+
+
 # how each slice's gradients are cut into buckets, each reduce-scattered on its own as soon
 # as its parameters' gradients are ready: one bucket per slice (the default's, for these
 # sizes), or one per parameter (40 bytes: five float64 or ten float32 elements at most)

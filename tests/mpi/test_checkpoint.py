@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import hororing.torch as hvd  # noqa: E402
-from sharded_reference import (assert_matches, groups_of, loss_of,  # noqa: E402,F401
-                               make_parameters, reference_run, stage)
+from sharded_reference import (assert_matches, groups_of,  # noqa: E402,F401
+                               make_parameters, reference_run, stage, train)
 
 NAMES = ["first", "bias", "second", "unused", "frozen"]
 ADAM = (torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.01})
@@ -67,25 +67,6 @@ def build(kind, parameters):
     sharded = {"distributed": False, "sharded": True, "stage2": 2}[kind]
     return hvd.DistributedOptimizer(optimizer_class(groups_of(parameters), **options),
                                     sharded=sharded)
-
-
-def train(kind, parameters, optimizer, steps):
-    for step in steps:
-        if kind == "plain":  # the averaged gradient, computed on this rank alone
-            grads = [torch.zeros_like(parameter) for parameter in parameters]
-            for rank in range(hvd.size()):
-                for parameter in parameters:
-                    parameter.grad = None
-                loss_of(parameters, rank, step).backward()
-                for total, parameter in zip(grads, parameters):
-                    if parameter.grad is not None:
-                        total += parameter.grad
-            for total, parameter in zip(grads, parameters):
-                parameter.grad = total / hvd.size() if parameter.requires_grad else None
-        else:
-            optimizer.zero_grad()
-            loss_of(parameters, hvd.rank(), step).backward()
-        optimizer.step()
 
 
 def trained(kind, steps=2):

@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hororing.torch as hvd  # noqa: E402
-from sharded_reference import (assert_matches, groups_of, loss_of,  # noqa: E402
-                               make_parameters, reference_run)
+from sharded_reference import (assert_matches, groups_of,  # noqa: E402
+                               make_parameters, reference_run, train)
 
 KINDS = ["plain", "distributed", "sharded", "zero"]
 OPTIMIZERS = [(torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.01}),
@@ -27,25 +27,6 @@ def build(kind, parameters, optimizer_class, options):
         return hvd.ZeroRedundancyOptimizer(groups_of(parameters), optimizer_class, **options)
     return hvd.DistributedOptimizer(optimizer_class(groups_of(parameters), **options),
                                     sharded=kind == "sharded")
-
-
-def train(kind, parameters, optimizer, steps):
-    for step in steps:
-        if kind == "plain":  # the averaged gradient, computed on this rank alone
-            grads = [torch.zeros_like(parameter) for parameter in parameters]
-            for rank in range(hvd.size()):
-                for parameter in parameters:
-                    parameter.grad = None
-                loss_of(parameters, rank, step).backward()
-                for total, parameter in zip(grads, parameters):
-                    if parameter.grad is not None:
-                        total += parameter.grad
-            for total, parameter in zip(grads, parameters):
-                parameter.grad = total / hvd.size() if parameter.requires_grad else None
-        else:
-            optimizer.zero_grad()
-            loss_of(parameters, hvd.rank(), step).backward()
-        optimizer.step()
 
 
 def full_state(kind, optimizer):
