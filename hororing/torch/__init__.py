@@ -28,13 +28,15 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
                       grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
                       grouped_reducescatter_async, join, reducescatter, reducescatter_async,
                       sparse_allreduce_async)
+from .local_sgd import DiLoCo, LocalSGD
 from .optimizer import DistributedOptimizer
 from .sharded import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
 __all__ = [
-    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DistributedOptimizer",
+    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DiLoCo", "DistributedOptimizer",
+    "LocalSGD",
     "ZeroRedundancyOptimizer",
     "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",

@@ -1,0 +1,249 @@
+"""Training that talks every ``sync_every`` steps instead of every step: ``LocalSGD`` and
+``DiLoCo``.
+
+Both are used as ``DistributedOptimizer`` is (``zero_grad()``, backward, ``step()``), but
+between syncs every rank steps its own optimizer on its own gradients, and nothing crosses
+the network:
+
+- ``LocalSGD``: every ``sync_every`` steps the parameters are averaged over the ranks
+  (synchronous data parallel, gradients averaged every step, for the first ``warmup_steps``).
+- ``DiLoCo`` (Douillard et al., 2023): every ``sync_every`` steps the change each rank made
+  since the last sync (the global parameters less its own) is averaged, and an outer
+  optimizer (Nesterov SGD in the paper) steps the global parameters with it as the gradient.
+  With ``fragments=k`` the parameters are cut into k fragments of about equal size, synced at
+  staggered steps (fragment f when ``step % sync_every == (f + 1) * sync_every // k``), so each
+  sync carries 1/k of the model. ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends
+  the averaged changes in 16 bits.
+
+Every rank starts from rank 0's parameters and optimizer state.
+"""
+
+import itertools
+
+import torch
+
+from .. import ops
+from . import mpi_ops
+from .compression import Compression
+from .functions import allgather_object, broadcast_optimizer_state, broadcast_parameters
+from .wrapping import WrappingOptimizer
+
+_INSTANCES = itertools.count()  # constructed in one order on every rank: names agree
+
+
+def _broadcast_state(optimizer, name):
+    """Rank 0's optimizer state on every rank, where any rank has state: a fresh optimizer
+    is left fresh (``broadcast_optimizer_state`` would give it Horovod's zero-gradient first
+    step, which counts in Adam's bias correction)."""
+    if any(allgather_object(bool(optimizer.state), name=name)):
+        broadcast_optimizer_state(optimizer, root_rank=0)
+
+
+def _check_every(sync_every):
+    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+        raise ValueError(f"sync_every must be an integer >= 1 (the steps between syncs), got "
+                         f"{sync_every!r}")
+
+
+def _trained(model):
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the first argument is the model (a torch.nn.Module), got "
+                        f"{type(model).__name__}")
+    return [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+
+def _check_over(optimizer, parameters, what):
+    """``optimizer`` must train exactly ``parameters`` (the model's trained ones)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{what} must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    held = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    own = {id(parameter) for parameter in parameters}
+    strangers = sum(1 for parameter in held if id(parameter) not in own)
+    missing = len(own - {id(parameter) for parameter in held})
+    if strangers or missing:
+        raise ValueError(
+            f"{what} must be over the model's trained parameters: it holds {strangers} that "
+            f"are not the model's and lacks {missing} of the model's {len(parameters)}")
+
+
+class _Periodic(WrappingOptimizer):
+    """What both share: the wrapped (inner) optimizer, the step count, the start from rank
+    0's parameters and state."""
+
+    def __init__(self, model, optimizer, sync_every, what):
+        _check_every(sync_every)
+        self._parameters = _trained(model)
+        _check_over(optimizer, self._parameters, what)
+        self._wrap(optimizer)
+        self.sync_every = sync_every
+        self.steps = 0
+        self._prefix = f"{type(self).__name__.lower()}{next(_INSTANCES)}"
+        broadcast_parameters(model.state_dict(), root_rank=0)
+        _broadcast_state(optimizer, f"{self._prefix}.has_state")
+
+    def zero_grad(self, set_to_none=True):
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def _average(self, tensors, name, compression=Compression.none):
+        return mpi_ops.grouped_allreduce(tensors, name=f"{self._prefix}.{name}",
+                                         compression=compression, op=ops.Average)
+
+
+class LocalSGD(_Periodic):
+    """``optimizer`` steps on this rank's gradients; the parameters are averaged over the
+    ranks every ``sync_every`` steps, after ``warmup_steps`` steps of synchronous data
+    parallel training (gradients averaged every step).
+
+    Args:
+        model: the ``torch.nn.Module`` trained (its parameters that require gradients are
+            averaged).
+        optimizer: a torch optimizer over those parameters.
+        sync_every: steps between averages (1: every step).
+        warmup_steps: steps with gradients averaged every step first.
+    """
+
+    def __init__(self, model, optimizer, sync_every, warmup_steps=0):
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or \
+                warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        super().__init__(model, optimizer, sync_every, "LocalSGD's optimizer")
+        self.warmup_steps = warmup_steps
+
+    def step(self, closure=None):
+        if self.steps < self.warmup_steps:  # every rank gives a gradient, zeros if it has none
+            grads = [parameter.grad if parameter.grad is not None else
+                     torch.zeros_like(parameter) for parameter in self._parameters]
+            for parameter, grad in zip(self._parameters,
+                                       self._average(grads, "gradients")):
+                parameter.grad = grad
+        loss = self._optimizer.step(closure)
+        self.steps += 1
+        local = self.steps - self.warmup_steps
+        if local > 0 and local % self.sync_every == 0:
+            with torch.no_grad():
+                averaged = self._average([parameter.detach() for parameter in self._parameters],
+                                         "parameters")
+                for parameter, value in zip(self._parameters, averaged):
+                    parameter.copy_(value)
+        return loss
+
+    def state_dict(self):
+        return {**self._optimizer.state_dict(), "local_sgd_steps": self.steps}
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        self.steps = state_dict.pop("local_sgd_steps", 0)
+        self._optimizer.load_state_dict(state_dict)
+
+
+class DiLoCo(_Periodic):
+    """``inner_optimizer`` steps on this rank's gradients; every ``sync_every`` steps (per
+    fragment, staggered) the averaged change since the last sync is the gradient of
+    ``outer_optimizer``, which steps the global parameters every rank then continues from.
+
+    Args:
+        model: the ``torch.nn.Module`` trained.
+        inner_optimizer: a torch optimizer over the model's trained parameters (AdamW in
+            the paper).
+        outer_optimizer: a torch optimizer over the same parameters (the paper's: SGD with
+            lr=0.7, momentum=0.9, nesterov=True).
+        sync_every: inner steps between two syncs of a fragment (H).
+        fragments: how many fragments the parameters are cut into (whole parameters, of
+            about equal size), each synced at its own step.
+        compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16``: the averaged changes
+            in 16 bits on the wire.
+    """
+
+    def __init__(self, model, inner_optimizer, outer_optimizer, sync_every, fragments=1,
+                 compression=Compression.none):
+        parameters = _trained(model)
+        _check_over(outer_optimizer, parameters, "DiLoCo's outer optimizer")
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or \
+                not 1 <= fragments <= len(parameters):
+            raise ValueError(f"fragments must be an integer from 1 to the model's "
+                             f"{len(parameters)} trained parameters (a fragment holds whole "
+                             f"parameters), got {fragments!r}")
+        compression = compression or Compression.none
+        if compression not in (Compression.none, Compression.fp16, Compression.bf16):
+            raise ValueError(f"DiLoCo sends its changes with hvd.Compression.none, .fp16 or "
+                             f".bf16; got {compression!r}")
+        super().__init__(model, inner_optimizer, sync_every, "DiLoCo's inner optimizer")
+        _broadcast_state(outer_optimizer, f"{self._prefix}.outer_has_state")
+        self.outer_optimizer = outer_optimizer
+        self.compression = compression
+        self.fragments = _cut(parameters, fragments)
+        # the global parameters: what every rank held at its fragment's last sync
+        self._global = [parameter.detach().clone() for parameter in parameters]
+        self._index = {id(parameter): index for index, parameter in enumerate(parameters)}
+
+    def due(self, steps):
+        """The fragments synced after inner step number ``steps`` (1, 2, ...)."""
+        count = len(self.fragments)
+        return [index for index in range(count)
+                if steps % self.sync_every == (index + 1) * self.sync_every // count
+                % self.sync_every]
+
+    def step(self, closure=None):
+        loss = self._optimizer.step(closure)
+        self.steps += 1
+        for index in self.due(self.steps):
+            self._sync(index)
+        return loss
+
+    def _sync(self, index):
+        members = self.fragments[index]
+        held = [self._global[self._index[id(parameter)]] for parameter in members]
+        with torch.no_grad():
+            changes = [before - parameter.detach() for before, parameter in zip(held, members)]
+            averaged = self._average(changes, f"fragment{index}", self.compression)
+        # the outer step moves the global parameters of this fragment only: the others'
+        # gradients are set aside meanwhile (an optimizer skips a parameter without one)
+        aside = {}
+        for parameter in self._parameters:
+            aside[id(parameter)] = parameter.grad
+            parameter.grad = None
+        with torch.no_grad():
+            for parameter, before, change in zip(members, held, averaged):
+                parameter.copy_(before)
+                parameter.grad = change.to(parameter.dtype)
+        self.outer_optimizer.step()
+        with torch.no_grad():
+            for parameter, before in zip(members, held):
+                before.copy_(parameter)
+        for parameter in self._parameters:
+            parameter.grad = aside[id(parameter)]
+
+    def state_dict(self):
+        return {"inner": self._optimizer.state_dict(),
+                "outer": self.outer_optimizer.state_dict(),
+                "global": [tensor.clone() for tensor in self._global], "steps": self.steps}
+
+    def load_state_dict(self, state_dict):
+        self._optimizer.load_state_dict(state_dict["inner"])
+        self.outer_optimizer.load_state_dict(state_dict["outer"])
+        if len(state_dict["global"]) != len(self._global):
+            raise ValueError(f"the state holds {len(state_dict['global'])} global "
+                             f"parameters, this model {len(self._global)}")
+        with torch.no_grad():
+            for mine, saved in zip(self._global, state_dict["global"]):
+                mine.copy_(saved)
+        self.steps = state_dict["steps"]
+
+
+def _cut(parameters, count):
+    """``parameters`` in ``count`` runs of whole parameters, each about 1/count of the
+    elements (every run at least one parameter)."""
+    total = sum(parameter.numel() for parameter in parameters)
+    runs, run, done = [], [], 0
+    for position, parameter in enumerate(parameters):
+        run.append(parameter)
+        done += parameter.numel()
+        left_runs = count - len(runs) - 1  # runs still to make after this one
+        left_parameters = len(parameters) - position - 1
+        if left_runs and (done >= total * (len(runs) + 1) / count
+                          or left_parameters == left_runs):
+            runs.append(run)
+            run = []
+    runs.append(run)
+    return runs

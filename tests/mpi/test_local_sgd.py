@@ -1,0 +1,180 @@
+"""hvd.LocalSGD and hvd.DiLoCo against a simulation of every rank on one process: each rank
+trains alone on its own batches, and the syncs are computed from all of them here."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hororing.torch as hvd  # noqa: E402
+
+
+def make_model(seed=5):
+    torch.manual_seed(seed + hvd.rank())  # every rank its own: rank 0's must win
+    return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(),
+                               torch.nn.Linear(9, 2)).double()
+
+
+def loss_of(model, rank, step):
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    data = torch.randn(5, 6, generator=generator, dtype=torch.float64)
+    target = torch.randn(5, 2, generator=generator, dtype=torch.float64)
+    return torch.nn.functional.mse_loss(model(data), target)
+
+
+def rank0_model():
+    """Rank 0's initial model, as every rank starts from it."""
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(),
+                               torch.nn.Linear(9, 2)).double()
+
+
+def assert_parameters(model, expected, tolerance=1e-12):
+    for parameter, wanted in zip(model.parameters(), expected):
+        torch.testing.assert_close(parameter.detach(), wanted, rtol=tolerance, atol=tolerance)
+
+
+def mean(tensors):
+    return sum(tensors) / len(tensors)
+
+
+def simulate_local_sgd(steps, sync_every, warmup):
+    models = [rank0_model() for _ in range(hvd.size())]
+    optimizers = [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) for model in models]
+    for step in range(steps):
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers)):
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+        if step < warmup:
+            for parameters in zip(*(model.parameters() for model in models)):
+                average = mean([parameter.grad for parameter in parameters])
+                for parameter in parameters:
+                    parameter.grad = average.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+        if step + 1 > warmup and (step + 1 - warmup) % sync_every == 0:
+            with torch.no_grad():
+                for parameters in zip(*(model.parameters() for model in models)):
+                    average = mean([parameter.detach().clone() for parameter in parameters])
+                    for parameter in parameters:
+                        parameter.copy_(average)
+    return [parameter.detach() for parameter in models[hvd.rank()].parameters()]
+
+
+@pytest.mark.parametrize("sync_every,warmup", [(1, 0), (3, 0), (4, 2)])
+def test_local_sgd_averages_the_parameters_every_h_steps(sync_every, warmup):
+    model = make_model()
+    optimizer = hvd.LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                             sync_every=sync_every, warmup_steps=warmup)
+    steps = 7
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+    # between syncs each rank has its own parameters; 7 steps end off a sync unless H = 1
+    assert_parameters(model, simulate_local_sgd(steps, sync_every, warmup))
+
+
+def fragments_of(parameters, count):
+    return hvd.DiLoCo.__init__.__globals__["_cut"](parameters, count)
+
+
+def simulate_diloco(steps, sync_every, fragments):
+    models = [rank0_model() for _ in range(hvd.size())]
+    inner = [torch.optim.AdamW(model.parameters(), lr=0.01) for model in models]
+    global_model = rank0_model()
+    outer = torch.optim.SGD(global_model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    cut = fragments_of(list(global_model.parameters()), fragments)
+    index = {id(parameter): position for position, parameter in
+             enumerate(global_model.parameters())}
+    for step in range(1, steps + 1):
+        for rank, (model, optimizer) in enumerate(zip(models, inner)):
+            optimizer.zero_grad()
+            loss_of(model, rank, step - 1).backward()
+            optimizer.step()
+        for number, members in enumerate(cut):
+            offset = (number + 1) * sync_every // fragments % sync_every
+            if step % sync_every != offset:
+                continue
+            positions = [index[id(parameter)] for parameter in members]
+            for parameter in global_model.parameters():
+                parameter.grad = None
+            for position, parameter in zip(positions, members):
+                locals_ = [list(model.parameters())[position].detach() for model in models]
+                parameter.grad = mean([parameter.detach() - local for local in locals_])
+            outer.step()
+            with torch.no_grad():
+                for position, parameter in zip(positions, members):
+                    for model in models:
+                        list(model.parameters())[position].copy_(parameter)
+    return [parameter.detach() for parameter in models[hvd.rank()].parameters()]
+
+
+def diloco(model, sync_every, fragments, compression=hvd.Compression.none):
+    return hvd.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=0.01),
+                      torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True),
+                      sync_every=sync_every, fragments=fragments, compression=compression)
+
+
+@pytest.mark.parametrize("sync_every,fragments", [(1, 1), (3, 1), (4, 2), (3, 4)])
+def test_diloco_steps_the_outer_optimizer_with_the_averaged_change(sync_every, fragments):
+    model = make_model()
+    optimizer = diloco(model, sync_every, fragments)
+    steps = 9
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+    assert_parameters(model, simulate_diloco(steps, sync_every, fragments), tolerance=1e-10)
+
+
+def test_diloco_in_16_bits_stays_near_the_exact_one():
+    exact, rounded = make_model(), make_model()
+    optimizers = [diloco(exact, 3, 2), diloco(rounded, 3, 2, hvd.Compression.fp16)]
+    for step in range(6):
+        for model, optimizer in zip((exact, rounded), optimizers):
+            optimizer.zero_grad()
+            loss_of(model, hvd.rank(), step).backward()
+            optimizer.step()
+    assert_parameters(rounded, [parameter.detach() for parameter in exact.parameters()],
+                      tolerance=5e-3)
+
+
+def test_a_state_dict_resumes_diloco_exactly():
+    model = make_model()
+    optimizer = diloco(model, 3, 2)
+    for step in range(4):
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+    saved = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    resumed_model = make_model(seed=11)
+    resumed = diloco(resumed_model, 3, 2)
+    resumed_model.load_state_dict(saved[0])
+    resumed.load_state_dict(saved[1])
+    for step in range(4, 9):
+        for one, opt in ((model, optimizer), (resumed_model, resumed)):
+            opt.zero_grad()
+            loss_of(one, hvd.rank(), step).backward()
+            opt.step()
+    assert_parameters(resumed_model, [parameter.detach() for parameter in model.parameters()],
+                      tolerance=0)
+
+
+def test_bad_arguments_are_named():
+    model = make_model()
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7)
+    with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
+        hvd.LocalSGD(model, inner, sync_every=0)
+    with pytest.raises(ValueError, match="warmup_steps must be an integer >= 0"):
+        hvd.LocalSGD(model, inner, sync_every=2, warmup_steps=-1)
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="outer optimizer must be over the model's trained "
+                                         "parameters: it holds 2 that are not the model's"):
+        hvd.DiLoCo(model, inner, torch.optim.SGD(other.parameters(), lr=0.7), sync_every=2)
+    with pytest.raises(ValueError, match="fragments must be an integer from 1 to the model's 4"):
+        hvd.DiLoCo(model, inner, outer, sync_every=2, fragments=5)
+    with pytest.raises(ValueError, match="Compression.none, .fp16 or .bf16"):
+        hvd.DiLoCo(model, inner, outer, sync_every=2, compression="int8")
