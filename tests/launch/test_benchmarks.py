@@ -278,3 +278,20 @@ def test_bench_checkpoint_times_each_way_to_save_and_writes_one_file_per_rank(tm
     assert report["steps_during_async"] and report["quiet_step"] > 0
     names = [name for name, _ in report["files"]]
     assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+
+
+def test_bench_local_sgd_trains_every_variant_and_counts_its_bytes(tmp_path):
+    output = tmp_path / "local.json"
+    run_under_mpi(2, "bench_local_sgd.py", "--steps", "4", "--sync-every", "2", "--eval-every",
+                  "2", "--batch", "8", "--json", str(output), timeout=300)
+    report = json.loads(output.read_text())
+    rows = {row["variant"]: row for row in report["rows"]}
+    assert set(rows) == {"sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16",
+                         "diloco-frag4"}
+    for row in rows.values():
+        assert [step for step, _ in row["curve"]] == [2, 4]
+        assert row["seconds"] > 0 and row["final_loss"] > 0
+    # the same start, the same batches: synchronous training over either library agrees
+    assert abs(rows["sync"]["final_loss"] - rows["ddp-gloo"]["final_loss"]) < \
+        1e-4 * rows["sync"]["final_loss"]
+    assert rows["ddp-gloo"]["sent_bytes"] > 0  # gloo's bytes cross the loopback

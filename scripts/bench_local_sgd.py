@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Low-communication training against synchronous training: held-out loss, bytes on the link,
+wall-clock, in one job.
+
+    mpiexec -n 2 python scripts/bench_local_sgd.py [--steps 300 --sync-every 50]
+
+Across emulated hosts (one rank per host, docs/local_sgd.md):
+
+    bash scripts/emulated_hosts.sh up 2 --rate 1gbit --dir D
+    mpiexec -f D/hostfile $(cat D/mpi-args) -n 2 python scripts/bench_local_sgd.py
+    bash scripts/emulated_hosts.sh down --dir D
+
+The task: an MLP student (256-1600-1600-1024-16, 4.6 M parameters) learning a fixed random
+teacher network (256-256-16, tanh) from inputs each rank draws for itself (batch --batch per
+rank per step); the held-out loss is the mean squared error on 2048 inputs no rank trains on.
+Every variant starts from the same weights and trains --steps steps with AdamW (lr 1e-3) as
+its (inner) optimizer, one variant after the other:
+
+- ``sync``: hvd.DistributedOptimizer (gradients averaged every step);
+- ``ddp-gloo``: DistributedDataParallel over torch's gloo backend;
+- ``localsgd``: hvd.LocalSGD, parameters averaged every --sync-every steps;
+- ``diloco``, ``diloco-fp16``, ``diloco-frag4``: hvd.DiLoCo with an outer SGD (lr 0.7,
+  momentum 0.9, Nesterov) every --sync-every steps; 16-bit changes; four fragments.
+
+Per variant: the held-out loss at every --eval-every steps (mean over the ranks' models), the
+bytes this rank's interface sent (the emulated host's link, or the loopback on one host;
+summed over the ranks), the wall-clock of the whole run (a barrier before and after). The
+table gives each against ``sync``'s; ``--json`` writes the rows and the curves.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_compression import interface, sent_bytes, start_gloo  # noqa: E402
+from benchinfo import machine_info, machine_line  # noqa: E402
+
+import hororing.torch as hvd  # noqa: E402
+from hororing._mpi import MPI  # noqa: E402
+
+WIDTHS = (256, 1600, 1600, 1024, 16)
+VARIANTS = ("sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16", "diloco-frag4")
+
+
+def mlp(widths, seed):
+    torch.manual_seed(seed)
+    layers = []
+    for index, (inputs, outputs) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(torch.nn.Linear(inputs, outputs))
+        if index + 2 < len(widths):
+            layers.append(torch.nn.Tanh())
+    return torch.nn.Sequential(*layers)
+
+
+TEACHER = mlp((256, 256, 16), seed=123)
+for _parameter in TEACHER.parameters():
+    _parameter.requires_grad_(False)
+
+
+def batch(rank, step, size):
+    generator = torch.Generator().manual_seed(1_000_003 * rank + step)
+    inputs = torch.randn(size, WIDTHS[0], generator=generator)
+    return inputs, TEACHER(inputs)
+
+
+HELD_OUT = batch(rank=10_000, step=0, size=2048)
+
+
+def held_out_loss(model):
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(HELD_OUT[0]), HELD_OUT[1]))
+
+
+def build(variant, args):
+    """(the model the rank trains, what steps it, the model to evaluate)."""
+    model = mlp(WIDTHS, seed=0)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if variant == "sync":
+        return model, hvd.DistributedOptimizer(
+            inner, named_parameters=model.named_parameters()), model
+    if variant == "ddp-gloo":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3), model
+    if variant == "localsgd":
+        return model, hvd.LocalSGD(model, inner, sync_every=args.sync_every), model
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    options = {"diloco": {}, "diloco-fp16": {"compression": hvd.Compression.fp16},
+               "diloco-frag4": {"fragments": 4}}[variant]
+    return model, hvd.DiLoCo(model, inner, outer, sync_every=args.sync_every, **options), model
+
+
+def run(variant, args, comm, link):
+    trained, optimizer, evaluated = build(variant, args)
+    curve = []
+    comm.Barrier()
+    sent, start = sent_bytes(link), time.perf_counter()
+    for step in range(args.steps):
+        inputs, targets = batch(comm.rank, step, args.batch)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(trained(inputs), targets).backward()
+        optimizer.step()
+        if (step + 1) % args.eval_every == 0:  # off the clock and off the link's count
+            paused = time.perf_counter()
+            before = sent_bytes(link)
+            loss = held_out_loss(evaluated)
+            curve.append((step + 1, sum(comm.allgather(loss)) / comm.size))
+            start += time.perf_counter() - paused
+            sent += sent_bytes(link) - before
+    comm.Barrier()
+    seconds = time.perf_counter() - start
+    sent = sent_bytes(link) - sent
+    return {"variant": variant, "seconds": comm.allreduce(seconds, op=MPI.MAX),
+            "sent_bytes": comm.allreduce(sent), "final_loss": curve[-1][1], "curve": curve}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--sync-every", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    hvd.init()
+    link, address = interface(comm)
+    if "ddp-gloo" in args.variants:
+        start_gloo(comm, link, address)
+    torch.set_num_threads(args.threads)
+    rows = []
+    with threadpool_limits(args.threads):
+        for variant in args.variants:
+            rows.append(run(variant, args, comm, link))
+    if comm.rank != 0:
+        return
+    info = machine_info()
+    print(machine_line(info))
+    print(f"{comm.size} ranks, link {link}, {args.steps} steps, batch {args.batch} per rank, "
+          f"sync every {args.sync_every}")
+    base = next((row for row in rows if row["variant"] == "sync"), rows[0])
+    print(f"{'variant':14} {'held-out loss':>13} {'x sync':>7} {'MB sent':>9} {'sync/this':>9} "
+          f"{'seconds':>8} {'sync/this':>9}")
+    for row in rows:
+        ratio = (f"{base['sent_bytes'] / row['sent_bytes']:9.1f}" if row["sent_bytes"] and
+                 base["sent_bytes"] else f"{'-':>9}")  # one host: hororing's bytes are not on lo
+        print(f"{row['variant']:14} {row['final_loss']:13.3e} "
+              f"{row['final_loss'] / base['final_loss']:7.3f} {row['sent_bytes'] / 1e6:9.2f} "
+              f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": info, "ranks": comm.size, "link": link, "rows": rows,
+                       "steps": args.steps, "sync_every": args.sync_every}, handle)
+
+
+if __name__ == "__main__":
+    main()
