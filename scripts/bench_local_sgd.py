@@ -10,9 +10,12 @@ Across emulated hosts (one rank per host, docs/local_sgd.md):
     mpiexec -f D/hostfile $(cat D/mpi-args) -n 2 python scripts/bench_local_sgd.py
     bash scripts/emulated_hosts.sh down --dir D
 
-The task: an MLP student (256-1600-1600-1024-16, 4.6 M parameters) learning a fixed random
+The tasks (--task): ``mlp``, an MLP student (256-1600-1600-1024-16, 4.6 M parameters) learning a fixed random
 teacher network (256-256-16, tanh) from inputs each rank draws for itself (batch --batch per
-rank per step); the held-out loss is the mean squared error on 2048 inputs no rank trains on.
+rank per step), the held-out loss the mean squared error on 2048 inputs no rank trains on;
+``lm``, a 2-layer causal transformer (width 128, 0.4 M parameters) predicting the next byte
+of the Python standard library's source (windows of 64 bytes at offsets each rank draws for
+itself), the held-out loss the cross-entropy on 256 windows of the last tenth of the text.
 Every variant starts from the same weights and trains --steps steps with AdamW (lr 1e-3) as
 its (inner) optimizer, one variant after the other:
 
@@ -72,14 +75,84 @@ def batch(rank, step, size):
 HELD_OUT = batch(rank=10_000, step=0, size=2048)
 
 
-def held_out_loss(model):
-    with torch.no_grad():
-        return float(torch.nn.functional.mse_loss(model(HELD_OUT[0]), HELD_OUT[1]))
+class CharModel(torch.nn.Module):
+    """A small causal transformer over bytes (--task lm): 2 layers, width 128, 4 heads."""
+
+    def __init__(self, width=128, layers=2, context=64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(256, width)
+        self.position = torch.nn.Parameter(torch.randn(context, width) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0,
+                                                 batch_first=True, norm_first=True)
+        self.body = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(width, 256)
+        self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(
+            context), persistent=False)
+
+    def forward(self, tokens):
+        hidden = self.embed(tokens) + self.position[:tokens.shape[1]]
+        hidden = self.body(hidden, mask=self.mask[:tokens.shape[1], :tokens.shape[1]],
+                           is_causal=True)
+        return self.head(hidden)
 
 
-def build(variant, args):
+class Text:
+    """The standard library's Python source as bytes: the sorted files of ``os``'s directory,
+    the last tenth held out; a rank's batch is windows at offsets drawn for it alone."""
+
+    def __init__(self, context=64):
+        directory = os.path.dirname(os.__file__)
+        files = sorted(name for name in os.listdir(directory) if name.endswith(".py"))
+        data = b"".join(open(os.path.join(directory, name), "rb").read() for name in files)
+        tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        cut = len(tokens) * 9 // 10
+        self.train, self.held_out, self.context = tokens[:cut], tokens[cut:], context
+
+    def windows(self, tokens, generator, count):
+        starts = torch.randint(0, len(tokens) - self.context - 1, (count,), generator=generator)
+        rows = torch.stack([tokens[start:start + self.context + 1] for start in starts.tolist()])
+        return rows[:, :-1], rows[:, 1:]
+
+    def batch(self, rank, step, size):
+        return self.windows(self.train, torch.Generator().manual_seed(1_000_003 * rank + step),
+                            size)
+
+
+def lm_loss(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
+
+
+class Task:
+    """What is learned: ``mlp`` (the teacher network) or ``lm`` (bytes of Python source)."""
+
+    def __init__(self, name):
+        self.name = name
+        if name == "lm":
+            self.text = Text()
+            self.held = self.text.windows(self.text.held_out, torch.Generator().manual_seed(7),
+                                          256)
+
+    def model(self):
+        return mlp(WIDTHS, seed=0) if self.name == "mlp" else CharModel()
+
+    def batch(self, rank, step, size):
+        return batch(rank, step, size) if self.name == "mlp" else \
+            self.text.batch(rank, step, size)
+
+    def loss(self, output, targets):
+        return torch.nn.functional.mse_loss(output, targets) if self.name == "mlp" else \
+            lm_loss(output, targets)
+
+    def held_out_loss(self, model):
+        inputs, targets = HELD_OUT if self.name == "mlp" else self.held
+        with torch.no_grad():
+            return float(self.loss(model(inputs), targets))
+
+
+def build(variant, args, task):
     """(the model the rank trains, what steps it, the model to evaluate)."""
-    model = mlp(WIDTHS, seed=0)
+    model = task.model()
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if variant == "sync":
         return model, hvd.DistributedOptimizer(
@@ -95,20 +168,20 @@ def build(variant, args):
     return model, hvd.DiLoCo(model, inner, outer, sync_every=args.sync_every, **options), model
 
 
-def run(variant, args, comm, link):
-    trained, optimizer, evaluated = build(variant, args)
+def run(variant, args, comm, link, task):
+    trained, optimizer, evaluated = build(variant, args, task)
     curve = []
     comm.Barrier()
     sent, start = sent_bytes(link), time.perf_counter()
     for step in range(args.steps):
-        inputs, targets = batch(comm.rank, step, args.batch)
+        inputs, targets = task.batch(comm.rank, step, args.batch)
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(trained(inputs), targets).backward()
+        task.loss(trained(inputs), targets).backward()
         optimizer.step()
         if (step + 1) % args.eval_every == 0:  # off the clock and off the link's count
             paused = time.perf_counter()
             before = sent_bytes(link)
-            loss = held_out_loss(evaluated)
+            loss = task.held_out_loss(evaluated)
             curve.append((step + 1, sum(comm.allgather(loss)) / comm.size))
             start += time.perf_counter() - paused
             sent += sent_bytes(link) - before
@@ -121,6 +194,7 @@ def run(variant, args, comm, link):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=("mlp", "lm"), default="mlp")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--sync-every", type=int, default=50)
     parser.add_argument("--batch", type=int, default=64)
@@ -135,15 +209,16 @@ def main():
     if "ddp-gloo" in args.variants:
         start_gloo(comm, link, address)
     torch.set_num_threads(args.threads)
+    task = Task(args.task)
     rows = []
     with threadpool_limits(args.threads):
         for variant in args.variants:
-            rows.append(run(variant, args, comm, link))
+            rows.append(run(variant, args, comm, link, task))
     if comm.rank != 0:
         return
     info = machine_info()
     print(machine_line(info))
-    print(f"{comm.size} ranks, link {link}, {args.steps} steps, batch {args.batch} per rank, "
+    print(f"task {args.task}, {comm.size} ranks, link {link}, {args.steps} steps, batch {args.batch} per rank, "
           f"sync every {args.sync_every}")
     base = next((row for row in rows if row["variant"] == "sync"), rows[0])
     print(f"{'variant':14} {'held-out loss':>13} {'x sync':>7} {'MB sent':>9} {'sync/this':>9} "
@@ -156,7 +231,7 @@ def main():
               f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"machine": info, "ranks": comm.size, "link": link, "rows": rows,
+            json.dump({"machine": info, "task": args.task, "ranks": comm.size, "link": link, "rows": rows,
                        "steps": args.steps, "sync_every": args.sync_every}, handle)
 
 
