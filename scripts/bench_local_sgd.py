@@ -192,6 +192,23 @@ def run(variant, args, comm, link, task):
             "sent_bytes": comm.allreduce(sent), "final_loss": curve[-1][1], "curve": curve}
 
 
+def plot(rows, args, size, link):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        steps, losses = zip(*row["curve"])
+        axes.plot(steps, losses, marker=".", label=f"{row['variant']} ({row['seconds']:.0f} s)")
+    axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel("held-out loss")
+    axes.set_title(f"{args.task}: {size} ranks over {link}, sync every {args.sync_every}")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(args.plot, dpi=90)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=("mlp", "lm"), default="mlp")
@@ -202,6 +219,8 @@ def main():
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None,
+                        help="a PNG of the held-out loss curves (needs matplotlib)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
@@ -229,6 +248,8 @@ def main():
         print(f"{row['variant']:14} {row['final_loss']:13.3e} "
               f"{row['final_loss'] / base['final_loss']:7.3f} {row['sent_bytes'] / 1e6:9.2f} "
               f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f}")
+    if args.plot:
+        plot(rows, args, comm.size, link)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": info, "task": args.task, "ranks": comm.size, "link": link, "rows": rows,

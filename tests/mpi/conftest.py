@@ -42,6 +42,22 @@ def pytest_runtest_makereport(item, call):
         MPI.COMM_WORLD.Abort(1)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def default_process_group_ends_with_its_module():
+    """torch.distributed's default group, where a module's tests started it (a checkpoint
+    starts one where none exists), is ended with the module: the next module may start its
+    own."""
+    def initialized():
+        dist = sys.modules.get("torch.distributed")
+        return dist is not None and dist.is_available() and dist.is_initialized()
+    started = initialized()
+    yield
+    if not started and initialized():
+        from hororing.torch import checkpoint
+        checkpoint.wait_pending()
+        sys.modules["torch.distributed"].destroy_process_group()
+
+
 @pytest.fixture
 def reduced_buffers():
     """Record (algorithm kind, dtype name, element count) of every buffer the engine hands to

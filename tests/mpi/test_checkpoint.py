@@ -26,17 +26,6 @@ ADAM = (torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.01})
 KINDS = ["plain", "distributed", "sharded", "stage2", "zero"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    """A checkpoint starts torch.distributed's default group where none exists; the other
-    modules start their own."""
-    started = dist.is_initialized()
-    yield
-    hvd.checkpoint.wait_pending()
-    if not started and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 @pytest.fixture
 def directory():
     """A directory every rank sees, emptied afterwards."""
