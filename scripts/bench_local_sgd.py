@@ -22,8 +22,9 @@ its (inner) optimizer, one variant after the other:
 - ``sync``: hvd.DistributedOptimizer (gradients averaged every step);
 - ``ddp-gloo``: DistributedDataParallel over torch's gloo backend;
 - ``localsgd``: hvd.LocalSGD, parameters averaged every --sync-every steps;
-- ``diloco``, ``diloco-fp16``, ``diloco-frag4``: hvd.DiLoCo with an outer SGD (lr 0.7,
-  momentum 0.9, Nesterov) every --sync-every steps; 16-bit changes; four fragments.
+- ``diloco``, ``diloco-fp16``, ``diloco-frag4``, ``diloco-stream``: hvd.DiLoCo with an outer
+  SGD (lr 0.7, momentum 0.9, Nesterov) every --sync-every steps; 16-bit changes; four
+  fragments; four fragments, 16-bit, each sync overlapping the next inner step.
 
 Per variant: the held-out loss at every --eval-every steps (mean over the ranks' models), the
 bytes this rank's interface sent (the emulated host's link, or the loopback on one host;
@@ -48,7 +49,8 @@ import hororing.torch as hvd  # noqa: E402
 from hororing._mpi import MPI  # noqa: E402
 
 WIDTHS = (256, 1600, 1600, 1024, 16)
-VARIANTS = ("sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16", "diloco-frag4")
+VARIANTS = ("sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16", "diloco-frag4",
+            "diloco-stream")
 
 
 def mlp(widths, seed):
@@ -164,7 +166,9 @@ def build(variant, args, task):
         return model, hvd.LocalSGD(model, inner, sync_every=args.sync_every), model
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     options = {"diloco": {}, "diloco-fp16": {"compression": hvd.Compression.fp16},
-               "diloco-frag4": {"fragments": 4}}[variant]
+               "diloco-frag4": {"fragments": 4},
+               "diloco-stream": {"fragments": 4, "overlap": True,
+                                 "compression": hvd.Compression.fp16}}[variant]
     return model, hvd.DiLoCo(model, inner, outer, sync_every=args.sync_every, **options), model
 
 
@@ -173,12 +177,15 @@ def run(variant, args, comm, link, task):
     curve = []
     comm.Barrier()
     sent, start = sent_bytes(link), time.perf_counter()
+    finish = getattr(optimizer, "synchronize", None) if variant.startswith("diloco") else None
     for step in range(args.steps):
         inputs, targets = task.batch(comm.rank, step, args.batch)
         optimizer.zero_grad()
         task.loss(trained(inputs), targets).backward()
         optimizer.step()
         if (step + 1) % args.eval_every == 0:  # off the clock and off the link's count
+            if finish is not None:
+                finish()
             paused = time.perf_counter()
             before = sent_bytes(link)
             loss = task.held_out_loss(evaluated)

@@ -153,10 +153,13 @@ class DiLoCo(_Periodic):
             about equal size), each synced at its own step.
         compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16``: the averaged changes
             in 16 bits on the wire.
+        overlap: a sync's allreduce runs during the following inner step, and its outer step
+            is applied after it, with that step's progress kept on top (Streaming DiLoCo's
+            overlap of one step). ``synchronize()`` finishes what is in flight.
     """
 
     def __init__(self, model, inner_optimizer, outer_optimizer, sync_every, fragments=1,
-                 compression=Compression.none):
+                 compression=Compression.none, overlap=False):
         parameters = _trained(model)
         _check_over(outer_optimizer, parameters, "DiLoCo's outer optimizer")
         if isinstance(fragments, bool) or not isinstance(fragments, int) or \
@@ -176,6 +179,9 @@ class DiLoCo(_Periodic):
         # the global parameters: what every rank held at its fragment's last sync
         self._global = [parameter.detach().clone() for parameter in parameters]
         self._index = {id(parameter): index for index, parameter in enumerate(parameters)}
+        self.overlap = bool(overlap)
+        # (fragment, handle, compression contexts, the fragment's parameters when it was sent)
+        self._pending = []
 
     def due(self, steps):
         """The fragments synced after inner step number ``steps`` (1, 2, ...)."""
@@ -187,16 +193,48 @@ class DiLoCo(_Periodic):
     def step(self, closure=None):
         loss = self._optimizer.step(closure)
         self.steps += 1
+        self.synchronize()  # what was sent at the step before (overlap=True)
         for index in self.due(self.steps):
             self._sync(index)
         return loss
+
+    def synchronize(self):
+        """Finish the syncs in flight (``overlap=True``: sent at the last step): their outer
+        steps, with the inner progress made since kept on top. ``step()`` calls it; call it
+        after the last step, before evaluating or saving."""
+        pending, self._pending = self._pending, []
+        for index, handle, contexts, sent in pending:
+            averaged = [self.compression.decompress(value, ctx) for value, ctx in
+                        zip(mpi_ops.synchronize(handle), contexts)]
+            members = self.fragments[index]
+            with torch.no_grad():
+                progress = [parameter.detach() - before for parameter, before in
+                            zip(members, sent)]
+            self._outer_step(index, averaged)
+            with torch.no_grad():
+                for parameter, gained in zip(members, progress):
+                    parameter.add_(gained)
 
     def _sync(self, index):
         members = self.fragments[index]
         held = [self._global[self._index[id(parameter)]] for parameter in members]
         with torch.no_grad():
             changes = [before - parameter.detach() for before, parameter in zip(held, members)]
-            averaged = self._average(changes, f"fragment{index}", self.compression)
+        if self.overlap:  # finished at the next step, after its inner step
+            payloads, contexts = zip(*(self.compression.compress(change) for change in changes))
+            handle = mpi_ops.grouped_allreduce_async(
+                list(payloads), name=f"{self._prefix}.fragment{index}", op=ops.Average)
+            with torch.no_grad():
+                self._pending.append((index, handle, contexts,
+                                      [parameter.detach().clone() for parameter in members]))
+            return
+        self._outer_step(index, self._average(changes, f"fragment{index}", self.compression))
+
+    def _outer_step(self, index, averaged):
+        """The outer optimizer's step of fragment ``index`` from its global parameters, with
+        the averaged change as the gradient; the result is the new global copy."""
+        members = self.fragments[index]
+        held = [self._global[self._index[id(parameter)]] for parameter in members]
         # the outer step moves the global parameters of this fragment only: the others'
         # gradients are set aside meanwhile (an optimizer skips a parameter without one)
         aside = {}
@@ -215,6 +253,7 @@ class DiLoCo(_Periodic):
             parameter.grad = aside[id(parameter)]
 
     def state_dict(self):
+        self.synchronize()
         return {"inner": self._optimizer.state_dict(),
                 "outer": self.outer_optimizer.state_dict(),
                 "global": [tensor.clone() for tensor in self._global], "steps": self.steps}

@@ -80,7 +80,7 @@ def fragments_of(parameters, count):
     return hvd.DiLoCo.__init__.__globals__["_cut"](parameters, count)
 
 
-def simulate_diloco(steps, sync_every, fragments):
+def simulate_diloco(steps, sync_every, fragments, overlap=False):
     models = [rank0_model() for _ in range(hvd.size())]
     inner = [torch.optim.AdamW(model.parameters(), lr=0.01) for model in models]
     global_model = rank0_model()
@@ -88,45 +88,73 @@ def simulate_diloco(steps, sync_every, fragments):
     cut = fragments_of(list(global_model.parameters()), fragments)
     index = {id(parameter): position for position, parameter in
              enumerate(global_model.parameters())}
+
+    def of(model, position):
+        return list(model.parameters())[position]
+
+    def apply(positions, members, changes, sent):
+        """The outer step of one fragment; each model goes on from it, plus what it gained
+        since ``sent`` (its parameters when the changes were taken; None: nothing since)."""
+        for parameter in global_model.parameters():
+            parameter.grad = None
+        for parameter, change in zip(members, changes):
+            parameter.grad = change
+        outer.step()
+        with torch.no_grad():
+            for rank, model in enumerate(models):
+                for number, (position, parameter) in enumerate(zip(positions, members)):
+                    gained = 0 if sent is None else of(model, position) - sent[rank][number]
+                    of(model, position).copy_(parameter + gained)
+
+    pending = []
     for step in range(1, steps + 1):
         for rank, (model, optimizer) in enumerate(zip(models, inner)):
             optimizer.zero_grad()
             loss_of(model, rank, step - 1).backward()
             optimizer.step()
+        for waiting in pending:
+            apply(*waiting)
+        pending = []
         for number, members in enumerate(cut):
             offset = (number + 1) * sync_every // fragments % sync_every
             if step % sync_every != offset:
                 continue
             positions = [index[id(parameter)] for parameter in members]
-            for parameter in global_model.parameters():
-                parameter.grad = None
-            for position, parameter in zip(positions, members):
-                locals_ = [list(model.parameters())[position].detach() for model in models]
-                parameter.grad = mean([parameter.detach() - local for local in locals_])
-            outer.step()
-            with torch.no_grad():
-                for position, parameter in zip(positions, members):
-                    for model in models:
-                        list(model.parameters())[position].copy_(parameter)
+            changes = [mean([parameter.detach() - of(model, position).detach()
+                             for model in models])
+                       for position, parameter in zip(positions, members)]
+            if overlap:
+                sent = [[of(model, position).detach().clone() for position in positions]
+                        for model in models]
+                pending.append((positions, members, changes, sent))
+            else:
+                apply(positions, members, changes, None)
+    for waiting in pending:
+        apply(*waiting)
     return [parameter.detach() for parameter in models[hvd.rank()].parameters()]
 
 
-def diloco(model, sync_every, fragments, compression=hvd.Compression.none):
+def diloco(model, sync_every, fragments, compression=hvd.Compression.none, overlap=False):
     return hvd.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=0.01),
                       torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True),
-                      sync_every=sync_every, fragments=fragments, compression=compression)
+                      sync_every=sync_every, fragments=fragments, compression=compression,
+                      overlap=overlap)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
 @pytest.mark.parametrize("sync_every,fragments", [(1, 1), (3, 1), (4, 2), (3, 4)])
-def test_diloco_steps_the_outer_optimizer_with_the_averaged_change(sync_every, fragments):
+def test_diloco_steps_the_outer_optimizer_with_the_averaged_change(sync_every, fragments,
+                                                                   overlap):
     model = make_model()
-    optimizer = diloco(model, sync_every, fragments)
+    optimizer = diloco(model, sync_every, fragments, overlap=overlap)
     steps = 9
     for step in range(steps):
         optimizer.zero_grad()
         loss_of(model, hvd.rank(), step).backward()
         optimizer.step()
-    assert_parameters(model, simulate_diloco(steps, sync_every, fragments), tolerance=1e-10)
+    optimizer.synchronize()
+    assert_parameters(model, simulate_diloco(steps, sync_every, fragments, overlap),
+                      tolerance=1e-10)
 
 
 def test_diloco_in_16_bits_stays_near_the_exact_one():
