@@ -206,3 +206,11 @@ def test_bad_arguments_are_named():
         hvd.DiLoCo(model, inner, outer, sync_every=2, fragments=5)
     with pytest.raises(ValueError, match="Compression.none, .fp16 or .bf16"):
         hvd.DiLoCo(model, inner, outer, sync_every=2, compression="int8")
+
+
+def test_a_checkpoint_of_a_diloco_or_local_sgd_optimizer_is_refused_not_written_wrong(tmp_path):
+    model = make_model()
+    for optimizer in (diloco(model, 3, 1),
+                      hvd.LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), 3)):
+        with pytest.raises(ValueError, match="each hold their own optimizer state"):
+            hvd.checkpoint.save(str(tmp_path / "ckpt"), model, optimizer)

@@ -66,9 +66,18 @@ def _to_save(group, model, optimizer, extra, names=None):
 
 
 def _check_optimizer(optimizer):
-    """Refuse an optimizer of some ranks only, before any collective."""
+    """Refuse an optimizer of some ranks only, or one whose state differs from rank to rank,
+    before any collective."""
     from ... import context
     from ...process_sets import group_of
+    from ..local_sgd import DiLoCo, LocalSGD
+    if isinstance(optimizer, (DiLoCo, LocalSGD)):
+        raise ValueError(
+            f"{type(optimizer).__name__}'s ranks each hold their own optimizer state (and, "
+            f"between syncs, their own parameters), which a checkpoint of replicated and "
+            f"sharded state would write once for all: save each rank's "
+            f"optimizer.state_dict() to a file of its own (torch.save), and the model right "
+            f"after a sync")
     process_set = getattr(optimizer, "process_set", None)
     if process_set is not None and group_of(process_set).size != context.size():
         raise ValueError(
