@@ -91,10 +91,17 @@ def generated_once(name):
 
 
 class ResponseCache:
-    """Negotiated (name, metadata) pairs by id; the same ids on every rank."""
+    """Negotiated (name, metadata) pairs by id; the same ids on every rank.
+
+    Once full, a new pair takes the place of the oldest entry (the ids round-robin), so a
+    job that has met more names than ``capacity`` keeps caching the ones it repeats now. An
+    entry changes only in ``record``, during a gathered cycle, after every rank's cached ids
+    of that cycle went into the table by name: no rank holds a request by an id then, so an
+    id that comes to mean another name is never misread."""
 
     def __init__(self, capacity):
         self.capacity = capacity
+        self._next_out = 0  # the id a new pair takes once the cache is full
         self._entries = []
         self._responses = []  # the agreed Response for each id, reused in the steady state
         self._ids = {}
@@ -143,6 +150,13 @@ class ResponseCache:
             self._ids[name] = len(self._entries)
             self._entries.append((name, meta))
             self._responses.append(response)
+        elif self.capacity:
+            cache_id = self._next_out
+            self._next_out = (cache_id + 1) % self.capacity
+            del self._ids[self._entries[cache_id][0]]
+            self._ids[name] = cache_id
+            self._entries[cache_id] = (name, meta)
+            self._responses[cache_id] = response
 
 
 class Negotiator:

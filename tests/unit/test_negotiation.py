@@ -100,8 +100,8 @@ def test_cache_capacity_is_respected():
     negotiator = Negotiator(size=1, cache_capacity=1)
     negotiator.absorb(0, [], [("a", allreduce_meta()), ("b", allreduce_meta())], 0.0)
     negotiator.ready()
-    assert negotiator.cache.lookup("a", allreduce_meta()) == 0
-    assert negotiator.cache.lookup("b", allreduce_meta()) is None
+    assert negotiator.cache.lookup("a", allreduce_meta()) is None  # made room for b
+    assert negotiator.cache.lookup("b", allreduce_meta()) == 0
 
 
 def test_names_generated_for_one_call_take_no_cache_entry():
@@ -290,3 +290,35 @@ def test_the_waiting_field_travels_in_the_header():
     assert header[WAITING] == 1 and decode_cache_ids(header) == [3]
     encode_header(header, 7, 0, 0, [3])
     assert header[WAITING] == 0
+
+
+def negotiate(negotiator, names):
+    """Every rank announces ``names`` by name (a gathered cycle); the responses' names."""
+    for rank in range(negotiator.size):
+        negotiator.absorb(rank, [], [(name, allreduce_meta()) for name in names], now=0.0)
+    return [response.name for response in negotiator.ready()]
+
+
+def test_a_full_cache_makes_room_for_new_names_oldest_first():
+    negotiator = Negotiator(size=2, cache_capacity=3)
+    cache = negotiator.cache
+    assert negotiate(negotiator, ["a", "b", "c"]) == ["a", "b", "c"]
+    assert [cache.lookup(name, allreduce_meta()) for name in "abc"] == [0, 1, 2]
+    negotiate(negotiator, ["d"])  # takes the oldest entry's id
+    assert cache.lookup("a", allreduce_meta()) is None
+    assert cache.lookup("d", allreduce_meta()) == 0 and cache.resolve(0)[0] == "d"
+    assert cache.response(0).name == "d"
+    negotiate(negotiator, ["e", "a"])  # then the next oldest, round the ids
+    assert [cache.id_of(name) for name in "abcde"] == [2, None, None, 0, 1]
+    # a vote decoded before the change is not reused after it
+    bits = np.zeros(1, dtype=np.uint64)
+    bits[0] = 1  # id 0
+    assert [response.name for response in cache.agreed_responses(bits.tobytes())] == ["d"]
+    negotiate(negotiator, ["f"])
+    assert [response.name for response in cache.agreed_responses(bits.tobytes())] == ["f"]
+
+
+def test_a_cache_of_capacity_zero_keeps_nothing():
+    negotiator = Negotiator(size=2, cache_capacity=0)
+    assert negotiate(negotiator, ["a"]) == ["a"]
+    assert negotiator.cache.id_of("a") is None
