@@ -23,7 +23,9 @@ import itertools
 import torch
 
 from .. import ops
+from ..process_sets import global_process_set
 from . import mpi_ops
+from .async_ops import compressed_allreduce_async_, member_handles
 from .compression import Compression
 from .functions import allgather_object, broadcast_optimizer_state, broadcast_parameters
 from .wrapping import WrappingOptimizer
@@ -203,9 +205,9 @@ class DiLoCo(_Periodic):
         steps, with the inner progress made since kept on top. ``step()`` calls it; call it
         after the last step, before evaluating or saving."""
         pending, self._pending = self._pending, []
-        for index, handle, contexts, sent in pending:
-            averaged = [self.compression.decompress(value, ctx) for value, ctx in
-                        zip(mpi_ops.synchronize(handle), contexts)]
+        for index, handles, contexts, sent in pending:
+            averaged = [self.compression.decompress(mpi_ops.synchronize(handle), ctx)
+                        for handle, ctx in zip(handles, contexts)]
             members = self.fragments[index]
             with torch.no_grad():
                 progress = [parameter.detach() - before for parameter, before in
@@ -222,10 +224,13 @@ class DiLoCo(_Periodic):
             changes = [before - parameter.detach() for before, parameter in zip(held, members)]
         if self.overlap:  # finished at the next step, after its inner step
             payloads, contexts = zip(*(self.compression.compress(change) for change in changes))
-            handle = mpi_ops.grouped_allreduce_async(
-                list(payloads), name=f"{self._prefix}.fragment{index}", op=ops.Average)
+            # each payload in the compressor's wire dtype (16 bits), in place
+            handles = member_handles(
+                list(payloads), f"{self._prefix}.fragment{index}", global_process_set,
+                lambda payload, member: compressed_allreduce_async_(
+                    payload, self.compression, member, ops.Average))
             with torch.no_grad():
-                self._pending.append((index, handle, contexts,
+                self._pending.append((index, handles, contexts,
                                       [parameter.detach().clone() for parameter in members]))
             return
         self._outer_step(index, self._average(changes, f"fragment{index}", self.compression))

@@ -157,14 +157,18 @@ def test_diloco_steps_the_outer_optimizer_with_the_averaged_change(sync_every, f
                       tolerance=1e-10)
 
 
-def test_diloco_in_16_bits_stays_near_the_exact_one():
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+def test_diloco_in_16_bits_stays_near_the_exact_one(overlap):
     exact, rounded = make_model(), make_model()
-    optimizers = [diloco(exact, 3, 2), diloco(rounded, 3, 2, hvd.Compression.fp16)]
+    optimizers = [diloco(exact, 3, 2, overlap=overlap),
+                  diloco(rounded, 3, 2, hvd.Compression.fp16, overlap=overlap)]
     for step in range(6):
         for model, optimizer in zip((exact, rounded), optimizers):
             optimizer.zero_grad()
             loss_of(model, hvd.rank(), step).backward()
             optimizer.step()
+    for optimizer in optimizers:
+        optimizer.synchronize()
     assert_parameters(rounded, [parameter.detach() for parameter in exact.parameters()],
                       tolerance=5e-3)
 
