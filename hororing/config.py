@@ -13,6 +13,7 @@ MiB = 1024 * 1024
 MODES = ("ring", "ps")
 PLACEMENTS = ("round_robin", "greedy_bytes", "partitioned")  # see ps/placement.py
 DEVICE_RINGS = ("auto", "direct", "staged")  # see engine/device.py
+COMPILED_STEPS = ("auto", "wait", "off")  # see algorithms/compiled/
 RING_SUBCHUNK_IN_NODE = MiB
 RING_SUBCHUNK_ACROSS_NODES = 256 * 1024
 RING_PIECE_CEILING_ACROSS_NODES = MiB
@@ -101,6 +102,11 @@ class Config:
     poll_active_us: float = 500.0
     poll_idle_us: float = 5000.0
     log_level: str = "warning"
+    # The ring's steps compiled with numba (algorithms/compiled/): "auto" loads them in the
+    # background at the first ring and runs them once ready, "wait" waits for them at the
+    # first ring, "off" keeps the Python steps. Measured: scripts/bench_call_cost.py,
+    # docs/benchmarks.md.
+    compiled_steps: str = "auto"
     # "ring", or "ps": allreduce through parameter servers (the baseline the ring is
     # compared with; README, "Parameter-server mode").
     mode: str = "ring"
@@ -236,6 +242,9 @@ class Config:
             raise ValueError(f"wait_yield_tests ({self.wait_yield_tests}) must be >= "
                              f"wait_spin_tests ({self.wait_spin_tests}): the yield phase "
                              f"follows the spin phase (HORORING_WAIT_YIELD_TESTS)")
+        if self.compiled_steps not in COMPILED_STEPS:
+            raise ValueError(f"compiled steps must be one of {', '.join(COMPILED_STEPS)} "
+                             f"(HORORING_COMPILED_STEPS), got {self.compiled_steps!r}")
         if self.device_ring not in DEVICE_RINGS:
             raise ValueError(f"device ring must be one of {', '.join(DEVICE_RINGS)} "
                              f"(HORORING_DEVICE_RING), got {self.device_ring!r}")
@@ -312,6 +321,7 @@ _ENV_FIELDS = {
     "hierarchical_allreduce": (_names("HIERARCHICAL_ALLREDUCE"), _flag),
     "hierarchical_threshold_bytes": (("HORORING_HIERARCHICAL_THRESHOLD_BYTES",), int),
     "log_level": (_names("LOG_LEVEL"), str),
+    "compiled_steps": (("HORORING_COMPILED_STEPS",), str.lower),
     "mode": (("HORORING_MODE",), str.lower),
     "ps_servers": (("HORORING_PS_SERVERS",), _servers),
     "ps_placement": (("HORORING_PS_PLACEMENT",), str),

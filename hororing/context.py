@@ -12,6 +12,7 @@ import time
 from ._mpi import MPI
 
 from . import gpu, slurm, static_sets, transport, world
+from .algorithms import compiled
 from .config import Config
 from .environment import launch_environment
 from .engine import Engine
@@ -121,6 +122,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         _configure_logging(config.log_level)
         transport.set_backoff(config.wait_spin_tests, config.wait_yield_tests,
                               config.wait_max_sleep_us / 1e6)
+        compiled.configure(config.compiled_steps)
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
             raise RuntimeError(

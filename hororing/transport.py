@@ -206,12 +206,13 @@ def wait_all(requests):
         wait_until(lambda: MPI.Request.Testall(requests))
 
 
-def wait_until(done, deadline=None, unless_soon=None):
+def wait_until(done, deadline=None, unless_soon=None, asleep=False):
     """Poll ``done()`` with the same back-off until it is true (or the deadline passes);
-    ``unless_soon`` as for ``wait``."""
+    ``unless_soon`` as for ``wait``; ``asleep``: start in the sleeping phase (the caller
+    has spun and yielded already: the compiled ring's steps)."""
     spin_tests, yield_tests, max_sleep_s = (_Backoff.spin_tests, _Backoff.yield_tests,
                                             _Backoff.max_sleep_s)
-    tests = 0
+    tests = yield_tests if asleep else 0
     sleep_s = min(1e-5, max_sleep_s)
     registered = False
     try:

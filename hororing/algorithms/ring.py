@@ -25,6 +25,9 @@ import numpy as np
 from ..kernels import reduce_into
 
 from .. import transport
+from .._mpi import MPI
+from . import compiled
+from .compiled import codes as _NATIVE
 from .base import Algorithm, read_at_each_call
 from .plan import chunk_bounds, ring_pieces, ring_schedule
 from .segmented import Segmented
@@ -58,6 +61,7 @@ class Ring(Algorithm):
         schedule = self._schedules[True]
         self._neighbours = transport.world_ranks(comm, [schedule.left, schedule.right]) \
             if self.size > 1 else []
+        self._native = None  # the compiled steps' arrays (_Native), made on their first run
 
     out_of_place = True  # allreduce and reducescatter take ``source``
 
@@ -111,7 +115,7 @@ class Ring(Algorithm):
             layout = self._layouts[key] = _Layout(
                 [_cut(_split(start, stop, parts), cuts) for start, stop in bounds], largest,
                 sum(bounds[step.send_chunk][1] - bounds[step.send_chunk][0]
-                    for step in schedule.steps))
+                    for step in schedule.steps), {})
         return layout
 
     def _run(self, buffer, op, bounds, schedule, finalize, stage=None, source=None):
@@ -133,8 +137,56 @@ class Ring(Algorithm):
         with transport.activity(self._describe, self._neighbours):
             layout = self._layout(bounds, buffer.itemsize, schedule,
                                   buffer.cuts if isinstance(buffer, Segmented) else ())
+            source = buffer if source is None else source
+            if stage is _NO_STAGE and synchronize is None and type(buffer) is np.ndarray:
+                entry = compiled.ring_entry(buffer, source)
+                if entry is not None:
+                    self._compiled_steps(entry, buffer, source, op, layout, schedule, finalize)
+                    return
             self._steps(buffer, op, layout, schedule, finalize, stage, synchronize, steps,
-                        buffer if source is None else source)
+                        source)
+
+    def _compiled_steps(self, entry, buffer, source, op, layout, schedule, finalize):
+        """The schedule run by the compiled steps (``compiled.native.ring``): the same
+        messages and reductions as ``_steps``; Python is called back for each piece's
+        ``finalize`` and for waits long enough to sleep in."""
+        native = self._native
+        if native is None:
+            native = self._native = _Native(self.comm, schedule.left, schedule.right)
+        tables = layout.tables.get(id(schedule))
+        if tables is None:
+            tables = layout.tables[id(schedule)] = _tables(layout, schedule)
+        pieces, steps = tables
+        in_place = source is buffer
+        if in_place:
+            self._scratch_halves(buffer.dtype, layout.largest)
+            scratch = self._scratch[:2 * layout.largest * buffer.itemsize].view(buffer.dtype)
+        else:
+            scratch = buffer
+        params = native.params
+        params[_NATIVE.P_OP] = _NATIVE.OPS[op]
+        params[_NATIVE.P_IN_PLACE] = in_place
+        params[_NATIVE.P_FINALIZE] = finalize is not None
+        params[_NATIVE.P_LARGEST] = layout.largest
+        params[_NATIVE.P_SPIN] = transport._Backoff.spin_tests
+        params[_NATIVE.P_YIELD] = transport._Backoff.yield_tests
+        most = pieces.shape[1] - 2
+        slots = native.slots_for((pieces.shape[0] + 2) * most)
+        state = native.state
+        state[:] = 0
+        self.bytes_sent += buffer.itemsize * layout.sent
+        while True:
+            event = entry(buffer, source, scratch, pieces, steps, slots, state, params,
+                          native.flag, native.status)
+            if event == _NATIVE.DONE:
+                return
+            if event == _NATIVE.FINALIZE:
+                finalize(buffer[state[_NATIVE.FIN_START]:state[_NATIVE.FIN_STOP]])
+            elif event == _NATIVE.WAIT:
+                native.sleep_on(slots, int(state[_NATIVE.SLOT]))
+            else:
+                native.slots = None  # requests may be outstanding in them
+                raise MPI.Exception(int(state[_NATIVE.ERROR]))
 
     def _steps(self, buffer, op, layout, schedule, finalize, stage, synchronize, steps, source):
         comm, left, right = self.comm, schedule.left, schedule.right
@@ -220,6 +272,53 @@ class _Layout(NamedTuple):
     pieces: list  # per chunk, its pieces' (start, stop) element ranges
     largest: int  # elements in the largest chunk
     sent: int  # elements this rank sends to the right in one run of the schedule
+    tables: dict  # id(schedule) -> the compiled steps' (pieces, steps) tables
+
+
+def _tables(layout, schedule):
+    """The layout and schedule as the compiled steps read them (``compiled.native.ring``)."""
+    most = max(len(chunk) for chunk in layout.pieces)
+    pieces = np.zeros((len(layout.pieces), most + 2), dtype=np.int64)
+    for index, chunk in enumerate(layout.pieces):  # a chunk's pieces lie back to back
+        pieces[index, 0] = len(chunk)
+        pieces[index, 1:len(chunk) + 2] = [start for start, _ in chunk] + [chunk[-1][1]]
+    steps = np.array([(step.send_chunk, step.recv_chunk, step.reduce) for step in schedule.steps],
+                     dtype=np.int64)
+    return pieces, steps
+
+
+def _signed(handle):
+    """A handle as an int64 (mpi4py gives them as unsigned 64-bit values)."""
+    return handle - (1 << 64) if handle >= 1 << 63 else handle
+
+
+class _Native:
+    """What a ring's compiled steps keep from call to call: its handles and request slots."""
+
+    def __init__(self, comm, left, right):
+        native = compiled.module()
+        self.params = np.zeros(_NATIVE.PARAMS, dtype=np.int64)
+        self.params[_NATIVE.P_COMM] = _signed(MPI._handleof(comm))
+        self.params[_NATIVE.P_BYTE] = _signed(MPI._handleof(MPI.BYTE))
+        self.params[_NATIVE.P_NULL] = _signed(MPI._handleof(MPI.REQUEST_NULL))
+        self.params[_NATIVE.P_LEFT] = left
+        self.params[_NATIVE.P_RIGHT] = right
+        self.state = np.zeros(_NATIVE.STATE_FIELDS, dtype=np.int64)
+        self.flag = np.zeros(1, dtype=np.int32)
+        self.status = np.zeros(16, dtype=np.int64)  # larger than either MPI's MPI_Status
+        self.slots = None
+        self._test = native.test_slot
+
+    def slots_for(self, count):
+        if self.slots is None or self.slots.size < count:
+            self.slots = np.full(count, self.params[_NATIVE.P_NULL], dtype=np.int64)
+        return self.slots
+
+    def sleep_on(self, slots, slot):
+        """Wait for request ``slot`` in transport's sleeping phase (the stall watchdog sees
+        it)."""
+        test, flag, status = self._test, self.flag, self.status
+        transport.wait_until(lambda: test(slots, slot, flag, status), asleep=True)
 
 
 class _NoStage:

@@ -1,0 +1,145 @@
+"""The ring's steps compiled with numba, loaded beside the job and used once ready.
+
+A ring step in Python costs microseconds of interpreter time (posting, testing, slicing,
+reducing a piece); compiled, the whole schedule runs as one call into machine code that calls
+MPI itself (``native.py``). numba takes a second or more to import and each kind of buffer
+compiles (or loads from numba's disk cache) on first use, so none of that happens on
+``import hororing``: the first ring on a buffer of a new dtype asks for its compiled steps and
+runs its Python steps while a background thread loads them; later calls run compiled. Both
+give the same bits, and their messages match, so ranks may switch at different calls.
+
+Modes (Config.compiled_steps, HORORING_COMPILED_STEPS): "auto" as above; "wait": load at
+first use and wait for it (tests and benchmarks that compare the two); "off": Python only.
+Where numba (or the MPI library's symbols) cannot be loaded, the Python steps run and
+``status()`` says why.
+"""
+
+import logging
+import threading
+
+import numpy as np
+
+MODES = ("auto", "wait", "off")
+# dtypes whose compiled reductions are numpy's bit for bit (16-bit floats, bool and complex
+# take the Python steps)
+DTYPES = frozenset(np.dtype(name) for name in (
+    "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+    "uint64"))
+
+log = logging.getLogger("hororing")
+
+
+class _Loader:
+    lock = threading.Lock()
+    mode = "auto"
+    native = None  # the loaded module
+    error = None  # why it could not be loaded
+    entries = {}  # (dtype, source read-only) -> the compiled ring's entry point
+    queued = set()
+    thread = None
+    wanted = []  # keys the background thread has still to compile
+
+
+def configure(mode):
+    """Set the mode (one of ``MODES``); a process-wide setting, as the waits' back-off is."""
+    if mode not in MODES:
+        raise ValueError(f"compiled steps must be one of {', '.join(MODES)} "
+                         f"(HORORING_COMPILED_STEPS), got {mode!r}")
+    _Loader.mode = mode
+
+
+def status():
+    """"compiled", "loading", "python (off)" or "python (<why numba could not load>)"."""
+    if _Loader.mode == "off":
+        return "python (off)"
+    if _Loader.error is not None:
+        return f"python ({_Loader.error})"
+    return "compiled" if _Loader.entries else "loading"
+
+
+def ring_entry(buffer, source):
+    """The compiled ring for these arrays, or None (not loaded yet, or not theirs to run:
+    Python's steps then run, and in "auto" mode the compiled ones are asked for)."""
+    if _Loader.mode == "off" or _Loader.error is not None:
+        return None
+    key = (buffer.dtype, not source.flags.writeable)
+    entry = _Loader.entries.get(key)
+    if entry is not None:
+        return entry
+    if buffer.dtype not in DTYPES or not buffer.flags.c_contiguous or \
+            not source.flags.c_contiguous or source.dtype != buffer.dtype or \
+            not buffer.flags.writeable or not buffer.dtype.isnative:
+        return None
+    if _Loader.mode == "wait":
+        with _Loader.lock:
+            _compile(key)
+        return _Loader.entries.get(key)
+    _ask(key)
+    return None
+
+
+def module():
+    """``native``, loaded (waits for the loader); None where it cannot be loaded."""
+    with _Loader.lock:
+        return _load()
+
+
+def _ask(key):
+    with _Loader.lock:
+        if key in _Loader.queued:
+            return
+        _Loader.queued.add(key)
+        _Loader.wanted.append(key)
+        if _Loader.thread is None or not _Loader.thread.is_alive():
+            _Loader.thread = threading.Thread(target=_work, name="hororing-compile",
+                                              daemon=True)
+            _Loader.thread.start()
+
+
+def _work():
+    while True:
+        with _Loader.lock:
+            if not _Loader.wanted:
+                _Loader.thread = None
+                return
+            key = _Loader.wanted.pop(0)
+            _compile(key)
+
+
+def _load():
+    if _Loader.native is None and _Loader.error is None:
+        try:
+            from . import native
+        except Exception as error:  # numba missing or broken, no MPI symbols: Python steps
+            _Loader.error = f"{type(error).__name__}: {error}"
+            log.info("hororing: the ring's compiled steps are off: %s", _Loader.error)
+            return None
+        _Loader.native = native
+    return _Loader.native
+
+
+def _compile(key):
+    """Compile (or load from numba's cache) the ring for ``key``; under the lock."""
+    if key in _Loader.entries:
+        return
+    native = _load()
+    if native is None:
+        return
+    try:
+        import numba
+        from numba import types
+        dtype, read_only = key
+        element = numba.from_dtype(dtype)
+        array = types.Array(element, 1, "C")
+        source = types.Array(element, 1, "C", readonly=read_only)
+        table = types.Array(types.int64, 2, "C")
+        vector = types.Array(types.int64, 1, "C")
+        flag = types.Array(types.int32, 1, "C")
+        signature = (array, source, array, table, table, vector, vector, vector, flag, vector)
+        native.ring.compile(signature)
+        native.test_slot.compile((vector, types.int64, flag, vector))
+        _Loader.entries[key] = native.ring.overloads[signature].entry_point
+    except Exception as error:  # a compiler failure: the Python steps run
+        _Loader.error = f"{type(error).__name__}: {error}"
+        log.warning("hororing: compiling the ring's steps for %s failed, the Python steps run: "
+                    "%s", key[0], _Loader.error)

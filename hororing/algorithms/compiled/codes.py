@@ -1,0 +1,12 @@
+"""What the compiled ring and its Python caller share: events, and the fields of the
+integer arrays passed between them (no numba here: ring.py reads these at import)."""
+
+# events ``native.ring`` returns (< 0: an MPI error, its code in state[ERROR])
+DONE, WAIT, FINALIZE = 0, 1, 2
+# the state array's fields: where the schedule stands, what Python is asked to do
+PC, INDEX, TAG, POSTED, SLOT, FIN_START, FIN_STOP, ERROR, STATE_FIELDS = range(9)
+# the params array's fields
+(P_COMM, P_BYTE, P_NULL, P_LEFT, P_RIGHT, P_OP, P_IN_PLACE, P_FINALIZE, P_SPIN, P_YIELD,
+ P_LARGEST, PARAMS) = range(12)
+OPS = {"sum": 0, "min": 1, "max": 2, "product": 3}
+SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI

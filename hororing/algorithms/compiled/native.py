@@ -1,0 +1,246 @@
+"""The ring's steps compiled with numba: MPI called from nopython code.
+
+Imported only by ``compiled.load`` (off the import path: numba takes a second or more to
+import). MPI is reached through the library mpi4py loaded, by symbol name: numba emits a call
+to ``MPI_Isend`` and the JIT linker finds it in that library (made visible to it with
+``load_library_permanently``), so the compiled functions hold no process-specific address and
+numba caches them on disk (``cache=True``: ``__pycache__`` beside this file, or numba's
+user-wide cache directory where that is not writable, or ``NUMBA_CACHE_DIR``).
+
+Handles (communicator, datatype, request) are passed as 64-bit integers: an MPI whose handles
+are pointers (Open MPI) takes them as they are; one whose handles are ``int`` (MPICH) reads
+the low 32 bits of the register, as the C calling conventions of x86-64 and AArch64 have it.
+Request slots are 8 bytes each, the larger of the two sizes.
+
+``ring`` is one resumable state machine: it runs until it must hand something to Python (a
+piece to finalize, a wait long enough to sleep in) and returns an event; called again with
+the same state it goes on where it stopped. Every point it can stop at either repeats a test
+that has already succeeded (a completed request is MPI_REQUEST_NULL, which tests done at
+once) or lies after the step's last side effect, so re-entry never sends or reduces twice.
+The messages are the Python ring's (``algorithms/ring.py``): the same pieces, tags and order,
+so a compiled rank and a Python rank can share one ring, and the reductions combine the same
+values in the same order, so both give the same bits.
+"""
+
+import os
+
+import llvmlite.binding as llvm
+import numba
+from numba import types
+
+from ..._mpi import MPI
+
+from .codes import (DONE, FINALIZE, FIN_START, FIN_STOP, ERROR, INDEX, PC, POSTED, P_BYTE,
+                    P_COMM, P_FINALIZE, P_IN_PLACE, P_LARGEST, P_LEFT, P_OP, P_RIGHT,
+                    P_SPIN, P_YIELD, SLOT, SLOT_BYTES, TAG, WAIT)
+
+
+
+def library_path():
+    """The MPI library this process loaded (through mpi4py), by its mapped file."""
+    MPI.Get_version()  # mpi4py's MPI imported: its library mapped
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            name = os.path.basename(path)
+            if name.startswith(("libmpi.so", "libmpich.so")) or \
+                    (name.startswith("libmpi") and ".so" in name and "cxx" not in name
+                     and "fort" not in name):
+                return path
+    raise OSError("no MPI library is mapped into this process (is mpi4py's MPI imported?)")
+
+
+llvm.load_library_permanently(library_path())
+
+_H = types.int64  # a handle, whatever its C type (see the module's docstring)
+_isend = types.ExternalFunction(
+    "MPI_Isend", types.int32(types.voidptr, types.int32, _H, types.int32, types.int32, _H,
+                             types.voidptr))
+_irecv = types.ExternalFunction(
+    "MPI_Irecv", types.int32(types.voidptr, types.int32, _H, types.int32, types.int32, _H,
+                             types.voidptr))
+_test = types.ExternalFunction(
+    "MPI_Test", types.int32(types.voidptr, types.voidptr, types.voidptr))
+_sched_yield = types.ExternalFunction("sched_yield", types.int32())
+
+
+@numba.njit(cache=True, nogil=True)
+def _wait(slots, slot, flag, status, spin, yields):
+    """Test request ``slot`` until done, spinning then yielding (transport's first two
+    phases); 1 done, 0 not yet (the caller sleeps in Python), < 0 an MPI error code."""
+    address = slots.ctypes.data + slot * SLOT_BYTES
+    tests = 0
+    while True:
+        flag[0] = 0
+        code = _test(address, flag.ctypes.data, status.ctypes.data)
+        if code != 0:
+            return -code
+        if flag[0] != 0:
+            return 1
+        tests += 1
+        if tests >= yields:
+            return 0
+        if tests >= spin:
+            _sched_yield()
+
+
+@numba.njit(cache=True, nogil=True)
+def test_slot(slots, slot, flag, status):
+    """One test of request ``slot``: True when done (Python's sleeping phase calls it)."""
+    flag[0] = 0
+    code = _test(slots.ctypes.data + slot * SLOT_BYTES, flag.ctypes.data, status.ctypes.data)
+    if code != 0:
+        return True  # the next ``ring`` call tests it again and reports the error
+    return flag[0] != 0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _reduce(target, source, start, offset, count, op):
+    """target[start:start+count] (op)= source[offset:offset+count], as numpy's ufuncs do
+    (a NaN wins a min or max; of two equal values, such as 0 and -0, the source's). On
+    views indexed from 0, so that the loops vectorize (an offset index is checked for
+    wrapping around at each element)."""
+    into = target[start:start + count]
+    values = source[offset:offset + count]
+    if op == 0:
+        for i in range(count):
+            into[i] = into[i] + values[i]
+    elif op == 3:
+        for i in range(count):
+            into[i] = into[i] * values[i]
+    elif op == 1:
+        for i in range(count):
+            a = into[i]
+            b = values[i]
+            if not (a < b or a != a):
+                into[i] = b
+    else:
+        for i in range(count):
+            a = into[i]
+            b = values[i]
+            if not (a > b or a != a):
+                into[i] = b
+
+
+@numba.njit(cache=True, nogil=True)
+def ring(buffer, source, scratch, pieces, steps, slots, state, params, flag, status):
+    """Run the ring's schedule until done or until Python is needed; returns an event.
+
+    Args:
+        buffer: the flat output (and the input, in place).
+        source: the input out of place (``buffer`` itself in place).
+        scratch: two halves of ``params[P_LARGEST]`` elements each, in place.
+        pieces: int64 (chunks, most pieces + 2): a chunk's piece count, then its pieces'
+            boundaries as element offsets (columns 1 + p and 2 + p: piece p's start and
+            stop).
+        steps: int64 (steps, 3): send chunk, receive chunk, reduce (0 or 1).
+        slots: int64 request slots: chunks x most pieces for sends, then 2 x most pieces for
+            the double-buffered receives; MPI_REQUEST_NULL at the start.
+        state: int64 (STATE_FIELDS): zeros at the start; kept between calls.
+        params: int64 (PARAMS).
+        flag, status: int32 and int64 scratch for MPI_Test.
+    """
+    comm, byte = params[P_COMM], params[P_BYTE]
+    left, right, op = params[P_LEFT], params[P_RIGHT], params[P_OP]
+    in_place, finalize = params[P_IN_PLACE] != 0, params[P_FINALIZE] != 0
+    spin, yields, largest = params[P_SPIN], params[P_YIELD], params[P_LARGEST]
+    item = buffer.itemsize
+    chunks = pieces.shape[0]
+    most = pieces.shape[1] - 2
+    receive_base = chunks * most
+    count = steps.shape[0]
+    base = slots.ctypes.data
+    if state[PC] == 0:  # the first chunk's sends
+        first = steps[0, 0]
+        for tag in range(pieces[first, 0]):
+            start, stop = pieces[first, 1 + tag], pieces[first, 2 + tag]
+            code = _isend(source.ctypes.data + start * item, (stop - start) * item, byte,
+                          right, tag, comm, base + (first * most + tag) * SLOT_BYTES)
+            if code != 0:
+                state[ERROR] = code
+                return -1
+        state[PC] = 1
+    while state[INDEX] < count:
+        index = state[INDEX]
+        has_next = index + 1 < count
+        if state[PC] == 1:  # this step's receives (unless posted a step early)
+            # a scatter-reduce receive is posted a step early
+            target = index + 2 if has_next and steps[index + 1, 2] != 0 else index + 1
+            while state[POSTED] < target:
+                posting = state[POSTED]
+                chunk = steps[posting, 1]
+                half = posting % 2
+                if not (steps[posting, 2] != 0 and in_place):
+                    # into the buffer: first let this rank's earlier sends of the chunk finish
+                    for tag in range(pieces[chunk, 0]):
+                        slot = chunk * most + tag
+                        done = _wait(slots, slot, flag, status, spin, yields)
+                        if done < 0:
+                            state[ERROR] = -done
+                            return -1
+                        if done == 0:
+                            state[SLOT] = slot
+                            return WAIT
+                chunk_start = pieces[chunk, 1]
+                for tag in range(pieces[chunk, 0]):
+                    start, stop = pieces[chunk, 1 + tag], pieces[chunk, 2 + tag]
+                    if steps[posting, 2] != 0 and in_place:
+                        address = scratch.ctypes.data + (half * largest + start - chunk_start) * item
+                    else:
+                        address = buffer.ctypes.data + start * item
+                    code = _irecv(address, (stop - start) * item, byte, left, tag, comm,
+                                  base + (receive_base + half * most + tag) * SLOT_BYTES)
+                    if code != 0:
+                        state[ERROR] = code
+                        return -1
+                state[POSTED] = posting + 1
+            state[PC] = 2
+            state[TAG] = 0
+        chunk = steps[index, 1]
+        reduce = steps[index, 2] != 0
+        owned_now = reduce and (not has_next or steps[index + 1, 2] == 0)
+        half = index % 2
+        chunk_start = pieces[chunk, 1]
+        while state[TAG] < pieces[chunk, 0]:
+            tag = state[TAG]
+            start, stop = pieces[chunk, 1 + tag], pieces[chunk, 2 + tag]
+            if state[PC] == 2:  # the piece's receive, then its reduction
+                slot = receive_base + half * most + tag
+                done = _wait(slots, slot, flag, status, spin, yields)
+                if done < 0:
+                    state[ERROR] = -done
+                    return -1
+                if done == 0:
+                    state[SLOT] = slot
+                    return WAIT
+                if reduce:
+                    if in_place:
+                        _reduce(buffer, scratch, start, half * largest + start - chunk_start,
+                                stop - start, op)
+                    else:
+                        _reduce(buffer, source, start, start, stop - start, op)
+                state[PC] = 3
+                if owned_now and finalize:
+                    state[FIN_START] = start
+                    state[FIN_STOP] = stop
+                    return FINALIZE
+            if has_next:  # forward the piece
+                code = _isend(buffer.ctypes.data + start * item, (stop - start) * item, byte,
+                              right, tag, comm, base + (chunk * most + tag) * SLOT_BYTES)
+                if code != 0:
+                    state[ERROR] = code
+                    return -1
+            state[TAG] = tag + 1
+            state[PC] = 2
+        state[INDEX] = index + 1
+        state[PC] = 1
+    # every send finished before the buffer is handed back
+    for slot in range(receive_base):
+        done = _wait(slots, slot, flag, status, spin, yields)
+        if done < 0:
+            state[ERROR] = -done
+            return -1
+        if done == 0:
+            state[SLOT] = slot
+            return WAIT
+    return DONE
