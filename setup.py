@@ -40,8 +40,11 @@ setup(
     package_dir={"hororing.kernels": "kernels"},
     cmdclass={"build_py": BuildWithAlias},
     entry_points={"console_scripts": ["hororun = hororing.launcher:main"]},
+    # numba: the ring's compiled steps (hororing/algorithms/compiled/); without it the
+    # Python steps run
     install_requires=["numpy>=1.22", "mpi4py>=3.1", "cloudpickle>=2", "ml_dtypes>=0.3",
-                      "threadpoolctl>=3"],
+                      "threadpoolctl>=3",
+                      "numba>=0.59; platform_python_implementation == 'CPython'"],
     extras_require={
         "mpi": ["mpich"],
         "torch": ["torch>=2.1"],

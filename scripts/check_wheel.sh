@@ -3,7 +3,9 @@
 # (Python's own bundled pip and setuptools, no editable install), then import every
 # subpackage from outside the checkout and run a 2-rank allreduce with the installed copy; then
 # a script written for Horovod ('import horovod.torch as hvd') under the wheel's opt-in alias,
-# by mpiexec with HORORING_AS_HOROVOD=1 and by hororun --as-horovod.
+# by mpiexec with HORORING_AS_HOROVOD=1 and by hororun --as-horovod. The ring's compiled
+# steps from the installed copy (numba caching them beside it), and the Python steps once
+# numba is uninstalled.
 # Usage, from the repository root: bash scripts/check_wheel.sh
 set -euo pipefail
 root=$(pwd)
@@ -25,7 +27,7 @@ import importlib, pkgutil, sys
 import hororing
 assert hororing.__file__.startswith(sys.prefix), hororing.__file__
 names = ["hororing"] + [m.name for m in pkgutil.walk_packages(hororing.__path__, "hororing.")]
-optional = {"numba", "cupy"}  # the cuda extra: kernels/cuda.py needs numba
+optional = {"cupy"}  # the cuda extra
 for name in names:
     try:
         importlib.import_module(name)
@@ -81,3 +83,21 @@ HORORING_AS_HOROVOD=1 timeout 120 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/
     "$work/horovod_style.py"
 timeout 120 "$work/venv/bin/hororun" --as-horovod -np 2 "$work/venv/bin/python" \
     "$work/horovod_style.py"
+cat > "$work/compiled_ring.py" <<'PY'
+import sys
+import numpy as np
+import hororing as hvd
+from hororing.algorithms import compiled
+hvd.init()
+values = np.arange(300_000, dtype=np.float32) * (hvd.rank() + 1)
+result = hvd.allreduce(values, op=hvd.Sum, name="wheel.ring")  # the ring's size
+assert np.array_equal(result, np.arange(300_000, dtype=np.float32) * 3), result[:4]
+expected = sys.argv[1]
+assert compiled.status().startswith(expected), (compiled.status(), expected)
+print(f"rank {hvd.rank()}: a ring from the installed wheel, steps: {compiled.status()}")
+PY
+HORORING_COMPILED_STEPS=wait timeout 300 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/python" \
+    "$work/compiled_ring.py" compiled
+"$work/venv/bin/pip" uninstall -q -y numba
+HORORING_COMPILED_STEPS=wait timeout 120 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/python" \
+    "$work/compiled_ring.py" "python (ModuleNotFoundError"

@@ -81,6 +81,8 @@ class Host:
     reduce_Bps: float  # a numpy reduction, bytes of result per second
     copy_Bps: float    # a numpy copy
     pair_step_s: float = None  # one exchange with a partner (rank XOR 2^i); None: step_s
+    ring_step_s: float = None  # one ring step where the ring's steps run compiled
+                               # (algorithms/compiled/); None: step_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +101,7 @@ class Shape:
     pieces: float = 1.0       # messages a step's data is cut into: the ring reduces one piece
                               # while the next ones arrive
     pairs: bool = False       # the steps exchange with partners, not ring neighbours
+    ring: bool = False        # the steps are the ring's (compiled where the host says so)
     near_messages: tuple = ()  # (message bytes, bytes) of the transfers within a node
     node_ranks: int = 1       # the ranks of a node exchanging at once
 
@@ -106,8 +109,11 @@ class Shape:
         """Seconds on ``host`` with ``far`` the link between nodes, ``near`` within one
         (default ``far``: one rank per node)."""
         near = near or far
-        step_s = host.pair_step_s if self.pairs and host.pair_step_s is not None \
-            else host.step_s
+        step_s = host.step_s
+        if self.pairs and host.pair_step_s is not None:
+            step_s = host.pair_step_s
+        elif self.ring and host.ring_step_s is not None:
+            step_s = host.ring_step_s
         cpu = (self.steps * step_s + self.messages * host.piece_s
                + self.calls * host.call_s + self.copied / host.copy_Bps)
         near_s = (self.near_bytes / near.bandwidth_Bps
@@ -139,7 +145,7 @@ def shape(kind, ranks, nbytes, per_node=1, subchunk_bytes=1 << 20, piece_ceiling
         far = wire if nodes > 1 else 0.0
         return Shape(steps=steps, calls=1, messages=steps * (pieces - 1), near_bytes=wire - far,
                      far_bytes=far, far_steps=steps if nodes > 1 else 0,
-                     reduced=(n - 1) / n * size, pieces=max(2, pieces),
+                     reduced=(n - 1) / n * size, pieces=max(2, pieces), ring=True,
                      near_messages=((size / n, wire - far),), node_ranks=k)
     if kind == "small":
         rounds = math.ceil(math.log2(n))
@@ -299,3 +305,10 @@ PRESETS = {
 # 1 Gbit/s hosts: docs/scale.md, docs/results/scale_fit.json)
 HOST = Host(step_s=14.3e-6, piece_s=0.0, call_s=6.06e-6, reduce_Bps=7.12e9, copy_Bps=10.2e9,
             pair_step_s=12.2e-6)
+
+# The same host with the ring's steps compiled (algorithms/compiled/): a step posts, tests and
+# reduces in machine code. Set from this repository's 2-core VM (docs/compiled.md): at 2 ranks
+# a 4 KiB ring took 20.6 us with Python's steps and 13.3 compiled, ~3.7 us less per step; the
+# fitted step_s (14.3 us) holds more than the interpreter's share, so the compiled step is
+# priced at what remains of it beside the link's latency, 2 us.
+COMPILED_RING = dataclasses.replace(HOST, ring_step_s=2.0e-6)

@@ -66,6 +66,7 @@ class Route(NamedTuple):
     # bucket members of this many bytes are reduced where they lie on the host ring, the
     # small ones between them packed (segments.py; 0: every member packed)
     member_bytes: int = 0
+    compiled_ring: bool = False  # the table priced the ring's steps compiled
 
     def bucket_bytes(self, hooked=False):
         """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
@@ -75,8 +76,9 @@ class Route(NamedTuple):
         return self.fusion_threshold
 
     @classmethod
-    def configured(cls, config, size, across_nodes):
-        """The route ``config`` sets for a job of ``size`` ranks."""
+    def configured(cls, config, size, across_nodes, compiled_ring=False):
+        """The route ``config`` sets for a job of ``size`` ranks (``compiled_ring``: every
+        rank can run the ring's compiled steps)."""
         threshold = config.hierarchical_threshold_bytes
         small_bytes = config.small_threshold(size, across_nodes)
         subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
@@ -86,7 +88,8 @@ class Route(NamedTuple):
             hook_bucket_bytes=config.hook_bucket_bytes, cycle_time_ms=config.cycle_time_ms,
             small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
             table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes,
-                                  piece_ceiling),
+                                  piece_ceiling, compiled_ring),
+            compiled_ring=compiled_ring,
             node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),
             cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
             piece_ceiling=piece_ceiling,
@@ -115,13 +118,16 @@ def in_place_member_bytes(size, across_nodes):
     return cost.in_place_member_bytes(size, cost.HOST, _links(size, across_nodes)[0])
 
 
-def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0):
+def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0,
+                    compiled_ring=False):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
-    the fitted host constants (``cost.HOST``), a node's memory as the link within it (shared
-    by every rank where the job is on one node) and 10 Gbit/s Ethernet between nodes. The
-    same on every rank: it depends on nothing measured at run time."""
+    the fitted host constants (``cost.HOST``; ``cost.COMPILED_RING`` where the ring's steps
+    are compiled on every rank), a node's memory as the link within it (shared by every rank
+    where the job is on one node) and 10 Gbit/s Ethernet between nodes. The same on every
+    rank: it depends on nothing measured at run time."""
     far, per_node = _links(size, across_nodes)
-    return cost.choices(size, cost.HOST, far, cost.PRESETS["shm"], per_node=per_node,
+    host = cost.COMPILED_RING if compiled_ring else cost.HOST
+    return cost.choices(size, host, far, cost.PRESETS["shm"], per_node=per_node,
                         small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
                         piece_ceiling=piece_ceiling)
 
@@ -208,7 +214,8 @@ class AllreducePipeline:
                      cross_subchunk_bytes=subchunk, piece_ceiling=0, cross_piece_ceiling=0,
                      hierarchical=settings.hierarchical,
                      table=algorithm_table(self.comm.Get_size(), self.across_nodes,
-                                           small_bytes, subchunk))
+                                           small_bytes, subchunk,
+                                           compiled_ring=self.route.compiled_ring))
 
     def has(self, kind):
         """Whether this job has an allreduce algorithm ``kind`` (``hierarchical`` only where

@@ -14,6 +14,7 @@ import numpy as np
 from .._mpi import MPI
 
 from .. import transport
+from ..algorithms import compiled
 from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.halving import Rabenseifner, RecursiveDoubling
 from ..algorithms.hierarchical import Hierarchical, node_layout
@@ -39,6 +40,11 @@ class Executor:
         self.config = config
         self.timeline = timeline
         layout = node_layout(comm)  # (local communicator, nodes, smallest node's size)
+        # the ring priced with compiled steps where every rank runs them (the choice of
+        # algorithm by size must be the same on every rank)
+        compiled_ring = comm.allreduce(compiled.expected(config.compiled_steps), op=MPI.LAND)
+        if compiled_ring and self.size > 1:
+            compiled.warm()
         across_nodes = layout[1] > 1
         def subchunk():  # the algorithms read their sub-chunk from the route at each call
             return self.allreduce.route.subchunk_bytes
@@ -57,7 +63,8 @@ class Executor:
             layout[0].Free()
         self.allreduce = AllreducePipeline(
             comm, config, algorithms, self.span,
-            Route.configured(config, self.size, across_nodes), across_nodes=across_nodes)
+            Route.configured(config, self.size, across_nodes, compiled_ring=compiled_ring),
+            across_nodes=across_nodes)
 
     def execute(self, responses, take, missed=None, cache_id=None):
         """Run ``responses`` in order; ``take(name)`` returns this rank's Request or None.

@@ -253,6 +253,17 @@ def test_bench_call_cost_times_both_sides_and_counts_the_calls():
         assert float(row[1]) > 0 and float(row[2]) > 0 and 10 < float(row[4]) < 1000
 
 
+def test_bench_ring_steps_times_every_algorithm_with_the_models_prediction():
+    pytest.importorskip("numba")
+    job = run_under_mpi(3, "bench_ring_steps.py", "--sizes", "4KiB,300KiB", "--calls", "4",
+                        "--warmup", "1")
+    rows = [line.split() for line in job.stdout.splitlines()
+            if line.strip() and not line.startswith("#") and not line.lstrip().startswith("bytes")]
+    assert [row[0] for row in rows] == ["4096", "307200"], job.stdout
+    assert "-" in rows[1] and "-" not in rows[0]  # the gathered path only up to 256 KiB
+    assert "the ring ran compiled: True, Python: True" in job.stdout
+
+
 def test_bench_ddp_backend_times_ddp_over_both_backends_and_they_agree(tmp_path):
     output = tmp_path / "ddp.json"
     run_under_mpi(3, "bench_ddp_backend.py", "--models", "small", "--rounds", "1", "--steps",

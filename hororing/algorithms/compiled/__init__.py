@@ -14,6 +14,7 @@ Where numba (or the MPI library's symbols) cannot be loaded, the Python steps ru
 ``status()`` says why.
 """
 
+import atexit
 import logging
 import threading
 
@@ -30,7 +31,8 @@ log = logging.getLogger("hororing")
 
 
 class _Loader:
-    lock = threading.Lock()
+    lock = threading.Lock()  # the queue's: held for moments, never across a compile
+    compiling = threading.Lock()  # held while numba loads or compiles
     mode = "auto"
     native = None  # the loaded module
     error = None  # why it could not be loaded
@@ -48,6 +50,16 @@ def configure(mode):
     _Loader.mode = mode
 
 
+def expected(mode):
+    """Whether the compiled steps are meant to run with ``mode``: not "off", and numba
+    installed (found, not imported). The cost model prices the ring by it; the job agrees
+    on it across ranks (each rank's choice of algorithm must be the same)."""
+    if mode == "off":
+        return False
+    import importlib.util
+    return importlib.util.find_spec("numba") is not None
+
+
 def status():
     """"compiled", "loading", "python (off)" or "python (<why numba could not load>)"."""
     if _Loader.mode == "off":
@@ -62,25 +74,35 @@ def ring_entry(buffer, source):
     Python's steps then run, and in "auto" mode the compiled ones are asked for)."""
     if _Loader.mode == "off" or _Loader.error is not None:
         return None
+    if not (buffer.flags.c_contiguous and source.flags.c_contiguous):
+        return None
     key = (buffer.dtype, not source.flags.writeable)
     entry = _Loader.entries.get(key)
-    if entry is not None:
+    if entry is not None and source.dtype == buffer.dtype:
         return entry
-    if buffer.dtype not in DTYPES or not buffer.flags.c_contiguous or \
-            not source.flags.c_contiguous or source.dtype != buffer.dtype or \
+    if buffer.dtype not in DTYPES or source.dtype != buffer.dtype or \
             not buffer.flags.writeable or not buffer.dtype.isnative:
         return None
     if _Loader.mode == "wait":
-        with _Loader.lock:
+        with _Loader.compiling:
             _compile(key)
         return _Loader.entries.get(key)
     _ask(key)
     return None
 
 
+def warm(dtype=np.float32):
+    """In "auto" mode, start loading the compiled steps for ``dtype`` now, beside whatever
+    the job does until its first ring."""
+    if _Loader.mode == "auto" and _Loader.error is None:
+        _ask((np.dtype(dtype), False))
+
+
 def module():
     """``native``, loaded (waits for the loader); None where it cannot be loaded."""
-    with _Loader.lock:
+    if _Loader.native is not None:
+        return _Loader.native
+    with _Loader.compiling:
         return _load()
 
 
@@ -94,6 +116,14 @@ def _ask(key):
             _Loader.thread = threading.Thread(target=_work, name="hororing-compile",
                                               daemon=True)
             _Loader.thread.start()
+            atexit.register(_finish)
+
+
+def _finish():
+    """At exit, let a compile under way end (the interpreter must not stop inside it)."""
+    thread = _Loader.thread
+    if thread is not None:
+        thread.join(timeout=60.0)
 
 
 def _work():
@@ -103,6 +133,7 @@ def _work():
                 _Loader.thread = None
                 return
             key = _Loader.wanted.pop(0)
+        with _Loader.compiling:
             _compile(key)
 
 
@@ -119,7 +150,7 @@ def _load():
 
 
 def _compile(key):
-    """Compile (or load from numba's cache) the ring for ``key``; under the lock."""
+    """Compile (or load from numba's cache) the ring for ``key``; under ``compiling``."""
     if key in _Loader.entries:
         return
     native = _load()
