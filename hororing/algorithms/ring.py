@@ -138,8 +138,8 @@ class Ring(Algorithm):
             layout = self._layout(bounds, buffer.itemsize, schedule,
                                   buffer.cuts if isinstance(buffer, Segmented) else ())
             source = buffer if source is None else source
-            if stage is _NO_STAGE and synchronize is None and type(buffer) is np.ndarray:
-                entry = compiled.ring_entry(buffer, source)
+            if stage is _NO_STAGE and synchronize is None:
+                entry = _compiled_entry(buffer, source)
                 if entry is not None:
                     self._compiled_steps(entry, buffer, source, op, layout, schedule, finalize)
                     return
@@ -155,14 +155,17 @@ class Ring(Algorithm):
             native = self._native = _Native(self.comm, schedule.left, schedule.right)
         tables = layout.tables.get(id(schedule))
         if tables is None:
-            tables = layout.tables[id(schedule)] = _tables(layout, schedule)
-        pieces, steps = tables
+            tables = layout.tables[id(schedule)] = _tables(
+                layout, schedule, buffer.cuts if isinstance(buffer, Segmented) else ())
+        pieces, steps, part_starts = tables
         in_place = source is buffer
         if in_place:
             self._scratch_halves(buffer.dtype, layout.largest)
             scratch = self._scratch[:2 * layout.largest * buffer.itemsize].view(buffer.dtype)
+            source = scratch  # unread
         else:
-            scratch = buffer
+            scratch = native.unused(buffer.dtype)
+        parts = native.parts_of(buffer, part_starts)
         params = native.params
         params[_NATIVE.P_OP] = _NATIVE.OPS[op]
         params[_NATIVE.P_IN_PLACE] = in_place
@@ -170,13 +173,13 @@ class Ring(Algorithm):
         params[_NATIVE.P_LARGEST] = layout.largest
         params[_NATIVE.P_SPIN] = transport._Backoff.spin_tests
         params[_NATIVE.P_YIELD] = transport._Backoff.yield_tests
-        most = pieces.shape[1] - 2
+        most = (pieces.shape[1] - 2) // 2
         slots = native.slots_for((pieces.shape[0] + 2) * most)
         state = native.state
         state[:] = 0
         self.bytes_sent += buffer.itemsize * layout.sent
         while True:
-            event = entry(buffer, source, scratch, pieces, steps, slots, state, params,
+            event = entry(parts, source, scratch, pieces, steps, slots, state, params,
                           native.flag, native.status)
             if event == _NATIVE.DONE:
                 return
@@ -275,16 +278,41 @@ class _Layout(NamedTuple):
     tables: dict  # id(schedule) -> the compiled steps' (pieces, steps) tables
 
 
-def _tables(layout, schedule):
-    """The layout and schedule as the compiled steps read them (``compiled.native.ring``)."""
+def _compiled_entry(buffer, source):
+    """The compiled ring for these arrays (``compiled.ring_entry``), where they are ones it
+    runs: numpy arrays (a ``Segmented`` buffer's in place), C-contiguous, in native byte
+    order, the output writeable."""
+    if type(buffer) is np.ndarray:
+        if not (buffer.flags.c_contiguous and source.flags.c_contiguous
+                and buffer.flags.writeable) or source.dtype != buffer.dtype:
+            return None
+        read_only = not source.flags.writeable
+    elif isinstance(buffer, Segmented) and source is buffer:
+        if not all(type(part) is np.ndarray and part.flags.c_contiguous and part.flags.writeable
+                   for part in buffer.parts):
+            return None
+        read_only = False
+    else:
+        return None
+    if not buffer.dtype.isnative:
+        return None
+    return compiled.ring_entry(buffer.dtype, read_only)
+
+
+def _tables(layout, schedule, cuts):
+    """The layout and schedule as the compiled steps read them (``compiled.native.ring``),
+    and where the output's parts start (``cuts``: a ``Segmented`` buffer's)."""
     most = max(len(chunk) for chunk in layout.pieces)
-    pieces = np.zeros((len(layout.pieces), most + 2), dtype=np.int64)
+    part_starts = (0,) + tuple(cuts)
+    pieces = np.zeros((len(layout.pieces), 2 * most + 2), dtype=np.int64)
     for index, chunk in enumerate(layout.pieces):  # a chunk's pieces lie back to back
         pieces[index, 0] = len(chunk)
         pieces[index, 1:len(chunk) + 2] = [start for start, _ in chunk] + [chunk[-1][1]]
+        pieces[index, most + 2:most + 2 + len(chunk)] = [
+            bisect.bisect_right(part_starts, start) - 1 for start, _ in chunk]
     steps = np.array([(step.send_chunk, step.recv_chunk, step.reduce) for step in schedule.steps],
                      dtype=np.int64)
-    return pieces, steps
+    return pieces, steps, np.array(part_starts, dtype=np.int64)
 
 
 def _signed(handle):
@@ -308,6 +336,27 @@ class _Native:
         self.status = np.zeros(16, dtype=np.int64)  # larger than either MPI's MPI_Status
         self.slots = None
         self._test = native.test_slot
+        self._one_part = np.zeros((1, 2), dtype=np.int64)
+        self._unused = {}
+
+    def parts_of(self, buffer, part_starts):
+        """The output's parts as ``native.ring`` takes them: each its address and where it
+        starts in the flat buffer."""
+        if type(buffer) is np.ndarray:
+            parts = self._one_part
+            parts[0, 0] = buffer.ctypes.data
+            return parts
+        parts = np.empty((len(buffer.parts), 2), dtype=np.int64)
+        parts[:, 0] = [part.ctypes.data for part in buffer.parts]
+        parts[:, 1] = part_starts
+        return parts
+
+    def unused(self, dtype):
+        """An empty array of ``dtype``: the scratch argument where none is read."""
+        array = self._unused.get(dtype)
+        if array is None:
+            array = self._unused[dtype] = np.empty(0, dtype=dtype)
+        return array
 
     def slots_for(self, count):
         if self.slots is None or self.slots.size < count:

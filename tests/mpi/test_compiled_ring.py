@@ -172,3 +172,31 @@ def test_status_says_which_steps_run(comm):
     assert compiled.status() == "python (off)"
     run(comm, "wait", [np.ones(1000, dtype=np.float32)] * size, "sum")
     assert compiled.status() == ("compiled" if size > 1 else compiled.status())
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_a_segmented_buffer_runs_compiled_with_the_same_bits(comm, op):
+    from hororing.algorithms.segmented import Segmented
+    size, rank = comm.Get_size(), comm.Get_rank()
+    lengths = (37, 1001, 3, 2500, 611)  # pieces are cut where the arrays meet
+    inputs = all_inputs(size, (sum(lengths),), "float32", seed=12)
+    results = {}
+    for mode in ("off", "wait"):
+        compiled.configure(mode)
+        ring = Ring(comm, SUB)
+        flat = inputs[rank].copy()
+        parts = np.split(flat, np.cumsum(lengths)[:-1])
+        buffer = Segmented([part.copy() for part in parts])
+        seen = []
+
+        def finalize(piece):
+            seen.append(piece.size)
+            np.multiply(piece, 0.5, out=piece)
+        ring.allreduce(buffer, op, finalize)
+        results[mode] = (np.concatenate(buffer.parts), seen, ring._native is not None)
+    (python, python_seen, python_ran), (native, native_seen, native_ran) = \
+        results["off"], results["wait"]
+    assert not python_ran and native_ran == (size > 1)
+    np.testing.assert_array_equal(native.view(np.uint32), python.view(np.uint32))
+    assert native_seen == python_seen
+    assert_close(native, reference_allreduce(inputs, OPS[op]) * 0.5)

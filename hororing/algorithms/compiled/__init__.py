@@ -69,20 +69,17 @@ def status():
     return "compiled" if _Loader.entries else "loading"
 
 
-def ring_entry(buffer, source):
-    """The compiled ring for these arrays, or None (not loaded yet, or not theirs to run:
-    Python's steps then run, and in "auto" mode the compiled ones are asked for)."""
+def ring_entry(dtype, read_only=False):
+    """The compiled ring for buffers of ``dtype`` (``read_only``: an input out of place that
+    is not writeable), or None: not loaded yet, or not a dtype it takes. Python's steps then
+    run, and in "auto" mode the compiled ones are asked for. The caller has checked that
+    its arrays are C-contiguous, writeable where written, and in native byte order."""
     if _Loader.mode == "off" or _Loader.error is not None:
         return None
-    if not (buffer.flags.c_contiguous and source.flags.c_contiguous):
-        return None
-    key = (buffer.dtype, not source.flags.writeable)
+    key = (dtype, read_only)
     entry = _Loader.entries.get(key)
-    if entry is not None and source.dtype == buffer.dtype:
+    if entry is not None or dtype not in DTYPES:
         return entry
-    if buffer.dtype not in DTYPES or source.dtype != buffer.dtype or \
-            not buffer.flags.writeable or not buffer.dtype.isnative:
-        return None
     if _Loader.mode == "wait":
         with _Loader.compiling:
             _compile(key)
@@ -166,7 +163,7 @@ def _compile(key):
         table = types.Array(types.int64, 2, "C")
         vector = types.Array(types.int64, 1, "C")
         flag = types.Array(types.int32, 1, "C")
-        signature = (array, source, array, table, table, vector, vector, vector, flag, vector)
+        signature = (table, source, array, table, table, vector, vector, vector, flag, vector)
         native.ring.compile(signature)
         native.test_slot.compile((vector, types.int64, flag, vector))
         _Loader.entries[key] = native.ring.overloads[signature].entry_point

@@ -27,6 +27,8 @@ import os
 import llvmlite.binding as llvm
 import numba
 from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..._mpi import MPI
 
@@ -94,14 +96,27 @@ def test_slot(slots, slot, flag, status):
     return flag[0] != 0
 
 
+@intrinsic
+def _pointer(typingctx, address):
+    """An address (int64) as a void pointer, for ``numba.carray``."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(types.int64), codegen
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def _reduce(target, source, start, offset, count, op):
-    """target[start:start+count] (op)= source[offset:offset+count], as numpy's ufuncs do
-    (a NaN wins a min or max; of two equal values, such as 0 and -0, the source's). On
-    views indexed from 0, so that the loops vectorize (an offset index is checked for
-    wrapping around at each element)."""
-    into = target[start:start + count]
-    values = source[offset:offset + count]
+def _at(parts, pieces, most, chunk, tag, element, item):
+    """The address of ``element`` of the output, in piece ``tag`` of ``chunk``'s part."""
+    part = pieces[chunk, most + 2 + tag]
+    return parts[part, 0] + (element - parts[part, 1]) * item
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _reduce(into, values, op):
+    """into (op)= values, as numpy's ufuncs do (a NaN wins a min or max; of two equal
+    values, such as 0 and -0, the second's). On views indexed from 0, so that the loops
+    vectorize (an offset index is checked for wrapping around at each element)."""
+    count = into.size
     if op == 0:
         for i in range(count):
             into[i] = into[i] + values[i]
@@ -123,16 +138,18 @@ def _reduce(target, source, start, offset, count, op):
 
 
 @numba.njit(cache=True, nogil=True)
-def ring(buffer, source, scratch, pieces, steps, slots, state, params, flag, status):
+def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, status):
     """Run the ring's schedule until done or until Python is needed; returns an event.
 
     Args:
-        buffer: the flat output (and the input, in place).
-        source: the input out of place (``buffer`` itself in place).
+        parts: int64 (parts, 2): the output's arrays (one, or a ``Segmented`` buffer's), each
+            its address and its first element's offset in the flat output (the input too,
+            in place).
+        source: the input out of place (any array of the dtype in place: unread).
         scratch: two halves of ``params[P_LARGEST]`` elements each, in place.
-        pieces: int64 (chunks, most pieces + 2): a chunk's piece count, then its pieces'
+        pieces: int64 (chunks, 2 x most pieces + 2): a chunk's piece count, its pieces'
             boundaries as element offsets (columns 1 + p and 2 + p: piece p's start and
-            stop).
+            stop), then from column most + 2 the part each piece lies in.
         steps: int64 (steps, 3): send chunk, receive chunk, reduce (0 or 1).
         slots: int64 request slots: chunks x most pieces for sends, then 2 x most pieces for
             the double-buffered receives; MPI_REQUEST_NULL at the start.
@@ -144,9 +161,10 @@ def ring(buffer, source, scratch, pieces, steps, slots, state, params, flag, sta
     left, right, op = params[P_LEFT], params[P_RIGHT], params[P_OP]
     in_place, finalize = params[P_IN_PLACE] != 0, params[P_FINALIZE] != 0
     spin, yields, largest = params[P_SPIN], params[P_YIELD], params[P_LARGEST]
-    item = buffer.itemsize
+    item = scratch.itemsize
+    dtype = scratch.dtype
     chunks = pieces.shape[0]
-    most = pieces.shape[1] - 2
+    most = (pieces.shape[1] - 2) // 2
     receive_base = chunks * most
     count = steps.shape[0]
     base = slots.ctypes.data
@@ -154,8 +172,10 @@ def ring(buffer, source, scratch, pieces, steps, slots, state, params, flag, sta
         first = steps[0, 0]
         for tag in range(pieces[first, 0]):
             start, stop = pieces[first, 1 + tag], pieces[first, 2 + tag]
-            code = _isend(source.ctypes.data + start * item, (stop - start) * item, byte,
-                          right, tag, comm, base + (first * most + tag) * SLOT_BYTES)
+            address = _at(parts, pieces, most, first, tag, start, item) if in_place else \
+                source.ctypes.data + start * item
+            code = _isend(address, (stop - start) * item, byte, right, tag, comm,
+                          base + (first * most + tag) * SLOT_BYTES)
             if code != 0:
                 state[ERROR] = code
                 return -1
@@ -187,7 +207,7 @@ def ring(buffer, source, scratch, pieces, steps, slots, state, params, flag, sta
                     if steps[posting, 2] != 0 and in_place:
                         address = scratch.ctypes.data + (half * largest + start - chunk_start) * item
                     else:
-                        address = buffer.ctypes.data + start * item
+                        address = _at(parts, pieces, most, chunk, tag, start, item)
                     code = _irecv(address, (stop - start) * item, byte, left, tag, comm,
                                   base + (receive_base + half * most + tag) * SLOT_BYTES)
                     if code != 0:
@@ -214,19 +234,22 @@ def ring(buffer, source, scratch, pieces, steps, slots, state, params, flag, sta
                     state[SLOT] = slot
                     return WAIT
                 if reduce:
+                    into = numba.carray(_pointer(_at(parts, pieces, most, chunk, tag, start,
+                                                     item)), stop - start, dtype)
                     if in_place:
-                        _reduce(buffer, scratch, start, half * largest + start - chunk_start,
-                                stop - start, op)
+                        offset = half * largest + start - chunk_start
+                        _reduce(into, scratch[offset:offset + stop - start], op)
                     else:
-                        _reduce(buffer, source, start, start, stop - start, op)
+                        _reduce(into, source[start:stop], op)
                 state[PC] = 3
                 if owned_now and finalize:
                     state[FIN_START] = start
                     state[FIN_STOP] = stop
                     return FINALIZE
             if has_next:  # forward the piece
-                code = _isend(buffer.ctypes.data + start * item, (stop - start) * item, byte,
-                              right, tag, comm, base + (chunk * most + tag) * SLOT_BYTES)
+                code = _isend(_at(parts, pieces, most, chunk, tag, start, item),
+                              (stop - start) * item, byte, right, tag, comm,
+                              base + (chunk * most + tag) * SLOT_BYTES)
                 if code != 0:
                     state[ERROR] = code
                     return -1
