@@ -246,7 +246,7 @@ MARGIN = 0.1  # a kind later in KINDS must be this much faster to be chosen
 
 
 def choose(ranks, nbytes, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
-           subchunk_bytes=1 << 20, margin=MARGIN, piece_ceiling=0):
+           subchunk_bytes=1 << 20, margin=MARGIN, piece_ceiling=0, contention=1.0):
     """The fastest of ``kinds`` by the model (the gathered path only below ``small_bytes``,
     where given). A kind later in ``kinds`` is chosen over an earlier one only where it is
     faster by ``margin``: the model is not that exact, and at 2 ranks, where Rabenseifner's
@@ -256,23 +256,26 @@ def choose(ranks, nbytes, host, far, near=None, per_node=1, kinds=KINDS, small_b
         if kind == "small" and small_bytes is not None and nbytes >= small_bytes:
             continue
         seconds = predict(kind, ranks, nbytes, host, far, near, per_node,
-                          subchunk_bytes=subchunk_bytes, piece_ceiling=piece_ceiling)
+                          contention=contention, subchunk_bytes=subchunk_bytes,
+                          piece_ceiling=piece_ceiling)
         if best is None or seconds < best[0] * (1 - margin):
             best = (seconds, kind)
     return best[1]
 
 
 def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=None,
-            subchunk_bytes=1 << 20, largest=1 << 31, margin=MARGIN, piece_ceiling=0):
+            subchunk_bytes=1 << 20, largest=1 << 31, margin=MARGIN, piece_ceiling=0,
+            contention=1.0):
     """The choice by size as ranges: ``((below_bytes, kind), ...)``, the last one below
     None (any size). Sizes are tried at powers of two and at ``small_bytes``; a range runs
-    up to the next size where the choice changes."""
+    up to the next size where the choice changes. ``contention``: ranks per core on the
+    busiest node, where above 1 (``Shape.time``)."""
     sizes = sorted({1 << shift for shift in range(0, largest.bit_length())}
                    | ({small_bytes - 1, small_bytes} if small_bytes else set()))
     table = []
     for nbytes in sizes:
         kind = choose(ranks, nbytes, host, far, near, per_node, kinds, small_bytes,
-                      subchunk_bytes, margin, piece_ceiling)
+                      subchunk_bytes, margin, piece_ceiling, contention)
         if not table or table[-1][1] != kind:
             if table:
                 table[-1] = (nbytes, table[-1][1])

@@ -67,6 +67,7 @@ class Route(NamedTuple):
     # small ones between them packed (segments.py; 0: every member packed)
     member_bytes: int = 0
     compiled_ring: bool = False  # the table priced the ring's steps compiled
+    contention: float = 1.0  # ... and the CPU's work at this many ranks per core
 
     def bucket_bytes(self, hooked=False):
         """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
@@ -76,9 +77,10 @@ class Route(NamedTuple):
         return self.fusion_threshold
 
     @classmethod
-    def configured(cls, config, size, across_nodes, compiled_ring=False):
+    def configured(cls, config, size, across_nodes, compiled_ring=False, contention=1.0):
         """The route ``config`` sets for a job of ``size`` ranks (``compiled_ring``: every
-        rank can run the ring's compiled steps)."""
+        rank can run the ring's compiled steps; ``contention``: ranks per core on the
+        busiest node, at least 1)."""
         threshold = config.hierarchical_threshold_bytes
         small_bytes = config.small_threshold(size, across_nodes)
         subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
@@ -88,8 +90,8 @@ class Route(NamedTuple):
             hook_bucket_bytes=config.hook_bucket_bytes, cycle_time_ms=config.cycle_time_ms,
             small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
             table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes,
-                                  piece_ceiling, compiled_ring),
-            compiled_ring=compiled_ring,
+                                  piece_ceiling, compiled_ring, contention),
+            compiled_ring=compiled_ring, contention=contention,
             node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),
             cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
             piece_ceiling=piece_ceiling,
@@ -119,17 +121,18 @@ def in_place_member_bytes(size, across_nodes):
 
 
 def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0,
-                    compiled_ring=False):
+                    compiled_ring=False, contention=1.0):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
     the fitted host constants (``cost.HOST``; ``cost.COMPILED_RING`` where the ring's steps
     are compiled on every rank), a node's memory as the link within it (shared by every rank
-    where the job is on one node) and 10 Gbit/s Ethernet between nodes. The same on every
-    rank: it depends on nothing measured at run time."""
+    where the job is on one node) and 10 Gbit/s Ethernet between nodes; ``contention``:
+    ranks per core on the busiest node, where it has more ranks than cores. The same on
+    every rank: it depends on nothing measured at run time, and its inputs are agreed."""
     far, per_node = _links(size, across_nodes)
     host = cost.COMPILED_RING if compiled_ring else cost.HOST
     return cost.choices(size, host, far, cost.PRESETS["shm"], per_node=per_node,
                         small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
-                        piece_ceiling=piece_ceiling)
+                        piece_ceiling=piece_ceiling, contention=contention)
 
 
 class AllreducePipeline:
@@ -215,7 +218,8 @@ class AllreducePipeline:
                      hierarchical=settings.hierarchical,
                      table=algorithm_table(self.comm.Get_size(), self.across_nodes,
                                            small_bytes, subchunk,
-                                           compiled_ring=self.route.compiled_ring))
+                                           compiled_ring=self.route.compiled_ring,
+                                           contention=self.route.contention))
 
     def has(self, kind):
         """Whether this job has an allreduce algorithm ``kind`` (``hierarchical`` only where

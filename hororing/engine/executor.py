@@ -8,6 +8,7 @@ buffers, in the place their tensor lives (``buffers.py``, ``device.py``).
 """
 
 import math
+import os
 import time
 
 import numpy as np
@@ -43,6 +44,9 @@ class Executor:
         # the ring priced with compiled steps where every rank runs them (the choice of
         # algorithm by size must be the same on every rank)
         compiled_ring = comm.allreduce(compiled.expected(config.compiled_steps), op=MPI.LAND)
+        # ranks per core on the busiest node: an oversubscribed node's CPU work is priced so
+        contention = comm.allreduce(layout[0].Get_size() / max(1, os.cpu_count() or 1),
+                                    op=MPI.MAX)
         if compiled_ring and self.size > 1:
             compiled.warm()
         across_nodes = layout[1] > 1
@@ -63,7 +67,8 @@ class Executor:
             layout[0].Free()
         self.allreduce = AllreducePipeline(
             comm, config, algorithms, self.span,
-            Route.configured(config, self.size, across_nodes, compiled_ring=compiled_ring),
+            Route.configured(config, self.size, across_nodes, compiled_ring=compiled_ring,
+                             contention=max(1.0, contention)),
             across_nodes=across_nodes)
 
     def execute(self, responses, take, missed=None, cache_id=None):
