@@ -9,10 +9,11 @@ each call; the time is the slowest rank's median. Variants: ``ring`` (compiled s
 algorithms/compiled/), ``ring-python``, ``rabenseifner``, ``recursive_doubling``, ``small``
 (below 256 KiB: the gathered path), ``mpi``. The cost model's prediction for each algorithm
 (cost.COMPILED_RING for the compiled ring, cost.HOST for the others; one node's shared
-memory) is printed beside it. Every result is checked against the expected sum.
+memory; the ranks per core as its contention, where above 1) is printed beside it. Every result is checked against the expected sum.
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -56,8 +57,10 @@ def main():
         "small": (GatherReduce(comm), "small", False),
     }
     shm = cost.PRESETS["shm"]
+    contention = max(1.0, size / (os.cpu_count() or 1))
     if rank == 0:
-        print(f"# {size} ranks, float32 Sum, median us of the slowest rank (model's us)")
+        print(f"# {size} ranks, float32 Sum, median us of the slowest rank (model's us, "
+              f"contention {contention:g})")
         print(f"{'bytes':>9} " + " ".join(f"{name:>22}" for name in list(variants) + ["mpi"]))
     for nbytes in (parse_size(text) for text in args.sizes.split(",")):
         count = nbytes // 4
@@ -96,7 +99,8 @@ def main():
                 continue
             _, kind, native = variants[name]
             host = cost.COMPILED_RING if native else cost.HOST
-            model = cost.predict(kind, size, nbytes, host, shm, shm, per_node=size) * 1e6
+            model = cost.predict(kind, size, nbytes, host, shm, shm, per_node=size,
+                                 contention=contention) * 1e6
             cells.append(f"{median:>13.0f} ({model:>6.0f})")
         if rank == 0:
             print(f"{nbytes:>9} " + " ".join(cells), flush=True)
