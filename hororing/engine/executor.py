@@ -47,8 +47,6 @@ class Executor:
         # ranks per core on the busiest node: an oversubscribed node's CPU work is priced so
         contention = comm.allreduce(layout[0].Get_size() / max(1, os.cpu_count() or 1),
                                     op=MPI.MAX)
-        if compiled_ring and self.size > 1:
-            compiled.warm()
         across_nodes = layout[1] > 1
         def subchunk():  # the algorithms read their sub-chunk from the route at each call
             return self.allreduce.route.subchunk_bytes

@@ -4,8 +4,9 @@ A ring step in Python costs microseconds of interpreter time (posting, testing, 
 reducing a piece); compiled, the whole schedule runs as one call into machine code that calls
 MPI itself (``native.py``). numba takes a second or more to import and each kind of buffer
 compiles (or loads from numba's disk cache) on first use, so none of that happens on
-``import hororing``: the first ring on a buffer of a new dtype asks for its compiled steps and
-runs its Python steps while a background thread loads them; later calls run compiled. Both
+``import hororing`` or ``hvd.init()``: the first ring on a buffer of a new dtype asks for its
+compiled steps and runs its Python steps while a background thread loads them; later calls
+run compiled (a job that never runs a ring never loads numba). Both
 give the same bits, and their messages match, so ranks may switch at different calls.
 
 Modes (Config.compiled_steps, HORORING_COMPILED_STEPS): "auto" as above; "wait": load at
@@ -86,13 +87,6 @@ def ring_entry(dtype, read_only=False):
         return _Loader.entries.get(key)
     _ask(key)
     return None
-
-
-def warm(dtype=np.float32):
-    """In "auto" mode, start loading the compiled steps for ``dtype`` now, beside whatever
-    the job does until its first ring."""
-    if _Loader.mode == "auto" and _Loader.error is None:
-        _ask((np.dtype(dtype), False))
 
 
 def module():
