@@ -86,6 +86,23 @@ def _wait(slots, slot, flag, status, spin, yields):
             _sched_yield()
 
 
+READY = 3  # from _await: the request completed (never returned by ``ring``)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _await(slots, slot, state, flag, status, spin, yields):
+    """Wait for request ``slot`` as ``_wait`` does: READY when it completed, else the event
+    ``ring`` returns (WAIT with state[SLOT] set, or -1 with the MPI error in state[ERROR])."""
+    done = _wait(slots, slot, flag, status, spin, yields)
+    if done > 0:
+        return READY
+    if done < 0:
+        state[ERROR] = -done
+        return -1
+    state[SLOT] = slot
+    return WAIT
+
+
 @numba.njit(cache=True, nogil=True)
 def test_slot(slots, slot, flag, status):
     """One test of request ``slot``: True when done (Python's sleeping phase calls it)."""
@@ -194,13 +211,9 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
                     # into the buffer: first let this rank's earlier sends of the chunk finish
                     for tag in range(pieces[chunk, 0]):
                         slot = chunk * most + tag
-                        done = _wait(slots, slot, flag, status, spin, yields)
-                        if done < 0:
-                            state[ERROR] = -done
-                            return -1
-                        if done == 0:
-                            state[SLOT] = slot
-                            return WAIT
+                        event = _await(slots, slot, state, flag, status, spin, yields)
+                        if event != READY:
+                            return event
                 chunk_start = pieces[chunk, 1]
                 for tag in range(pieces[chunk, 0]):
                     start, stop = pieces[chunk, 1 + tag], pieces[chunk, 2 + tag]
@@ -226,13 +239,9 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
             start, stop = pieces[chunk, 1 + tag], pieces[chunk, 2 + tag]
             if state[PC] == 2:  # the piece's receive, then its reduction
                 slot = receive_base + half * most + tag
-                done = _wait(slots, slot, flag, status, spin, yields)
-                if done < 0:
-                    state[ERROR] = -done
-                    return -1
-                if done == 0:
-                    state[SLOT] = slot
-                    return WAIT
+                event = _await(slots, slot, state, flag, status, spin, yields)
+                if event != READY:
+                    return event
                 if reduce:
                     into = numba.carray(_pointer(_at(parts, pieces, most, chunk, tag, start,
                                                      item)), stop - start, dtype)
@@ -259,11 +268,7 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
         state[PC] = 1
     # every send finished before the buffer is handed back
     for slot in range(receive_base):
-        done = _wait(slots, slot, flag, status, spin, yields)
-        if done < 0:
-            state[ERROR] = -done
-            return -1
-        if done == 0:
-            state[SLOT] = slot
-            return WAIT
+        event = _await(slots, slot, state, flag, status, spin, yields)
+        if event != READY:
+            return event
     return DONE
