@@ -1,0 +1,64 @@
+"""The ring's compiled steps from a read-only copy of the package, as a system-wide install
+is: numba cannot write its cache beside the code and writes it to the user's cache directory
+(docs/compiled.md); the ring still runs compiled and gives the sum."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import mpiexec
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+JOB = """
+import numpy as np
+import hororing as hvd
+from hororing.algorithms import compiled
+hvd.init()
+assert hvd.__file__.startswith({package!r}), hvd.__file__
+values = np.arange(300_000, dtype=np.float32) * (hvd.rank() + 1)
+result = hvd.allreduce(values, op=hvd.Sum, name="read-only")
+assert np.array_equal(result, np.arange(300_000, dtype=np.float32) * 3), result[:4]
+print(hvd.rank(), compiled.status())
+"""
+
+
+def _mount_read_only(path):
+    for command in (["mount", "--bind", str(path), str(path)],
+                    ["mount", "-o", "remount,ro,bind", str(path)]):
+        if subprocess.run(command, capture_output=True).returncode != 0:
+            subprocess.run(["umount", str(path)], capture_output=True)
+            return False
+    return True
+
+
+def test_a_read_only_install_runs_the_compiled_ring_and_caches_it_in_the_users_cache(tmp_path):
+    pytest.importorskip("numba")
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root and mount(8)")
+    package = tmp_path / "site"
+    shutil.copytree(ROOT / "hororing", package / "hororing",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "kernels", package / "hororing" / "kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if not _mount_read_only(package):
+        pytest.skip("this machine cannot make a read-only bind mount")
+    try:
+        cache = tmp_path / "cache"
+        env = dict(os.environ, PYTHONPATH=str(package), HORORING_COMPILED_STEPS="wait",
+                   XDG_CACHE_HOME=str(cache))
+        env.pop("NUMBA_CACHE_DIR", None)
+        script = tmp_path / "job.py"
+        script.write_text(JOB.format(package=str(package)))
+        job = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script)], env=env,
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert sorted(job.stdout.split()) == ["0", "1", "compiled", "compiled"], job.stdout
+        assert not list((package / "hororing").rglob("*.nbi"))  # nothing beside the code
+        assert list((cache / "numba").rglob("native.ring-*.nbi")), list(cache.rglob("*"))
+    finally:
+        subprocess.run(["umount", str(package)], capture_output=True)
