@@ -19,8 +19,8 @@ from reference import all_inputs, assert_close, reference_allreduce
 pytest.importorskip("numba")
 
 SUB = 64  # bytes a piece holds: several pieces per chunk, pieces that do not divide a chunk
-DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-          "uint32", "uint64")
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+          "uint16", "uint32", "uint64")
 OPS = {"sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max, "product": hvd.Product}
 
 
@@ -159,7 +159,7 @@ def test_a_read_only_input_and_large_pieces_run_compiled(comm):
 
 def test_dtypes_the_compiled_steps_do_not_take_run_in_python(comm):
     size = comm.Get_size()
-    for dtype in ("float16", "bool", "complex64"):
+    for dtype in ("bool", "complex64"):
         inputs = [np.ones(100, dtype=dtype) for _ in range(size)]
         result, ran = run(comm, "wait", inputs, "sum")
         assert not ran
@@ -200,3 +200,44 @@ def test_a_segmented_buffer_runs_compiled_with_the_same_bits(comm, op):
     np.testing.assert_array_equal(native.view(np.uint32), python.view(np.uint32))
     assert native_seen == python_seen
     assert_close(native, reference_allreduce(inputs, OPS[op]) * 0.5)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_float16_bits_reduce_as_numpys_float16_loops(op):
+    """Every float16 bit pattern against numpy's ufunc, NaNs and subnormals included (the
+    compiled steps widen each value to float32 and round the result back)."""
+    import numba
+    from hororing.algorithms.compiled import native
+
+    @numba.njit
+    def reduce_bits(into, values, code):
+        native._reduce_half(into, values, code)
+    rng = np.random.default_rng(13)
+    first = np.arange(1 << 16, dtype=np.uint16)
+    second = rng.permutation(first)
+    expected = first.view(np.float16).copy()
+    ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}[op]
+    with np.errstate(all="ignore"):
+        ufunc(expected, second.view(np.float16), out=expected)
+    got = first.copy()
+    reduce_bits(got, second, compiled.codes.OPS[op])
+    np.testing.assert_array_equal(got, expected.view(np.uint16))
+
+
+def test_float16_with_nans_runs_compiled_with_the_python_steps_bits(comm):
+    """Random float16 bit patterns through the ring both ways: the same bits, except the
+    payload of a NaN where the Python steps add through torch (its kernels pick a NaN's
+    payload their own way; numpy's, which the compiled steps follow, the other)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    inputs = [np.random.default_rng([14, r]).integers(0, 1 << 16, 4099, dtype=np.uint16)
+              .view(np.float16) for r in range(size)]
+    for op in sorted(OPS):
+        with np.errstate(all="ignore"):
+            python, _ = run(comm, "off", inputs, op)
+            native, ran = run(comm, "wait", inputs, op)
+        assert ran == (size > 1)
+        both_nan = np.isnan(python) & np.isnan(native)
+        np.testing.assert_array_equal(np.isnan(python), np.isnan(native))
+        np.testing.assert_array_equal(native.view(np.uint16)[~both_nan],
+                                      python.view(np.uint16)[~both_nan])
+    assert rank >= 0

@@ -22,11 +22,19 @@ import threading
 import numpy as np
 
 MODES = ("auto", "wait", "off")
-# dtypes whose compiled reductions are numpy's bit for bit (16-bit floats, bool and complex
-# take the Python steps)
+# dtypes whose compiled reductions are numpy's bit for bit (float16 as its bits, each
+# operation widened to float32 and rounded back; bfloat16, bool and complex take the Python
+# steps)
 DTYPES = frozenset(np.dtype(name) for name in (
-    "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-    "uint64"))
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+    "uint32", "uint64"))
+HALF = np.dtype(np.float16)
+
+
+def carried(dtype):
+    """The dtype the compiled steps see ``dtype``'s arrays as: float16 as uint16 (numba
+    has no float16 on the CPU; ``params[P_HALF]`` says what the bits are)."""
+    return np.dtype(np.uint16) if dtype == HALF else dtype
 
 log = logging.getLogger("hororing")
 
@@ -151,7 +159,7 @@ def _compile(key):
         import numba
         from numba import types
         dtype, read_only = key
-        element = numba.from_dtype(dtype)
+        element = numba.from_dtype(carried(dtype))
         array = types.Array(element, 1, "C")
         source = types.Array(element, 1, "C", readonly=read_only)
         table = types.Array(types.int64, 2, "C")

@@ -7,6 +7,6 @@ DONE, WAIT, FINALIZE = 0, 1, 2
 PC, INDEX, TAG, POSTED, SLOT, FIN_START, FIN_STOP, ERROR, STATE_FIELDS = range(9)
 # the params array's fields
 (P_COMM, P_BYTE, P_NULL, P_LEFT, P_RIGHT, P_OP, P_IN_PLACE, P_FINALIZE, P_SPIN, P_YIELD,
- P_LARGEST, PARAMS) = range(12)
+ P_LARGEST, P_HALF, PARAMS) = range(13)
 OPS = {"sum": 0, "min": 1, "max": 2, "product": 3}
 SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI

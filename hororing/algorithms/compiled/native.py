@@ -28,13 +28,14 @@ import llvmlite.binding as llvm
 import numba
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from llvmlite import ir
+from numba.extending import intrinsic, overload
 
 from ..._mpi import MPI
 
 from .codes import (DONE, FINALIZE, FIN_START, FIN_STOP, ERROR, INDEX, PC, POSTED, P_BYTE,
                     P_COMM, P_FINALIZE, P_IN_PLACE, P_LARGEST, P_LEFT, P_OP, P_RIGHT,
-                    P_SPIN, P_YIELD, SLOT, SLOT_BYTES, TAG, WAIT)
+                    P_HALF, P_SPIN, P_YIELD, SLOT, SLOT_BYTES, TAG, WAIT)
 
 
 
@@ -128,6 +129,75 @@ def _at(parts, pieces, most, chunk, tag, element, item):
     return parts[part, 0] + (element - parts[part, 1]) * item
 
 
+@intrinsic
+def _widen(typingctx, bits):
+    """float16 bits (uint16) as the float32 they stand for (exact)."""
+    def codegen(context, builder, signature, args):
+        half = builder.bitcast(args[0], ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _narrow(typingctx, value):
+    """A float32 rounded to float16 (to nearest even, subnormals and overflow as IEEE
+    has them), as its bits."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _reduce_half(into, values, op):
+    """``_reduce`` on float16 values held as their bits: each operation in float32, the
+    result rounded to float16, as numpy's float16 loops compute (a NaN in a sum or product is
+    ``values``' where both are NaN, made quiet; of two equal values in a min or max,
+    ``into``'s: numpy's float16 minimum and maximum keep the first)."""
+    quiet = numba.uint16(0x0200)
+    count = into.size
+    if op == 0 or op == 3:
+        for i in range(count):
+            a = _widen(into[i])
+            b = _widen(values[i])
+            if b != b:  # numpy's float16 loops: the second operand's NaN, made quiet
+                into[i] = values[i] | quiet
+            elif a != a:
+                into[i] = into[i] | quiet
+            else:
+                into[i] = _narrow(a + b if op == 0 else a * b)
+    elif op == 1:
+        for i in range(count):
+            a = _widen(into[i])
+            b = _widen(values[i])
+            if not (a <= b or a != a):
+                into[i] = values[i]
+    else:
+        for i in range(count):
+            a = _widen(into[i])
+            b = _widen(values[i])
+            if not (a >= b or a != a):
+                into[i] = values[i]
+
+
+def _combine(into, values, op, half):
+    """``into`` (op)= ``values``: float16 bits where ``half``, else as their dtype."""
+
+
+@overload(_combine)
+def _combine_typed(into, values, op, half):
+    if into.dtype == types.uint16:  # float16 travels as its bits
+        def combine_bits(into, values, op, half):
+            if half:
+                _reduce_half(into, values, op)
+            else:
+                _reduce(into, values, op)
+        return combine_bits
+
+    def combine(into, values, op, half):
+        _reduce(into, values, op)
+    return combine
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _reduce(into, values, op):
     """into (op)= values, as numpy's ufuncs do (a NaN wins a min or max; of two equal
@@ -177,6 +247,7 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
     comm, byte = params[P_COMM], params[P_BYTE]
     left, right, op = params[P_LEFT], params[P_RIGHT], params[P_OP]
     in_place, finalize = params[P_IN_PLACE] != 0, params[P_FINALIZE] != 0
+    half = params[P_HALF] != 0
     spin, yields, largest = params[P_SPIN], params[P_YIELD], params[P_LARGEST]
     item = scratch.itemsize
     dtype = scratch.dtype
@@ -206,7 +277,7 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
             while state[POSTED] < target:
                 posting = state[POSTED]
                 chunk = steps[posting, 1]
-                half = posting % 2
+                side = posting % 2
                 if not (steps[posting, 2] != 0 and in_place):
                     # into the buffer: first let this rank's earlier sends of the chunk finish
                     for tag in range(pieces[chunk, 0]):
@@ -218,11 +289,11 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
                 for tag in range(pieces[chunk, 0]):
                     start, stop = pieces[chunk, 1 + tag], pieces[chunk, 2 + tag]
                     if steps[posting, 2] != 0 and in_place:
-                        address = scratch.ctypes.data + (half * largest + start - chunk_start) * item
+                        address = scratch.ctypes.data + (side * largest + start - chunk_start) * item
                     else:
                         address = _at(parts, pieces, most, chunk, tag, start, item)
                     code = _irecv(address, (stop - start) * item, byte, left, tag, comm,
-                                  base + (receive_base + half * most + tag) * SLOT_BYTES)
+                                  base + (receive_base + side * most + tag) * SLOT_BYTES)
                     if code != 0:
                         state[ERROR] = code
                         return -1
@@ -232,13 +303,13 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
         chunk = steps[index, 1]
         reduce = steps[index, 2] != 0
         owned_now = reduce and (not has_next or steps[index + 1, 2] == 0)
-        half = index % 2
+        side = index % 2
         chunk_start = pieces[chunk, 1]
         while state[TAG] < pieces[chunk, 0]:
             tag = state[TAG]
             start, stop = pieces[chunk, 1 + tag], pieces[chunk, 2 + tag]
             if state[PC] == 2:  # the piece's receive, then its reduction
-                slot = receive_base + half * most + tag
+                slot = receive_base + side * most + tag
                 event = _await(slots, slot, state, flag, status, spin, yields)
                 if event != READY:
                     return event
@@ -246,10 +317,10 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
                     into = numba.carray(_pointer(_at(parts, pieces, most, chunk, tag, start,
                                                      item)), stop - start, dtype)
                     if in_place:
-                        offset = half * largest + start - chunk_start
-                        _reduce(into, scratch[offset:offset + stop - start], op)
+                        offset = side * largest + start - chunk_start
+                        _combine(into, scratch[offset:offset + stop - start], op, half)
                     else:
-                        _reduce(into, source[start:stop], op)
+                        _combine(into, source[start:stop], op, half)
                 state[PC] = 3
                 if owned_now and finalize:
                     state[FIN_START] = start
