@@ -159,7 +159,7 @@ class Ring(Algorithm):
                 layout, schedule, buffer.cuts if isinstance(buffer, Segmented) else ())
         pieces, steps, part_starts = tables
         in_place = source is buffer
-        carried = compiled.carried(buffer.dtype)  # float16 as its bits
+        carried = compiled.carried(buffer.dtype)  # the 16-bit floats as their bits
         if in_place:
             self._scratch_halves(buffer.dtype, layout.largest)
             scratch = self._scratch[:2 * layout.largest * buffer.itemsize].view(carried)
@@ -170,7 +170,7 @@ class Ring(Algorithm):
                 source = source.view(carried)
         parts = native.parts_of(buffer, part_starts)
         params = native.params
-        params[_NATIVE.P_HALF] = buffer.dtype == compiled.HALF
+        params[_NATIVE.P_HALF] = compiled.HALVES.get(buffer.dtype, 0)
         params[_NATIVE.P_OP] = _NATIVE.OPS[op]
         params[_NATIVE.P_IN_PLACE] = in_place
         params[_NATIVE.P_FINALIZE] = finalize is not None

@@ -202,42 +202,55 @@ def test_a_segmented_buffer_runs_compiled_with_the_same_bits(comm, op):
     assert_close(native, reference_allreduce(inputs, OPS[op]) * 0.5)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op", sorted(OPS))
-def test_float16_bits_reduce_as_numpys_float16_loops(op):
-    """Every float16 bit pattern against numpy's ufunc, NaNs and subnormals included (the
-    compiled steps widen each value to float32 and round the result back)."""
+def test_16_bit_floats_reduce_as_numpys_loops(op, dtype):
+    """Every float16 or bfloat16 bit pattern (against four permutations of them) through the
+    compiled reduction and numpy's ufunc (ml_dtypes' loops for bfloat16), NaNs, infinities
+    and subnormals included: the same bits."""
     import numba
     from hororing.algorithms.compiled import native
+    from hororing.ops import BFLOAT16
 
     @numba.njit
-    def reduce_bits(into, values, code):
-        native._reduce_half(into, values, code)
+    def reduce_bits(into, values, code, half):
+        if half == 1:
+            native._reduce_half(into, values, code)
+        else:
+            native._reduce_bfloat16(into, values, code)
+    kind = np.dtype(np.float16) if dtype == "float16" else BFLOAT16
     rng = np.random.default_rng(13)
     first = np.arange(1 << 16, dtype=np.uint16)
-    second = rng.permutation(first)
-    expected = first.view(np.float16).copy()
     ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}[op]
-    with np.errstate(all="ignore"):
-        ufunc(expected, second.view(np.float16), out=expected)
-    got = first.copy()
-    reduce_bits(got, second, compiled.codes.OPS[op])
-    np.testing.assert_array_equal(got, expected.view(np.uint16))
+    for _ in range(4):
+        second = rng.permutation(first)
+        expected = first.view(kind).copy()
+        with np.errstate(all="ignore"):
+            ufunc(expected, second.view(kind), out=expected)
+        got = first.copy()
+        reduce_bits(got, second, compiled.codes.OPS[op], compiled.HALVES[kind])
+        np.testing.assert_array_equal(got, expected.view(np.uint16))
 
 
-def test_float16_with_nans_runs_compiled_with_the_python_steps_bits(comm):
-    """Random float16 bit patterns through the ring both ways: the same bits, except the
-    payload of a NaN where the Python steps add through torch (its kernels pick a NaN's
-    payload their own way; numpy's, which the compiled steps follow, the other)."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_floats_with_nans_run_compiled_with_the_python_steps_bits(comm, dtype):
+    """Random 16-bit bit patterns through the ring both ways: the same bits, except a NaN's
+    payload and sign where the Python steps add through torch (its kernels pick those their
+    own way; numpy's and ml_dtypes', which the compiled steps follow, the other)."""
+    from hororing.ops import BFLOAT16
+    kind = np.dtype(np.float16) if dtype == "float16" else BFLOAT16
     size, rank = comm.Get_size(), comm.Get_rank()
     inputs = [np.random.default_rng([14, r]).integers(0, 1 << 16, 4099, dtype=np.uint16)
-              .view(np.float16) for r in range(size)]
+              .view(kind) for r in range(size)]
     for op in sorted(OPS):
         with np.errstate(all="ignore"):
             python, _ = run(comm, "off", inputs, op)
             native, ran = run(comm, "wait", inputs, op)
         assert ran == (size > 1)
-        both_nan = np.isnan(python) & np.isnan(native)
-        np.testing.assert_array_equal(np.isnan(python), np.isnan(native))
+        python_nan = np.isnan(python.astype(np.float32))
+        native_nan = np.isnan(native.astype(np.float32))
+        np.testing.assert_array_equal(python_nan, native_nan)
+        both_nan = python_nan & native_nan
         np.testing.assert_array_equal(native.view(np.uint16)[~both_nan],
                                       python.view(np.uint16)[~both_nan])
     assert rank >= 0

@@ -21,20 +21,26 @@ import threading
 
 import numpy as np
 
+from ...ops import BFLOAT16
+
 MODES = ("auto", "wait", "off")
-# dtypes whose compiled reductions are numpy's bit for bit (float16 as its bits, each
-# operation widened to float32 and rounded back; bfloat16, bool and complex take the Python
-# steps)
-DTYPES = frozenset(np.dtype(name) for name in (
+# dtypes whose compiled reductions are numpy's (and ml_dtypes') bit for bit: the 16-bit
+# floats as their bits, each operation widened to float32 and rounded back; bool and complex
+# take the Python steps
+DTYPES = frozenset([np.dtype(name) for name in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-    "uint32", "uint64"))
-HALF = np.dtype(np.float16)
+    "uint32", "uint64")] + [BFLOAT16])
+# what params[P_HALF] says 16-bit bits are (0: integers)
+HALVES = {np.dtype(np.float16): 1, BFLOAT16: 2}
 
 
 def carried(dtype):
-    """The dtype the compiled steps see ``dtype``'s arrays as: float16 as uint16 (numba
-    has no float16 on the CPU; ``params[P_HALF]`` says what the bits are)."""
-    return np.dtype(np.uint16) if dtype == HALF else dtype
+    """The dtype the compiled steps see ``dtype``'s arrays as: the 16-bit floats as uint16
+    (numba has neither on the CPU; ``params[P_HALF]`` says what the bits are)."""
+    return _BITS if dtype in HALVES else dtype
+
+
+_BITS = np.dtype(np.uint16)
 
 log = logging.getLogger("hororing")
 

@@ -179,16 +179,74 @@ def _reduce_half(into, values, op):
                 into[i] = values[i]
 
 
+@intrinsic
+def _widen_bfloat16(typingctx, bits):
+    """bfloat16 bits (uint16) as the float32 they stand for (its upper half)."""
+    def codegen(context, builder, signature, args):
+        word = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(word, ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _float_bits(typingctx, value):
+    """A float32's bits."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _reduce_bfloat16(into, values, op):
+    """``_reduce`` on bfloat16 values held as their bits, as ml_dtypes' loops compute: each
+    operation in float32, rounded to nearest even; a NaN result is the quiet NaN 0x7fc0 with
+    the sign of the NaN operand (the second where both are) or of the float32 result; min
+    and max as ``_reduce_half``'s."""
+    sign, nan = numba.uint16(0x8000), numba.uint16(0x7fc0)
+    count = into.size
+    if op == 0 or op == 3:
+        for i in range(count):
+            a = _widen_bfloat16(into[i])
+            b = _widen_bfloat16(values[i])
+            if b != b:
+                into[i] = (values[i] & sign) | nan
+            elif a != a:
+                into[i] = (into[i] & sign) | nan
+            else:
+                result = a + b if op == 0 else a * b
+                bits = _float_bits(result)
+                if result != result:
+                    into[i] = numba.uint16((bits >> 16) & 0x8000) | nan
+                else:
+                    into[i] = numba.uint16((bits + numba.uint32(0x7FFF)
+                                            + ((bits >> 16) & numba.uint32(1))) >> 16)
+    elif op == 1:
+        for i in range(count):
+            a = _widen_bfloat16(into[i])
+            b = _widen_bfloat16(values[i])
+            if not (a <= b or a != a):
+                into[i] = values[i]
+    else:
+        for i in range(count):
+            a = _widen_bfloat16(into[i])
+            b = _widen_bfloat16(values[i])
+            if not (a >= b or a != a):
+                into[i] = values[i]
+
+
 def _combine(into, values, op, half):
-    """``into`` (op)= ``values``: float16 bits where ``half``, else as their dtype."""
+    """``into`` (op)= ``values``: float16 (``half`` 1) or bfloat16 (2) bits, else as their
+    dtype."""
 
 
 @overload(_combine)
 def _combine_typed(into, values, op, half):
-    if into.dtype == types.uint16:  # float16 travels as its bits
+    if into.dtype == types.uint16:  # the 16-bit floats travel as their bits
         def combine_bits(into, values, op, half):
-            if half:
+            if half == 1:
                 _reduce_half(into, values, op)
+            elif half == 2:
+                _reduce_bfloat16(into, values, op)
             else:
                 _reduce(into, values, op)
         return combine_bits
@@ -247,7 +305,7 @@ def ring(parts, source, scratch, pieces, steps, slots, state, params, flag, stat
     comm, byte = params[P_COMM], params[P_BYTE]
     left, right, op = params[P_LEFT], params[P_RIGHT], params[P_OP]
     in_place, finalize = params[P_IN_PLACE] != 0, params[P_FINALIZE] != 0
-    half = params[P_HALF] != 0
+    half = params[P_HALF]
     spin, yields, largest = params[P_SPIN], params[P_YIELD], params[P_LARGEST]
     item = scratch.itemsize
     dtype = scratch.dtype
