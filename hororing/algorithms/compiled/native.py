@@ -148,11 +148,28 @@ def _narrow(typingctx, value):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _pick_16(into, values, op, half):
+    """A min (``op`` 1) or max of 16-bit float bits (``half``: 1 float16, 2 bfloat16),
+    compared as float32: a NaN wins; of two equal values, ``into``'s (numpy's float16 and
+    ml_dtypes' minimum and maximum keep the first)."""
+    for i in range(into.size):
+        if half == 1:
+            a, b = _widen(into[i]), _widen(values[i])
+        else:
+            a, b = _widen_bfloat16(into[i]), _widen_bfloat16(values[i])
+        if op == 1:
+            keep = a <= b or a != a
+        else:
+            keep = a >= b or a != a
+        if not keep:
+            into[i] = values[i]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _reduce_half(into, values, op):
     """``_reduce`` on float16 values held as their bits: each operation in float32, the
     result rounded to float16, as numpy's float16 loops compute (a NaN in a sum or product is
-    ``values``' where both are NaN, made quiet; of two equal values in a min or max,
-    ``into``'s: numpy's float16 minimum and maximum keep the first)."""
+    ``values``' where both are NaN, made quiet; min and max: ``_pick_16``)."""
     quiet = numba.uint16(0x0200)
     count = into.size
     if op == 0 or op == 3:
@@ -165,18 +182,8 @@ def _reduce_half(into, values, op):
                 into[i] = into[i] | quiet
             else:
                 into[i] = _narrow(a + b if op == 0 else a * b)
-    elif op == 1:
-        for i in range(count):
-            a = _widen(into[i])
-            b = _widen(values[i])
-            if not (a <= b or a != a):
-                into[i] = values[i]
     else:
-        for i in range(count):
-            a = _widen(into[i])
-            b = _widen(values[i])
-            if not (a >= b or a != a):
-                into[i] = values[i]
+        _pick_16(into, values, op, 1)
 
 
 @intrinsic
@@ -201,7 +208,7 @@ def _reduce_bfloat16(into, values, op):
     """``_reduce`` on bfloat16 values held as their bits, as ml_dtypes' loops compute: each
     operation in float32, rounded to nearest even; a NaN result is the quiet NaN 0x7fc0 with
     the sign of the NaN operand (the second where both are) or of the float32 result; min
-    and max as ``_reduce_half``'s."""
+    and max: ``_pick_16``)."""
     sign, nan = numba.uint16(0x8000), numba.uint16(0x7fc0)
     count = into.size
     if op == 0 or op == 3:
@@ -220,18 +227,8 @@ def _reduce_bfloat16(into, values, op):
                 else:
                     into[i] = numba.uint16((bits + numba.uint32(0x7FFF)
                                             + ((bits >> 16) & numba.uint32(1))) >> 16)
-    elif op == 1:
-        for i in range(count):
-            a = _widen_bfloat16(into[i])
-            b = _widen_bfloat16(values[i])
-            if not (a <= b or a != a):
-                into[i] = values[i]
     else:
-        for i in range(count):
-            a = _widen_bfloat16(into[i])
-            b = _widen_bfloat16(values[i])
-            if not (a >= b or a != a):
-                into[i] = values[i]
+        _pick_16(into, values, op, 2)
 
 
 def _combine(into, values, op, half):
