@@ -49,6 +49,11 @@ def set_backoff(spin_tests, yield_tests, max_sleep_s):
     _Backoff.max_sleep_s = float(max_sleep_s)
 
 
+def backoff():
+    """The waits' back-off in effect: (spin tests, yield tests, longest sleep in seconds)."""
+    return _Backoff.spin_tests, _Backoff.yield_tests, _Backoff.max_sleep_s
+
+
 def end_job(message):
     """Write ``message`` to stderr and end every rank of the job with MPI_Abort.
 

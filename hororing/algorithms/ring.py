@@ -25,9 +25,7 @@ import numpy as np
 from ..kernels import reduce_into
 
 from .. import transport
-from .._mpi import MPI
-from . import compiled
-from .compiled import codes as _NATIVE
+from .compiled import driver
 from .base import Algorithm, read_at_each_call
 from .plan import chunk_bounds, ring_pieces, ring_schedule
 from .segmented import Segmented
@@ -61,7 +59,7 @@ class Ring(Algorithm):
         schedule = self._schedules[True]
         self._neighbours = transport.world_ranks(comm, [schedule.left, schedule.right]) \
             if self.size > 1 else []
-        self._native = None  # the compiled steps' arrays (_Native), made on their first run
+        self._native = None  # the compiled steps' arrays (driver.Native), made on their first run
 
     out_of_place = True  # allreduce and reducescatter take ``source``
 
@@ -139,7 +137,7 @@ class Ring(Algorithm):
                                   buffer.cuts if isinstance(buffer, Segmented) else ())
             source = buffer if source is None else source
             if stage is _NO_STAGE and synchronize is None:
-                entry = _compiled_entry(buffer, source)
+                entry = driver.entry_for(buffer, source)
                 if entry is not None:
                     self._compiled_steps(entry, buffer, source, op, layout, schedule, finalize)
                     return
@@ -147,53 +145,19 @@ class Ring(Algorithm):
                         source)
 
     def _compiled_steps(self, entry, buffer, source, op, layout, schedule, finalize):
-        """The schedule run by the compiled steps (``compiled.native.ring``): the same
-        messages and reductions as ``_steps``; Python is called back for each piece's
-        ``finalize`` and for waits long enough to sleep in."""
-        native = self._native
-        if native is None:
-            native = self._native = _Native(self.comm, schedule.left, schedule.right)
+        """The schedule run by the compiled steps (``compiled.driver``)."""
+        if self._native is None:
+            self._native = driver.Native(self.comm, schedule.left, schedule.right)
         tables = layout.tables.get(id(schedule))
         if tables is None:
-            tables = layout.tables[id(schedule)] = _tables(
-                layout, schedule, buffer.cuts if isinstance(buffer, Segmented) else ())
-        pieces, steps, part_starts = tables
-        in_place = source is buffer
-        carried = compiled.carried(buffer.dtype)  # the 16-bit floats as their bits
-        if in_place:
-            self._scratch_halves(buffer.dtype, layout.largest)
-            scratch = self._scratch[:2 * layout.largest * buffer.itemsize].view(carried)
-            source = scratch  # unread
-        else:
-            scratch = native.unused(carried)
-            if carried is not buffer.dtype:
-                source = source.view(carried)
-        parts = native.parts_of(buffer, part_starts)
-        params = native.params
-        params[_NATIVE.P_HALF] = compiled.HALVES.get(buffer.dtype, 0)
-        params[_NATIVE.P_OP] = _NATIVE.OPS[op]
-        params[_NATIVE.P_IN_PLACE] = in_place
-        params[_NATIVE.P_FINALIZE] = finalize is not None
-        params[_NATIVE.P_LARGEST] = layout.largest
-        params[_NATIVE.P_SPIN] = transport._Backoff.spin_tests
-        params[_NATIVE.P_YIELD] = transport._Backoff.yield_tests
-        most = (pieces.shape[1] - 2) // 2
-        slots = native.slots_for((pieces.shape[0] + 2) * most)
-        state = native.state
-        state[:] = 0
+            tables = layout.tables[id(schedule)] = driver.tables(
+                layout.pieces, schedule, buffer.cuts if isinstance(buffer, Segmented) else ())
         self.bytes_sent += buffer.itemsize * layout.sent
-        while True:
-            event = entry(parts, source, scratch, pieces, steps, slots, state, params,
-                          native.flag, native.status)
-            if event == _NATIVE.DONE:
-                return
-            if event == _NATIVE.FINALIZE:
-                finalize(buffer[state[_NATIVE.FIN_START]:state[_NATIVE.FIN_STOP]])
-            elif event == _NATIVE.WAIT:
-                native.sleep_on(slots, int(state[_NATIVE.SLOT]))
-            else:
-                native.slots = None  # requests may be outstanding in them
-                raise MPI.Exception(int(state[_NATIVE.ERROR]))
+        scratch = None
+        if source is buffer:
+            self._scratch_halves(buffer.dtype, layout.largest)
+            scratch = self._scratch[:2 * layout.largest * buffer.itemsize]
+        self._native.run(entry, tables, buffer, source, scratch, op, layout.largest, finalize)
 
     def _steps(self, buffer, op, layout, schedule, finalize, stage, synchronize, steps, source):
         comm, left, right = self.comm, schedule.left, schedule.right
@@ -279,99 +243,7 @@ class _Layout(NamedTuple):
     pieces: list  # per chunk, its pieces' (start, stop) element ranges
     largest: int  # elements in the largest chunk
     sent: int  # elements this rank sends to the right in one run of the schedule
-    tables: dict  # id(schedule) -> the compiled steps' (pieces, steps) tables
-
-
-def _compiled_entry(buffer, source):
-    """The compiled ring for these arrays (``compiled.ring_entry``), where they are ones it
-    runs: numpy arrays (a ``Segmented`` buffer's in place), C-contiguous, in native byte
-    order, the output writeable."""
-    if type(buffer) is np.ndarray:
-        if not (buffer.flags.c_contiguous and source.flags.c_contiguous
-                and buffer.flags.writeable) or source.dtype != buffer.dtype:
-            return None
-        read_only = not source.flags.writeable
-    elif isinstance(buffer, Segmented) and source is buffer:
-        if not all(type(part) is np.ndarray and part.flags.c_contiguous and part.flags.writeable
-                   for part in buffer.parts):
-            return None
-        read_only = False
-    else:
-        return None
-    if not buffer.dtype.isnative:
-        return None
-    return compiled.ring_entry(buffer.dtype, read_only)
-
-
-def _tables(layout, schedule, cuts):
-    """The layout and schedule as the compiled steps read them (``compiled.native.ring``),
-    and where the output's parts start (``cuts``: a ``Segmented`` buffer's)."""
-    most = max(len(chunk) for chunk in layout.pieces)
-    part_starts = (0,) + tuple(cuts)
-    pieces = np.zeros((len(layout.pieces), 2 * most + 2), dtype=np.int64)
-    for index, chunk in enumerate(layout.pieces):  # a chunk's pieces lie back to back
-        pieces[index, 0] = len(chunk)
-        pieces[index, 1:len(chunk) + 2] = [start for start, _ in chunk] + [chunk[-1][1]]
-        pieces[index, most + 2:most + 2 + len(chunk)] = [
-            bisect.bisect_right(part_starts, start) - 1 for start, _ in chunk]
-    steps = np.array([(step.send_chunk, step.recv_chunk, step.reduce) for step in schedule.steps],
-                     dtype=np.int64)
-    return pieces, steps, np.array(part_starts, dtype=np.int64)
-
-
-def _signed(handle):
-    """A handle as an int64 (mpi4py gives them as unsigned 64-bit values)."""
-    return handle - (1 << 64) if handle >= 1 << 63 else handle
-
-
-class _Native:
-    """What a ring's compiled steps keep from call to call: its handles and request slots."""
-
-    def __init__(self, comm, left, right):
-        native = compiled.module()
-        self.params = np.zeros(_NATIVE.PARAMS, dtype=np.int64)
-        self.params[_NATIVE.P_COMM] = _signed(MPI._handleof(comm))
-        self.params[_NATIVE.P_BYTE] = _signed(MPI._handleof(MPI.BYTE))
-        self.params[_NATIVE.P_NULL] = _signed(MPI._handleof(MPI.REQUEST_NULL))
-        self.params[_NATIVE.P_LEFT] = left
-        self.params[_NATIVE.P_RIGHT] = right
-        self.state = np.zeros(_NATIVE.STATE_FIELDS, dtype=np.int64)
-        self.flag = np.zeros(1, dtype=np.int32)
-        self.status = np.zeros(16, dtype=np.int64)  # larger than either MPI's MPI_Status
-        self.slots = None
-        self._test = native.test_slot
-        self._one_part = np.zeros((1, 2), dtype=np.int64)
-        self._unused = {}
-
-    def parts_of(self, buffer, part_starts):
-        """The output's parts as ``native.ring`` takes them: each its address and where it
-        starts in the flat buffer."""
-        if type(buffer) is np.ndarray:
-            parts = self._one_part
-            parts[0, 0] = buffer.ctypes.data
-            return parts
-        parts = np.empty((len(buffer.parts), 2), dtype=np.int64)
-        parts[:, 0] = [part.ctypes.data for part in buffer.parts]
-        parts[:, 1] = part_starts
-        return parts
-
-    def unused(self, dtype):
-        """An empty array of ``dtype``: the scratch argument where none is read."""
-        array = self._unused.get(dtype)
-        if array is None:
-            array = self._unused[dtype] = np.empty(0, dtype=dtype)
-        return array
-
-    def slots_for(self, count):
-        if self.slots is None or self.slots.size < count:
-            self.slots = np.full(count, self.params[_NATIVE.P_NULL], dtype=np.int64)
-        return self.slots
-
-    def sleep_on(self, slots, slot):
-        """Wait for request ``slot`` in transport's sleeping phase (the stall watchdog sees
-        it)."""
-        test, flag, status = self._test, self.flag, self.status
-        transport.wait_until(lambda: test(slots, slot, flag, status), asleep=True)
+    tables: dict  # id(schedule) -> the compiled steps' tables (``driver.tables``)
 
 
 class _NoStage:
