@@ -23,7 +23,9 @@ assert hvd.__file__.startswith({package!r}), hvd.__file__
 values = np.arange(300_000, dtype=np.float32) * (hvd.rank() + 1)
 result = hvd.allreduce(values, op=hvd.Sum, name="read-only")
 assert np.array_equal(result, np.arange(300_000, dtype=np.float32) * 3), result[:4]
-print(hvd.rank(), compiled.status())
+statuses = hvd.allgather_object(compiled.status())
+if hvd.rank() == 0:
+    print(" ".join(statuses))
 """
 
 
@@ -57,7 +59,7 @@ def test_a_read_only_install_runs_the_compiled_ring_and_caches_it_in_the_users_c
         job = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script)], env=env,
                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert job.returncode == 0, job.stderr[-3000:]
-        assert sorted(job.stdout.split()) == ["0", "1", "compiled", "compiled"], job.stdout
+        assert job.stdout.split() == ["compiled", "compiled"], job.stdout
         assert not list((package / "hororing").rglob("*.nbi"))  # nothing beside the code
         assert list((cache / "numba").rglob("native.ring-*.nbi")), list(cache.rglob("*"))
     finally:

@@ -1,7 +1,11 @@
 """The halving algorithms in jobs of 6 ranks (2 x 3, on its factors) and 11 (Rabenseifner's
 and recursive doubling's fold onto 8): the default picks them by the cost model's table,
 every algorithm gives the reference with the same bits on every rank, on buffers not
-divisible by the rank count."""
+divisible by the rank count. With the ring's Python steps the table takes the halving
+algorithms for mid sizes; with its compiled steps (the default where numba is installed), the
+ring."""
+
+import os
 
 import pytest
 
@@ -50,13 +54,17 @@ def allreduce_every_way():
                     report["wrong"] += 1
                 report["digests"].append(hashlib.sha1(result.tobytes()).hexdigest())
     report["table"] = pipeline.route.table
+    report["compiled_ring"] = pipeline.route.compiled_ring
     hvd.shutdown()
     return report
 
 
-@pytest.mark.parametrize("ranks", [6, 11])
-def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks):
-    reports = hororing.run(allreduce_every_way, np=ranks)
+@pytest.mark.parametrize("ranks, steps", [(6, "off"), (11, "off"), (6, "auto")])
+def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks, steps):
+    if steps == "auto":
+        pytest.importorskip("numba")
+    reports = hororing.run(allreduce_every_way, np=ranks,
+                           env=dict(os.environ, HORORING_COMPILED_STEPS=steps))
     assert all(report["wrong"] == 0 for report in reports), [r["wrong"] for r in reports]
     first = reports[0]
     for report in reports[1:]:
@@ -65,6 +73,11 @@ def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks):
     for nbytes, seen, table_kind in first["default"]:
         assert seen == table_kind, (nbytes, seen, table_kind)
     kinds = {kind for _, kind in first["table"]}
-    # on one host the model takes Rabenseifner's for mid sizes
-    assert "rabenseifner" in kinds, first["table"]
-    assert {seen for _, seen, _ in first["default"]} >= {"small", "rabenseifner"}
+    seen = {seen for _, seen, _ in first["default"]}
+    assert first["compiled_ring"] == (steps == "auto")
+    if steps == "off":  # on one host the model takes Rabenseifner's for mid sizes
+        assert "rabenseifner" in kinds, first["table"]
+        assert seen >= {"small", "rabenseifner"}
+    else:  # a compiled ring step is priced below the halving algorithms' Python steps
+        assert kinds == {"small", "ring"}, first["table"]
+        assert seen == {"small", "ring"}
