@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hororing as hvd
+from benchinfo import parse_size
 
 COMM = MPI.COMM_WORLD
 
@@ -84,14 +85,6 @@ def python_calls(call, buffer, repeats=40):
             sys.setprofile(None)
         counts.append(count - 1)  # the call() wrapper itself
     return statistics.median(counts)
-
-
-def parse_size(text):
-    text = text.strip()
-    for suffix, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("B", 1)):
-        if text.endswith(suffix):
-            return int(text[:-len(suffix)]) * factor
-    return int(text)
 
 
 def parse_args():

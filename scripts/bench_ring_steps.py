@@ -20,6 +20,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from benchinfo import parse_size
 from hororing.algorithms import compiled, cost
 from hororing.algorithms.halving import Rabenseifner, RecursiveDoubling
 from hororing.algorithms.ring import Ring
@@ -27,14 +28,6 @@ from hororing.algorithms.small import GatherReduce
 
 SMALL_UP_TO = 256 * 1024
 SUBCHUNK = 1 << 20
-
-
-def parse_size(text):
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * factor)
-    return int(text)
 
 
 def main():

@@ -64,3 +64,12 @@ def machine_line(info):
     """One header line naming the CPU, cores, MPI and versions."""
     return (f"# CPU {info['cpu']}, {info['cores']} cores; {info['mpi']}; mpi4py "
             f"{info['mpi4py']}, numpy {info['numpy']}, Python {info['python']}")
+
+
+def parse_size(text):
+    """A size as the scripts' --sizes take it: bytes, or with KiB, MiB or B after it."""
+    text = text.strip()
+    for suffix, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("B", 1)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * factor)
+    return int(text)
