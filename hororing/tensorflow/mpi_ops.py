@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import collectives as core
-from .. import grad_rules, ops
+from .. import door, grad_rules, ops
 from ..compression import wire_of
 from ..context import current
 from ..process_sets import global_process_set, group_of, registered_sets
@@ -142,7 +142,7 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
             else:
                 (array,), prescale = _prescaled_in_float16([array], prescale_factor)
                 # synchronized below, at once: this thread drives the engine (blocking)
-                handles.append(core.start(
+                handles.append(door.start(
                     "allreduce", array, member, process_set, blocking=True, op=op,
                     prescale_factor=prescale, postscale_factor=postscale_factor))
         return [core.synchronize(handle) for handle in handles]

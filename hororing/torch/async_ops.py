@@ -11,7 +11,7 @@ import weakref
 import torch
 
 from .. import collectives as core
-from .. import ops
+from .. import door, ops
 from ..compression import wire_of
 from ..process_sets import global_process_set, group_of
 from ..validate import ALLREDUCE_OPS, resolve_op
@@ -38,20 +38,11 @@ def start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor
                     inplace, blocking=False):
     """Submit an allreduce; ``blocking``: the caller synchronizes at once and drives the
     engine itself (the background thread is not woken for it)."""
-    _check_free(name, process_set)
-    return _started(tensor, inplace, lambda array: core.start(
+    door.check_free(name, process_set)  # before the conversion (door.check_free)
+    return _started(tensor, inplace, lambda array: door.start(
         "allreduce", array, name, process_set, inplace=inplace, blocking=blocking,
-        average=average, op=op, prescale_factor=prescale_factor,
+        name_checked=True, average=average, op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
-
-
-def _check_free(name, process_set, member=""):
-    """Refuse a ``name`` (its first member's, for grouped verbs) already in flight before
-    anything else: converting a tensor can release the GIL, and a collective submitted just
-    before under the same name could complete meanwhile, so whether the second call was
-    refused would depend on the peers' timing."""
-    if isinstance(name, str):
-        core.group_of(process_set).engine.check_free(name + member)
 
 
 def _started(tensor, inplace, submit):
@@ -86,7 +77,7 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
 def _staged(process_set):
     """Whether the set's device buckets travel through host memory (not the device-direct
     ring, which reads the peers' device memory on one node)."""
-    return core.group_of(process_set).engine.allreduce.device_transport() != "direct"
+    return door.stages_device(process_set)
 
 
 # the set's Group -> {name: a pinned host tensor kept for that name's payloads}; an entry goes
@@ -99,8 +90,8 @@ def _bfloat16_through_host(tensor, name, process_set, submit):
     have no bfloat16, so it is copied into pinned host memory and travels as the host's
     bfloat16 payloads do (16 bits on the wire, float32 sums), then comes back up. Named
     payloads (a hook's buckets) keep their host copy from call to call."""
-    _check_free(name, process_set)
-    kept = _PINNED.setdefault(core.group_of(process_set), {})
+    door.check_free(name, process_set)
+    kept = _PINNED.setdefault(group_of(process_set), {})
     host = kept.get(name) if isinstance(name, str) else None
     if host is None or host.shape != tensor.shape:
         host = torch.empty(tensor.shape, dtype=torch.bfloat16, pin_memory=True)
@@ -117,7 +108,7 @@ def _bfloat16_through_host(tensor, name, process_set, submit):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Start allreduces of a list of tensors; ``synchronize`` returns the list."""
-    _check_free(name, process_set, ".0")
+    door.check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_allreduce_async")
     arrays = [as_numpy(tensor) for tensor in tensors]
     group = core.grouped_allreduce_async(arrays, average, name, op, prescale_factor,
@@ -128,7 +119,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """Start in-place allreduces of a list of tensors."""
-    _check_free(name, process_set, ".0")
+    door.check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_allreduce_async_")
     handles = member_handles(tensors, name, process_set, lambda tensor, member: allreduce_async_(
         tensor, average, member, op, prescale_factor, postscale_factor, process_set))
@@ -141,7 +132,7 @@ def member_handles(tensors, name, process_set, start):
     """``start(tensor, member_name)`` for each tensor of a grouped allreduce, with the
     members named ``<name>.<index>`` (a generated name when ``name`` is None), announced
     together as the core's grouped verbs are."""
-    return core.start_group("grouped_allreduce", tensors, name, process_set, start).handles
+    return door.start_group("grouped_allreduce", tensors, name, process_set, start).handles
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set, *,
@@ -184,7 +175,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set, *,
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start an allgather; ``synchronize`` returns the concatenated tensor."""
-    _check_free(name, process_set)
+    door.check_free(name, process_set)
     check_tensor(tensor, min_ndim=1)
     return TorchHandle(core.allgather_async(as_numpy(tensor), name, process_set),
                        lambda result: to_torch(result, tensor))
@@ -192,7 +183,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathers of a list of tensors; ``synchronize`` returns the list."""
-    _check_free(name, process_set, ".0")
+    door.check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_allgather_async", min_ndim=1)
     arrays = [as_numpy(tensor) for tensor in tensors]
     return TorchHandle(core.grouped_allgather_async(arrays, name, process_set),
@@ -201,29 +192,29 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Start a broadcast; ``synchronize`` returns a new tensor with root's values."""
-    _check_free(name, process_set)
+    door.check_free(name, process_set)
     return TorchHandle(core.broadcast_async(as_numpy(tensor), root_rank, name, process_set),
                        lambda result: to_torch(result, tensor))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Start an in-place broadcast into ``tensor``."""
-    _check_free(name, process_set)
+    door.check_free(name, process_set)
     return in_place(tensor, lambda array: core.broadcast_async_(array, root_rank, name,
                                                                  process_set))
 
 
 def broadcast_now(tensor, root_rank, name, process_set, inplace):
     """A blocking broadcast, driven by the caller (see ``start_allreduce``)."""
-    _check_free(name, process_set)
-    return synchronize(_started(tensor, inplace, lambda array: core.start(
+    door.check_free(name, process_set)
+    return synchronize(_started(tensor, inplace, lambda array: door.start(
         "broadcast", array, name, process_set, inplace=inplace, blocking=True,
-        root_rank=root_rank)))
+        name_checked=True, root_rank=root_rank)))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall; ``synchronize`` returns (received tensor, received splits)."""
-    _check_free(name, process_set)
+    door.check_free(name, process_set)
     check_tensor(tensor, min_ndim=1)
     handle = core.alltoall_async(as_numpy(tensor), _splits_list(splits), name, process_set)
     return TorchHandle(handle, lambda result: (to_torch(result[0], tensor),
@@ -242,7 +233,7 @@ def _splits_list(splits):
 def reducescatter_async(tensor, name=None, op=ops.Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Start a reducescatter; ``synchronize`` returns this rank's rows."""
-    _check_free(name, process_set)
+    door.check_free(name, process_set)
     check_tensor(tensor, min_ndim=1)
     handle = core.reducescatter_async(as_numpy(tensor), name, op, process_set, prescale_factor,
                                       postscale_factor)
@@ -253,7 +244,7 @@ def grouped_reducescatter_async(tensors, name=None, op=ops.Average,
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
     """Start reducescatters of a list of tensors; ``synchronize`` returns the list."""
-    _check_free(name, process_set, ".0")
+    door.check_free(name, process_set, ".0")
     check_tensors(tensors, "grouped_reducescatter_async", min_ndim=1)
     arrays = [as_numpy(tensor) for tensor in tensors]
     handle = core.grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,

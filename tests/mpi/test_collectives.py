@@ -177,14 +177,14 @@ def test_a_timeline_started_at_run_time_is_live_then_closed_by_stop(tmp_path_fac
 
 
 def door_counter(monkeypatch):
-    """The kinds that enter by ``collectives.start``, in order, as calls go through it."""
-    from hororing import collectives
-    seen, real = [], collectives.start
+    """The kinds that enter by ``door.start``, in order, as calls go through it."""
+    from hororing import door
+    seen, real = [], door.start
 
     def counted(kind, *args, **kwargs):
         seen.append(kind)
         return real(kind, *args, **kwargs)
-    monkeypatch.setattr(collectives, "start", counted)
+    monkeypatch.setattr(door, "start", counted)
     return seen
 
 
@@ -203,7 +203,7 @@ def test_every_verb_enters_by_the_one_door(monkeypatch):
     np.testing.assert_array_equal(total, np.full(3, size))
     np.testing.assert_array_equal(gathered[:, 0], np.arange(size))
     with pytest.raises(ValueError, match="unknown collective 'allmerge'"):
-        hvd.collectives.start("allmerge", np.ones(2))
+        hvd.door.start("allmerge", np.ones(2))
     with pytest.raises(TypeError, match=r"broadcast takes root_rank \(root_rank required\); "
                                         r"got wrong"):
-        hvd.collectives.start("broadcast", np.ones(2), wrong=1)
+        hvd.door.start("broadcast", np.ones(2), wrong=1)

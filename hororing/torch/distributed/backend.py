@@ -2,13 +2,10 @@
 
 One ``ProcessGroupHororing`` per torch group: the default group is hororing's global process
 set, a subgroup a process set made by its members alone. Every call is named from the group's
-own count (torch requires every member to issue a group's collectives in the same order), so
-the engine's negotiation pairs the calls and catches mismatched kinds, shapes and dtypes
-before data moves, as it does for hvd.* calls. Each call returns at once with a Work whose
-future completes when hororing's handles do.
+own count (``naming.py``), so the engine's negotiation pairs the calls and catches mismatched
+kinds, shapes and dtypes before data moves, as it does for hvd.* calls. Each call returns at
+once with a Work whose future completes when hororing's handles do.
 """
-
-import threading
 
 import torch
 import torch.distributed as dist
@@ -16,16 +13,16 @@ import torch.distributed as dist
 from ... import ops
 from ...process_sets import global_process_set, group_of, members_process_set
 from ...running import current
-from ... import collectives as core
+from ... import door
 from .. import async_ops
 from ..bridge import TorchHandle, as_numpy, to_torch
 from ..compression import Compression
+from .naming import CallNames
 from .peer import PointToPoint
 from .work import DoneWork, HandlesWork
 
 NAME = "hororing"
 _SIXTEEN_BITS = {torch.float16: Compression.fp16, torch.bfloat16: Compression.bf16}
-SLOTS = 8  # names per call signature: at most this many such calls in flight at once
 
 _RED = dist.ReduceOp.RedOpType
 _OPS = {_RED.SUM: ops.Sum, _RED.AVG: ops.Average, _RED.PRODUCT: ops.Product,
@@ -63,13 +60,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         self._set = process_set
         self._job_ranks = list(job_ranks)
         self._name = name
-        self._counts = {}     # call signature -> calls made with it
-        self._holders = {}    # name -> the engine handle that last held it
-        self._names_lock = threading.Lock()
-        # False: every call gets a name of its own that the engine's response cache never
-        # keeps (a group whose calls do not repeat, such as checkpoints' object gathers of
-        # ever-changing sizes, would otherwise fill the cache the training loop's names need)
-        self.names_repeat = True
+        self._names = CallNames(name)  # what each call is named (naming.py)
         # the group's own duplicate communicator for sends and receives (they never match the
         # engine's messages), made now: every member is here, and MPI_Comm_dup needs them all
         self._p2p = group_of(process_set).comm.Dup()
@@ -95,43 +86,18 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
 
     # ---- naming and finishing -------------------------------------------------------------
 
-    def _start(self, kind, tensor, start, rows_vary=False):
-        """``start(name)``'s handle, under a name every member gives the same call.
+    @property
+    def names_repeat(self):
+        """False: every call gets a name of its own that the engine's response cache never
+        keeps (``CallNames.repeat``)."""
+        return self._names.repeat
 
-        A name holds the call's kind and tensor (dtype and shape) and a slot that counts
-        such calls round ``SLOTS``: a training loop's calls repeat their names, so the
-        engine's response cache pairs them without a negotiation (a fresh name each call
-        costs one: 4 KiB in 300 us against 60 here). A slot is taken again only once the
-        call that last held it is done, waited for here if need be (every member waits
-        for the same call, which needs nothing later). ``rows_vary``: the first dimension
-        may differ between members (allgather, all-to-all), so it is left out."""
-        if not self.names_repeat:  # Group.auto_name's form: never cached (generated_once)
-            with self._names_lock:
-                count = self._counts.get(kind, 0)
-                self._counts[kind] = count + 1
-            return start(f"torch.{self._name}.{kind}.noname.{count}")
-        shape = tensor.shape[1:] if rows_vary else tensor.shape
-        signature = f"{kind}.{str(tensor.dtype)[6:]}.{'x'.join(map(str, shape))}"
-        with self._names_lock:
-            count = self._counts.get(signature, 0)
-            self._counts[signature] = count + 1
-        name = f"torch.{self._name}.{signature}.{count % SLOTS}"
-        previous = self._holders.get(name)
-        if previous is not None and not previous.done():
-            previous.synchronize()
-        handle = start(name)
-        self._holders[name] = handle.inner
-        return handle
-
-    def _forget_names(self):
-        """Start the names over after a failed call: a mismatch leaves the members' counts
-        apart (each counted its own signature), and every member sees the failure."""
-        with self._names_lock:
-            self._counts.clear()
-            self._holders.clear()
+    @names_repeat.setter
+    def names_repeat(self, repeat):
+        self._names.repeat = repeat
 
     def _work(self, handles, finish):
-        return HandlesWork(handles, finish, on_error=self._forget_names)
+        return HandlesWork(handles, finish, on_error=self._names.forget)
 
     def _job_rank(self, group_rank, what):
         if not 0 <= group_rank < len(self._job_ranks):
@@ -144,7 +110,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op, factor = reduction(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
         blocking = not _opt(opts, "asyncOp", True) and len(tensors) == 1
-        handles = [self._start("allreduce", tensor, lambda name: self._allreduce(
+        handles = [self._names.start("allreduce", tensor, lambda name: self._allreduce(
             tensor, name, op, factor, blocking)) for tensor in tensors]
         return self._work(handles, lambda results: tensors)
 
@@ -162,7 +128,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         op, factor = reduction(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
         if not tensors:
             return DoneWork(tensors)
-        handle = self._start(f"allreduce_coalesced{len(tensors)}", tensors[0],
+        handle = self._names.start(f"allreduce_coalesced{len(tensors)}", tensors[0],
                              lambda name: async_ops.grouped_allreduce_async_(
                                  list(tensors), None, name, op, factor, 1.0, self._set))
         return self._work([handle], lambda results: tensors)
@@ -174,7 +140,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         op, factor = reduction(opts.reduceOp)
         mine = current().rank == root
         work = [tensor if mine else tensor.clone() for tensor in tensors]
-        handles = [self._start("reduce", tensor, lambda name: async_ops.start_allreduce(
+        handles = [self._names.start("reduce", tensor, lambda name: async_ops.start_allreduce(
             tensor, None, name, op, factor, 1.0, self._set, inplace=True)) for tensor in work]
         return self._work(handles, lambda results: tensors)
 
@@ -182,7 +148,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = self._job_rank(_opt(opts, "rootRank", 0), "rootRank")
-        handles = [self._start("broadcast", tensor, lambda name: async_ops.broadcast_async_(
+        handles = [self._names.start("broadcast", tensor, lambda name: async_ops.broadcast_async_(
             tensor, root, name, self._set)) for tensor in tensors]
         return self._work(handles, lambda results: tensors)
 
@@ -237,16 +203,16 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         if (into is None or into.device.type != "cpu" or not into.is_contiguous()
                 or into.dtype != flat.dtype or flat.dtype == torch.bfloat16
                 or flat.device.type != "cpu"):
-            return self._start(kind, flat, lambda name: async_ops.allgather_async(
+            return self._names.start(kind, flat, lambda name: async_ops.allgather_async(
                 flat, name, self._set), rows_vary=True)
         target = into.detach().view(-1)
 
         def start(name):
-            inner = core.start("allgather", as_numpy(flat), name, self._set,
+            inner = door.start("allgather", as_numpy(flat), name, self._set,
                                into=target.numpy())
             return TorchHandle(inner, lambda result: target if result.ctypes.data ==
                                target.data_ptr() else to_torch(result, flat))
-        return self._start(kind, flat, start, rows_vary=True)
+        return self._names.start(kind, flat, start, rows_vary=True)
 
     # ---- reduce_scatter --------------------------------------------------------------------
 
@@ -295,11 +261,11 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         this rank keeps its row."""
         if op in (ops.Sum, ops.Average):
             rows = rows.contiguous()
-            return self._start(kind, rows, lambda name: async_ops.reducescatter_async(
+            return self._names.start(kind, rows, lambda name: async_ops.reducescatter_async(
                 rows, name, op, self._set, factor, 1.0))
         mine = self.rank()
         rows = rows.contiguous()
-        handle = self._start(kind, rows, lambda name: async_ops.start_allreduce(
+        handle = self._names.start(kind, rows, lambda name: async_ops.start_allreduce(
             rows, None, name, op, factor, 1.0, self._set, inplace=False))
         inner_finish = handle.finish
         handle.finish = lambda result: inner_finish(result)[mine]
@@ -322,8 +288,9 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
             else:
                 flat = output.new_empty(0)
                 splits = [0] * self.size()
-            handles.append(self._start("scatter", output, lambda name: async_ops.alltoall_async(
-                flat, splits, name, self._set), rows_vary=True))
+            handles.append(self._names.start(
+                "scatter", output, lambda name: async_ops.alltoall_async(
+                    flat, splits, name, self._set), rows_vary=True))
 
         def finish(results):
             for (received, _splits), output in zip(results, outputs):
@@ -340,8 +307,9 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
                              f"dimension evenly: {tensor.shape[0]} rows do not split among "
                              f"{self.size()} ranks; pass input_split_sizes")
         contiguous = tensor.detach().contiguous()
-        handle = self._start("all_to_all_single", contiguous, lambda name: async_ops.alltoall_async(
-            contiguous, rows, name, self._set), rows_vary=True)
+        handle = self._names.start(
+            "all_to_all_single", contiguous, lambda name: async_ops.alltoall_async(
+                contiguous, rows, name, self._set), rows_vary=True)
 
         def finish(results):
             received, splits = results[0]
@@ -361,7 +329,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
                              f"({self.size()}), got {len(inputs)} and {len(outputs)}")
         flat = torch.cat([part.detach().reshape(-1) for part in inputs])
         splits = [part.numel() for part in inputs]
-        handle = self._start("all_to_all", flat, lambda name: async_ops.alltoall_async(
+        handle = self._names.start("all_to_all", flat, lambda name: async_ops.alltoall_async(
             flat, splits, name, self._set), rows_vary=True)
 
         def finish(results):
@@ -385,7 +353,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
     # ---- barrier ---------------------------------------------------------------------------
 
     def barrier(self, opts=None):
-        handle = core.start("barrier", process_set=self._set)
+        handle = door.start("barrier", process_set=self._set)
         return self._work([_Raw(handle)], lambda results: [])
 
 
