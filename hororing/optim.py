@@ -33,6 +33,7 @@ from .comm_hooks import Binding, GradBucket, Reduction, check_hook
 from .compression import Compression
 from .context import current
 from .engine import Meta, assign
+from .reducer import Reducer, check_passes
 from .zero import Buckets, ParameterGather
 
 _INSTANCES = itertools.count()
@@ -105,8 +106,7 @@ class DistributedOptimizer:
             if not hasattr(optimizer, attribute):
                 raise TypeError(f"optimizer must have .params, .grads and .step() (see "
                                 f"hororing.optim); {type(optimizer).__name__} lacks .{attribute}")
-        if backward_passes_per_step <= 0:
-            raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+        backward_passes_per_step = check_passes(backward_passes_per_step)
         compression = _compressor(compression)
         if op not in (ops.Average, ops.Sum, ops.Adasum):
             raise ValueError(f"op must be Average, Sum or Adasum, got {ops.op_name(op)}")
@@ -117,9 +117,12 @@ class DistributedOptimizer:
         self._passes = 0
         self._accumulated = None
         self._handles = {}
-        self._bucketed_for = None  # the route version the buckets were laid out for
+        # the buckets' layout, names and route version (hororing/reducer.py); the passes are
+        # counted per step here, each step's earlier gradients summed into _accumulated
+        self._reducer = Reducer({name: f"grad.{name}" for name in optimizer.grads},
+                                backward_passes_per_step)
         self._hook = None  # (state, hook) where a comm hook reduces the buckets
-        self._buckets = []  # [(names, flat)] the buckets a hook reduces
+        self._buckets = []  # the reducer's Buckets a hook reduces
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
 
@@ -168,38 +171,39 @@ class DistributedOptimizer:
                     self.optimizer.grads[name][...] = result
         self._handles.clear()
         self._accumulated = None
-        engine = current().engine
-        route = engine.route
-        if current().size > 1 and self._hook is None and self._bucketed_for != route.version:
+        reducer = self._reducer
+        if current().size > 1 and self._hook is None and reducer.relayout_due():
             # after the first step, and again whenever the route changes (the autotuner)
-            self._bucketed_for = route.version
-            order = engine.reduction_order([f"grad.{name}" for name in self.optimizer.grads])
-            _into_buckets(self.optimizer.grads, [name[len("grad."):] for name in order],
-                          route.fusion_threshold)
+            reducer.laid_out()
+            _into_buckets(self.optimizer.grads, reducer.order(list(self.optimizer.grads)),
+                          reducer.fusion_threshold())
 
     def _reduce_buckets(self):
         """Hand every bucket to the comm hook, wait for all, write the results back."""
         grads = self.optimizer.grads
-        route = current().engine.route
-        if self._bucketed_for != route.version or any(
-                grads[name].base is not flat for names, flat in self._buckets for name in names):
+        reducer = self._reducer
+        if reducer.relayout_due() or any(grads[name].base is not bucket.flat
+                                         for bucket in self._buckets for name in bucket.members):
             # the first step, a new route, or a gradient replaced by a new array
-            self._bucketed_for = route.version
-            self._buckets = _into_buckets(grads, list(grads), route.bucket_bytes(hooked=True))
+            reducer.laid_out()
+            self._buckets = reducer.take_buckets(
+                _into_buckets(grads, list(grads), reducer.bucket_bytes(hooked=True)),
+                whole=lambda names: True)
         state, hook = self._hook
         reduction = Reduction(self.op)
         pending = []
-        for index, (names, flat) in enumerate(self._buckets):
-            bucket = GradBucket(index, f"bucket.{names[0]}..{names[-1]}.{len(names)}", flat,
-                                flat, [grads[name].shape for name in names], names, reduction,
-                                NUMPY, last=index == len(self._buckets) - 1)
-            pending.append((flat, hook(state, bucket)))
+        for bucket in self._buckets:
+            names, flat = list(bucket.members), bucket.flat
+            hooked = GradBucket(bucket.index, bucket.name, flat, flat,
+                                [grads[name].shape for name in names], names, reduction,
+                                NUMPY, last=bucket.last)
+            pending.append((flat, hook(state, hooked)))
         for flat, result in pending:
             reduced = result.wait()
             if reduced is not flat:
                 flat[...] = reduced
-        for names, _ in self._buckets:  # reduced: nothing left for the per-gradient path
-            for name in names:
+        for bucket in self._buckets:  # reduced: nothing left for the per-gradient path
+            for name in bucket.members:
                 self._handles[name] = (None, None, None)
 
     def step(self):
@@ -266,10 +270,8 @@ class ShardedOptimizer:
         if op not in (ops.Average, ops.Sum):
             raise ValueError(f"sharded=True reduces gradients with Average or Sum, got "
                              f"{ops.op_name(op)}")
-        if backward_passes_per_step <= 0:
-            raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
         self.optimizer_class = type(optimizer)
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backward_passes_per_step = check_passes(backward_passes_per_step)
         self.op = op
         self._params = optimizer.params
         group = current().group

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from .. import ops
 from ..process_sets import global_process_set
+from ..reducer import check_passes
 from .compression import Compression
 from .aggregation import LocalGradientAggregation
 from .gradients import GradientReducer
@@ -82,9 +83,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     if num_groups and groups is None:
         groups = num_groups
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        steps = backward_passes_per_step
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}")
+        steps = check_passes(backward_passes_per_step)
         reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                                   groups, process_set, scale_local_gradients)
         return _DistributedV1Optimizer(optimizer, reducer, name, use_locking, steps,

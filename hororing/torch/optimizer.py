@@ -25,9 +25,10 @@ import warnings
 
 import torch
 
-from .. import ops
+from .. import door, ops
 from ..comm_hooks import check_hook
 from ..process_sets import global_process_set, group_of
+from ..reducer import Reducer
 from . import comm_hooks, joined, mpi_ops
 from .amp import scaled_step
 from .bridge import as_numpy
@@ -101,8 +102,6 @@ class _DistributedOptimizer(WrappingOptimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
-        if backward_passes_per_step <= 0:
-            raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         if groups is not None and not isinstance(groups, (int, list)):
@@ -111,11 +110,12 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._wrap(optimizer)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
-        self._passes = backward_passes_per_step
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = gradient_predivide_factor
         self._names = parameter_names(optimizer, named_parameters)
+        # the buckets, their names and the passes counted: hororing/reducer.py
+        self._reducer = Reducer(self._names, backward_passes_per_step, process_set)
         refuse_uninitialized([(name, parameter) for parameter, name in self._names.items()],
                              "DistributedOptimizer")
         self.process_set = process_set
@@ -123,28 +123,18 @@ class _DistributedOptimizer(WrappingOptimizer):
         included = process_set is None or process_set.included()
         self._group = group_of(process_set) if included else None
         self._handles = {}        # parameter -> (handle, compression ctx, payload, was sparse)
-        self._pass_counts = {}
         self._should_synchronize = True
         self._synchronized = False
         self._local = False  # inside no_sync()
         self._hooks = []
         self._views = {}  # parameter -> its gradient's view into a flat bucket
-        # parameter -> its bucket (a tuple of parameters), for buckets started whole once all
-        # their gradients are in (``_starts_whole``; ``_on_gradient``)
-        self._whole_bucket = {}
-        self._held = {}  # such a bucket -> its parameters whose gradients are in, not started
-        self._flats = {}  # bucket -> (its flat gradient tensor, the name it is reduced under)
         # a whole bucket is one allreduce of its flat tensor, where every member would be
         # reduced alike (no compressor's payloads, no per-tensor Adasum)
         self._flat_reduce = compression is Compression.none and op in (ops.Average, ops.Sum)
-        # the route version the views were last laid out for in the engine's order (None:
-        # not yet, until the first step; the autotuner may change the route later)
-        self._laid_out_for = None
         self._comm_hook = None  # (state, hook): every bucket starts whole and goes through it
         if comm_hook is not None:
             check_hook(comm_hook, op, compression is Compression.none)
             self._comm_hook = (None, comm_hook)
-        self._whole_bytes = None  # the bucket size whole buckets were laid out for
         joined.track(self)
         if self._reduces():
             self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
@@ -155,8 +145,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         """The most bytes one of this optimizer's buckets holds: smaller where buckets start
         whole (a comm hook's, or one allreduce of each flat bucket), so that the first ones
         travel while backward goes on."""
-        return self._group.engine.route.bucket_bytes(
-            hooked=self._comm_hook is not None or self._flat_reduce)
+        return self._reducer.bucket_bytes(self._comm_hook is not None or self._flat_reduce)
 
     def _starts_whole(self, bucket):
         """Whether a gradient bucket starts whole, once all its gradients are in, as DDP's
@@ -266,7 +255,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         if not self._reduces():
             self._synchronized = True
             return
-        with self._group.engine.batch():
+        with door.batch(self.process_set):
             buckets = {}
             for parameter in self._names:
                 if parameter.requires_grad and parameter not in self._handles:
@@ -276,14 +265,14 @@ class _DistributedOptimizer(WrappingOptimizer):
                         view = self._views.get(parameter)
                         parameter.grad = torch.zeros_like(parameter) if view is None \
                             else view.zero_()
-                    bucket = self._whole_bucket.get(parameter)
+                    bucket = self._reducer.bucket_of(parameter)
                     if bucket is None:
                         self._start(parameter)
                     else:
                         buckets[bucket] = None
             for bucket in buckets:
                 self._start_bucket(bucket)
-        self._held.clear()
+        self._reducer.step_done()
         for parameter, (handle, ctx, payload, was_sparse) in self._handles.items():
             if handle is None:  # a member of a bucket reduced whole: its first member's handle
                 continue
@@ -299,9 +288,8 @@ class _DistributedOptimizer(WrappingOptimizer):
             if was_sparse:  # sparse_as_dense: the optimizer gets a sparse gradient back
                 parameter.grad = parameter.grad.to_sparse()
         self._handles.clear()
-        self._pass_counts.clear()
         self._synchronized = True
-        if self._views and self._laid_out_for != self._group.engine.route.version:
+        if self._views and self._reducer.relayout_due():
             self._lay_out_again()
 
     def _lay_out_again(self):
@@ -309,19 +297,15 @@ class _DistributedOptimizer(WrappingOptimizer):
         kept: moved into its new view. Buckets that start whole keep their order (reverse
         parameter order: the engine reduces each as one tensor) and are laid out again only
         where their size has changed (the autotuner moved the fusion threshold)."""
-        engine = self._group.engine
-        route = engine.route
-        self._laid_out_for = route.version
-        by_name = {self._names[parameter]: parameter for parameter in self._views
-                   if parameter not in self._whole_bucket}
-        if by_name:
-            order = engine.reduction_order(list(by_name))
-            self._move_into(*bucket_views([by_name[name] for name in order],
-                                          route.fusion_threshold))
-        whole = [parameter for parameter in self._views if parameter in self._whole_bucket]
-        if whole and self._bucket_bytes() != self._whole_bytes:
-            for parameter in whole:
-                self._flats.pop(self._whole_bucket.pop(parameter), None)
+        reducer = self._reducer
+        reducer.laid_out()
+        alone = [parameter for parameter in self._views if reducer.bucket_of(parameter) is None]
+        if alone:
+            self._move_into(*bucket_views(reducer.order(alone), reducer.fusion_threshold()))
+        whole = [parameter for parameter in self._views
+                 if reducer.bucket_of(parameter) is not None]
+        if whole and self._bucket_bytes() != reducer.whole_bytes:
+            reducer.forget(whole)
             self._move_into(*bucket_views(whole, self._bucket_bytes()))
 
     def _move_into(self, views, buckets):
@@ -336,16 +320,9 @@ class _DistributedOptimizer(WrappingOptimizer):
     def _set_buckets(self, views, buckets, update=False):
         """Take the gradient ``views`` and their ``buckets`` (``layout.bucket_views``)."""
         if not update:
-            self._views, self._whole_bucket, self._flats = {}, {}, {}
+            self._views = {}
         self._views.update(views)
-        if any(self._starts_whole(bucket) for bucket, _ in buckets):
-            self._whole_bytes = self._bucket_bytes()
-        for index, (bucket, flat) in enumerate(buckets):
-            if self._starts_whole(bucket):
-                self._whole_bucket.update(dict.fromkeys(bucket, bucket))
-                first, last = self._names[bucket[0]], self._names[bucket[-1]]
-                self._flats[bucket] = (flat, f"bucket.{first}..{last}.{len(bucket)}", index,
-                                       index == len(buckets) - 1)
+        self._reducer.take_buckets(buckets, self._starts_whole, self._bucket_bytes(), update)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -385,53 +362,41 @@ class _DistributedOptimizer(WrappingOptimizer):
             parameter.grad = view
         if self._local:  # inside no_sync(): the gradient accumulates here, nothing starts
             return
-        if parameter in self._handles or parameter in self._held.get(
-                self._whole_bucket.get(parameter), _NONE_HELD):
-            raise RuntimeError(
-                f"gradient for '{self._names[parameter]}' was computed twice before step(); "
-                f"increase backward_passes_per_step or call step() between backward passes")
-        count = self._pass_counts.get(parameter, 0) + 1
-        self._pass_counts[parameter] = count
-        if count != self._passes:
-            return
-        bucket = self._whole_bucket.get(parameter)
-        if bucket is None:
+        ready = self._reducer.ready(parameter, parameter in self._handles)
+        if ready is parameter:
             self._start(parameter)
-            return
-        # a CUDA bucket starts whole, as DDP's do: one allreduce of the flat bucket where it
-        # lies, instead of one per batch of early gradients (each device allreduce pays a
-        # launch and an event wait per step, docs/gpu.md)
-        held = self._held.setdefault(bucket, set())  # tensors hash and compare by identity
-        held.add(parameter)
-        if len(held) == len(bucket):
-            del self._held[bucket]
-            self._start_bucket(bucket)
+        elif ready is not None:
+            # a CUDA bucket starts whole, as DDP's do: one allreduce of the flat bucket where
+            # it lies, instead of one per batch of early gradients (each device allreduce pays
+            # a launch and an event wait per step, docs/gpu.md)
+            self._start_bucket(ready)
 
     def _start_bucket(self, bucket):
         """Start every member of a whole bucket: one in-place allreduce of its flat tensor
         where the members' gradients are its views and reduced alike, else one per member,
         announced together."""
-        flat, name, index, last = self._flats[bucket]
         if self._comm_hook is not None:
-            self._hand_to_hook(bucket, flat, name, index, last)
+            self._hand_to_hook(bucket)
             return
-        if self._flat_reduce and all(self._in_view(member) for member in bucket):
+        members = bucket.members
+        if self._flat_reduce and all(self._in_view(member) for member in members):
             handle = mpi_ops.compressed_allreduce_async_(
-                flat, self._compression, name=name, op=self._op,
+                bucket.flat, self._compression, name=bucket.name, op=self._op,
                 prescale_factor=self._prescale, postscale_factor=self._postscale,
                 process_set=self.process_set)
-            self._handles[bucket[0]] = (handle, None, bucket[0].grad, False)
-            for member in bucket[1:]:
+            self._handles[members[0]] = (handle, None, members[0].grad, False)
+            for member in members[1:]:
                 self._handles[member] = (None, None, member.grad, False)
             return
-        with self._group.engine.batch():
-            for member in bucket:
+        with door.batch(self.process_set):
+            for member in members:
                 if member.grad is not None or member.requires_grad:
                     self._start(member)  # a member frozen since the layout has nothing
 
-    def _hand_to_hook(self, bucket, flat, name, index, last):
+    def _hand_to_hook(self, bucket):
         """Give a whole bucket to the comm hook (its gradients moved into their views)."""
-        for member in bucket:
+        members, flat = bucket.members, bucket.flat
+        for member in members:
             if not self._in_view(member):
                 grad = member.grad
                 view = self._views[member]
@@ -441,14 +406,14 @@ class _DistributedOptimizer(WrappingOptimizer):
         array = as_numpy(flat, bfloat16=True) if flat.device.type == "cpu" else flat
         reduction = comm_hooks.Reduction(self._op, self._prescale, self._postscale,
                                          self.process_set)
-        result = hook(state, comm_hooks.bucket_of(index, name, flat, array, list(bucket),
-                                                  reduction, last))
+        result = hook(state, comm_hooks.bucket_of(bucket.index, bucket.name, flat, array,
+                                                  list(members), reduction, bucket.last))
         if not hasattr(result, "wait"):
             raise TypeError(f"a comm_hook returns something with wait() that gives the reduced "
                             f"bucket (hororing.comm_hooks.Pending, a torch.futures.Future); "
                             f"{hook!r} returned {type(result).__name__}")
-        self._handles[bucket[0]] = (result, flat, _HOOKED, False)
-        for member in bucket[1:]:
+        self._handles[members[0]] = (result, flat, _HOOKED, False)
+        for member in members[1:]:
             self._handles[member] = (None, None, member.grad, False)
 
     def _in_view(self, parameter):
@@ -480,9 +445,5 @@ class _DistributedOptimizer(WrappingOptimizer):
 
 
 
-
 _SPARSE = object()  # the payload of a gradient reduced as a sparse tensor (_handles)
 _HOOKED = object()  # the payload of a bucket a comm hook reduces (_handles)
-
-
-_NONE_HELD = frozenset()

@@ -34,6 +34,7 @@ import torch
 
 from .. import collectives, ops, transport
 from ..process_sets import global_process_set, group_of
+from ..reducer import check_passes
 from ..zero import ParameterGather
 from . import mpi_ops, shard_state
 from .amp import all_finite
@@ -114,9 +115,6 @@ class ShardedOptimizer(WrappingOptimizer):
                              f"op={op}")
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
-        if backward_passes_per_step <= 0:
-            raise ValueError(f"backward_passes_per_step must be > 0, got "
-                             f"{backward_passes_per_step}")
         originals = [parameter for group in optimizer.param_groups for parameter in
                      group["params"]]
         names = dict((parameter, name) for name, parameter in (named_parameters or ()))
@@ -142,7 +140,7 @@ class ShardedOptimizer(WrappingOptimizer):
         self._original = optimizer
         self._originals = originals
         self.stage = stage
-        self._passes = backward_passes_per_step
+        self._passes = check_passes(backward_passes_per_step)
         self._synchronized = False  # this step's reduce-scatters are done
         self._in_flight = collections.deque()  # (group vector, bucket) launched, not collected
         self._reducing = False  # a reduce-scatter was launched since the last synchronize

@@ -71,7 +71,7 @@ def test_momentum_and_bad_arguments():
         hvd.SGD(make_params(), lr=0.1, momentum=1.5)
     with pytest.raises(TypeError, match="optimizer must have .params, .grads and .step"):
         hvd.DistributedOptimizer(object())
-    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0, got 0"):
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an int >= 1, got 0"):
         hvd.DistributedOptimizer(hvd.SGD(make_params(), lr=0.1), backward_passes_per_step=0)
     with pytest.raises(ValueError, match=r"compression must be hvd.Compression.none, .fp16 or "
                                          r".bf16 .*got 'int8'"):

@@ -173,7 +173,7 @@ def test_named_parameters_errors():
     with pytest.raises(ValueError, match="named_parameters was specified, but one or more model "
                                          "parameters were not named"):
         hvd.DistributedOptimizer(sgd, named_parameters=named[:1])
-    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0, got 0"):
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an int >= 1, got 0"):
         hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
 
 

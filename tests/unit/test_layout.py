@@ -68,9 +68,10 @@ FLOORS = [
                   "hororing.grad_rules"]),  # "hororing" itself: the numpy API
     ("launch", ["hororing.launcher", "hororing.runner"]),
     ("above the engine", ["hororing.elastic", "hororing.optim", "hororing.zero", "hororing.data",
-                          "hororing.ps.optimizer", "hororing.comm_hooks", "hororing.powersgd"]),
-    ("verbs", ["hororing.collectives", "hororing.validate", "hororing.compression",
-               "hororing.objects"]),
+                          "hororing.ps.optimizer", "hororing.comm_hooks", "hororing.powersgd",
+                          "hororing.reducer"]),
+    ("verbs", ["hororing.collectives", "hororing.door", "hororing.validate",
+               "hororing.compression", "hororing.objects"]),
     ("job state", ["hororing.context", "hororing.running", "hororing.world", "hororing.slurm",
                    "hororing.process_sets", "hororing.static_sets", "hororing.group",
                    "hororing.ps.roles", "hororing.tuning"]),
@@ -176,3 +177,32 @@ def test_the_floor_check_finds_an_import_up_and_one_past_the_face(tmp_path):
         "hororing.collectives imports hororing.engine.cycle: outside the engine, import its "
         "face (hororing.engine)",
         "hororing.ops (MPI and leaves) imports hororing.collectives (verbs), a floor up"]
+
+
+BINDINGS = ("torch", "tensorflow", "keras")
+
+
+def engine_reaches(package=PACKAGE, bindings=BINDINGS):
+    """Every place a binding reaches into an engine object (an attribute named ``engine``),
+    as readable lines: the bindings ask what they need of ``hororing.door`` instead."""
+    found = []
+    for binding in bindings:
+        for path in sorted((package / binding).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr == "engine":
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno} reaches "
+                                 f"into .engine")
+    return found
+
+
+def test_no_binding_reaches_into_an_engine():
+    reaches = engine_reaches()
+    assert not reaches, "\n".join(reaches)
+
+
+def test_the_engine_reach_check_finds_one(tmp_path):
+    package = tmp_path / "hororing"
+    (package / "torch").mkdir(parents=True)
+    (package / "torch" / "ok.py").write_text("from .. import door\ndoor.batch(None)\n")
+    (package / "torch" / "bad.py").write_text("def f(group):\n    return group.engine.route\n")
+    assert engine_reaches(package, ("torch",)) == ["hororing/torch/bad.py:2 reaches into .engine"]

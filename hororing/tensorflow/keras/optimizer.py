@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from ... import ops
 from ...process_sets import global_process_set
+from ...reducer import check_passes
 from ..compression import Compression
 from ..gradients import GradientReducer, local_layer_weights
 from .tf_keras_optimizer import TfKerasHooks, is_tf_keras
@@ -72,9 +73,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise ValueError("this optimizer is already wrapped by DistributedOptimizer")
     if num_groups and groups is None:
         groups = num_groups
-    steps = backward_passes_per_step
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}")
+    steps = check_passes(backward_passes_per_step)
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                               groups, process_set, scale_local_gradients)
     if is_tf_keras(optimizer):

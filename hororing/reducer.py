@@ -1,0 +1,151 @@
+"""Where a gradient bucket's life is decided, for every DistributedOptimizer (numpy and torch).
+
+A ``Reducer`` keeps, for one optimizer, what is the same whatever the framework:
+
+- which gradients make a bucket that starts whole (``take_buckets``; a comm hook's buckets,
+  a flat bucket reduced as one tensor, every CUDA bucket), and the bucket's name
+  (``bucket_name``), index and whether it is the last;
+- how many backward passes each gradient has seen since the last step, and whether it is
+  ready: alone, or as the bucket it completes (``ready``), refusing a gradient computed
+  twice before a step;
+- when the buckets are laid out again (``relayout_due``: the first step, and whenever the
+  route changes, e.g. the autotuner's fusion threshold), by what size (``bucket_bytes``)
+  and in what order (``order``: as the engine reduces them).
+
+The bindings keep only what touches their tensors: making the flat buffers and the views
+into them, registering the backward hooks, and starting a bucket or a gradient through the
+verbs. Every rank lays out and names its buckets alike, so each is matched by its name.
+"""
+
+import numbers
+
+from . import door
+
+
+def check_passes(backward_passes_per_step):
+    """The number of backward passes per step, checked: an int >= 1. Returns it."""
+    value = backward_passes_per_step
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def bucket_name(names):
+    """The name a bucket of the gradients ``names`` (in bucket order) is reduced under: the
+    same on every rank that lays the bucket out alike, and different for another layout."""
+    return f"bucket.{names[0]}..{names[-1]}.{len(names)}"
+
+
+class Bucket:
+    """A bucket that starts whole once all its gradients are in: its ``members`` (the keys
+    the binding gave, in bucket order), its ``flat`` buffer, its ``name``, its ``index``
+    among the optimizer's buckets, and whether it is the ``last``. Hashed by identity."""
+
+    __slots__ = ("members", "flat", "name", "index", "last")
+
+    def __init__(self, members, flat, name, index, last):
+        self.members, self.flat, self.name, self.index, self.last = (
+            members, flat, name, index, last)
+
+
+class Reducer:
+    """One optimizer's buckets and ready-counting (see the module's docstring).
+
+    Args:
+        name_of: key -> the name its gradient is reduced under (a dict; the binding's keys:
+            parameter tensors, or gradient names).
+        backward_passes_per_step: passes counted per gradient before it is ready.
+        process_set: whose engine lays the buckets out (its route and its reduction order).
+    """
+
+    def __init__(self, name_of, backward_passes_per_step=1, process_set=None):
+        self.name_of = name_of
+        self.passes = check_passes(backward_passes_per_step)
+        self.process_set = process_set
+        self._counts = {}   # key -> backward passes seen since the last step
+        self._whole = {}    # key -> the Bucket it starts with
+        self._held = {}     # Bucket -> the keys of it that are in, while some are not
+        self.whole_bytes = None  # the bucket size whole buckets were laid out for
+        self._laid_out_for = None  # the route version of the last layout (None: none yet)
+
+    # ---- the layout -----------------------------------------------------------------------
+
+    def bucket_bytes(self, hooked):
+        """The most bytes one bucket holds: smaller where buckets start whole (``hooked``),
+        so that the first ones travel while backward goes on."""
+        return door.route(self.process_set).bucket_bytes(hooked=hooked)
+
+    def fusion_threshold(self):
+        """The fusion threshold in effect: what buckets reduced gradient by gradient hold."""
+        return door.route(self.process_set).fusion_threshold
+
+    def order(self, keys):
+        """``keys`` in the order a cycle reduces their gradients (by their names)."""
+        by_name = {self.name_of[key]: key for key in keys}
+        return [by_name[name] for name in door.reduction_order(list(by_name), self.process_set)]
+
+    def relayout_due(self):
+        """True when the route has changed since the last ``laid_out`` (or there was none)."""
+        return self._laid_out_for != door.route(self.process_set).version
+
+    def laid_out(self):
+        """The buckets are laid out for the route in effect now."""
+        self._laid_out_for = door.route(self.process_set).version
+
+    def take_buckets(self, buckets, whole, whole_bytes=None, update=False):
+        """Take the laid-out ``buckets`` ([(members, flat)], in order); those for which
+        ``whole(members)`` is true start whole. ``update``: add to the buckets held (a new
+        parameter group, a part laid out again), else replace them all. Returns the Bucket
+        of each whole one, in order."""
+        if not update:
+            self._whole, self._held = {}, {}
+        taken = []
+        for index, (members, flat) in enumerate(buckets):
+            if whole(members):
+                names = [self.name_of[key] for key in members]
+                bucket = Bucket(tuple(members), flat, bucket_name(names), index,
+                                index == len(buckets) - 1)
+                self._whole.update(dict.fromkeys(members, bucket))
+                taken.append(bucket)
+        if taken:
+            self.whole_bytes = whole_bytes
+        return taken
+
+    def forget(self, keys):
+        """Let the buckets of ``keys`` go (they are about to be laid out again)."""
+        for key in keys:
+            self._whole.pop(key, None)
+
+    def bucket_of(self, key):
+        """The whole Bucket ``key`` starts with, or None (it starts alone)."""
+        return self._whole.get(key)
+
+    # ---- a step's passes ------------------------------------------------------------------
+
+    def ready(self, key, started):
+        """A backward pass produced ``key``'s gradient. Returns what is ready to start: None
+        (more passes to come, or its bucket waits for others), ``key`` itself (it starts
+        alone) or its Bucket (now complete). ``started``: the binding has started ``key``
+        since the last step (then this is a second gradient: refused)."""
+        bucket = self._whole.get(key)
+        if started or (bucket is not None and key in self._held.get(bucket, ())):
+            raise RuntimeError(
+                f"gradient for '{self.name_of[key]}' was computed twice before step(); "
+                f"increase backward_passes_per_step or call step() between backward passes")
+        count = self._counts.get(key, 0) + 1
+        self._counts[key] = count
+        if count != self.passes:
+            return None
+        if bucket is None:
+            return key
+        held = self._held.setdefault(bucket, set())  # tensors hash by identity
+        held.add(key)
+        if len(held) < len(bucket.members):
+            return None
+        del self._held[bucket]
+        return bucket
+
+    def step_done(self):
+        """Every gradient has been reduced: the next backward pass starts a new step."""
+        self._counts.clear()
+        self._held.clear()
