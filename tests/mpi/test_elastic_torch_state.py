@@ -94,3 +94,42 @@ def test_a_sharded_commit_on_disk_resumes_in_another_sharded_optimizer(tmp_path_
     step(resumed_model, resumed, 3)  # and it trains on, and rolls back to the resumed commit
     fresh.restore()
     assert_same(full(resumed), committed)
+
+
+class Counter:
+    """A training object of the user's own that TorchState knows nothing of."""
+
+    def __init__(self):
+        self.count = 0
+
+
+class CounterHandler(torch_state.StateHandler):
+    def capture(self):
+        return self.value.count
+
+    def apply(self, saved):
+        self.value.count = saved
+
+    def sync(self):
+        self.value.count = hvd.broadcast_object(self.value.count, root_rank=0,
+                                                name="elastic.counter")
+
+
+def test_a_handler_registered_for_a_type_of_ones_own_commits_restores_and_syncs_it():
+    registry = torch_state.get_handler_registry()
+    torch_state.set_handler_registry([(Counter, CounterHandler)] + list(registry))
+    try:
+        counter = Counter()
+        counter.count = 5 + hvd.rank()
+        state = hvd.elastic.TorchState(counter=counter, epoch=0)
+        state.sync()  # rank 0's count everywhere
+        assert counter.count == 5
+        state.commit()
+        counter.count = 99
+        state.restore()
+        assert counter.count == 5
+    finally:
+        torch_state.set_handler_registry(registry)
+    assert torch_state.get_handler_registry() is registry
+    plain = hvd.elastic.TorchState(counter=Counter())  # unregistered: a plain attribute
+    assert isinstance(plain.counter, Counter)

@@ -279,6 +279,34 @@ def test_partial_tape_keeps_local_layers_local():
         np.testing.assert_allclose(grad.numpy(), own.numpy() / size, rtol=1e-5)
     averaged = hvd.allreduce(reference[0])
     np.testing.assert_allclose(grads[0].numpy(), averaged.numpy(), rtol=1e-5)
+    # Horovod's split of the same gradients: (variable, gradient) pairs, local then global
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(local(shared(x)))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, variables)
+    assert [variable.name for variable, _ in local_pairs] == \
+        [variable.name for variable in local.trainable_weights]
+    assert [variable.name for variable, _ in global_pairs] == \
+        [variable.name for variable in shared.trainable_weights]
+    for (_, grad), expected in zip(local_pairs + global_pairs, grads[2:] + grads[:2]):
+        np.testing.assert_allclose(grad.numpy(), expected.numpy(), rtol=1e-6)
+
+
+def test_horovods_private_basics_list_the_process_sets_ranks():
+    """``hvd.mpi_ops._basics._get_process_set_ids_and_ranks()``, which Horovod's process set
+    tests read: every registered set's ranks by id, the global set's 0."""
+    from hororing.tensorflow import mpi_ops
+    size = hvd.size()
+    assert mpi_ops._basics._get_process_set_ids_and_ranks() == {0: list(range(size))}
+    if size < 2:
+        return
+    evens = hvd.add_process_set(list(range(0, size, 2)))
+    try:
+        assert mpi_ops._basics._get_process_set_ids_and_ranks() == {
+            0: list(range(size)), evens.process_set_id: list(range(0, size, 2))}
+    finally:
+        hvd.remove_process_set(evens)
+    assert mpi_ops._basics._get_process_set_ids_and_ranks() == {0: list(range(size))}
 
 
 def test_v1_optimizer_averages_compute_gradients():
