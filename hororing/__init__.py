@@ -13,7 +13,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           reducescatter, reducescatter_async, reducescatter_async_, synchronize)
 from . import data
 from . import elastic
-from .ps.optimizer import AsyncPSOptimizer
+from .async_optimizer import AsyncPSOptimizer
 from .compression import Compression
 from .config import Config
 from .context import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,

@@ -133,7 +133,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         if config.start_timeout_s > 0:
             _wait_for_every_rank(user_comm, config.start_timeout_s)
         if config.mode == "ps":
-            from .ps import roles  # server ranks serve in here and exit
+            from .algorithms.ps import roles  # server ranks serve in here and exit
 
             comm, reducer = roles.start(user_comm.Dup(), config)
             _State.context = Context(comm, config, reducer)

@@ -197,9 +197,9 @@ def plot(rows, ns, args, machine):
 def child(args):
     from mpi4py import MPI
 
-    from hororing.ps.placement import Placement
-    from hororing.ps.server import serve
-    from hororing.ps.workers import Colocated, ServerClient
+    from hororing.algorithms.ps.placement import Placement
+    from hororing.algorithms.ps.server import serve
+    from hororing.algorithms.ps.workers import Colocated, ServerClient
     from hororing.algorithms.hierarchical import node_layout
     from hororing.algorithms.ring import Ring
     from hororing.config import Config

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from ..ps.optimizer import AsyncPSOptimizer as _NumpyAsync
+from ..async_optimizer import AsyncPSOptimizer as _NumpyAsync
 
 
 class AsyncPSOptimizer(torch.optim.Optimizer):

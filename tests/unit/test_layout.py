@@ -2,14 +2,22 @@
 function (a deferred import hides a circle; it does not remove it)."""
 
 import ast
+import functools
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "hororing"
 
 
-def _module_name(path):
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def modules(package=PACKAGE):
+    """Every module of the installed package by name, with its path: hororing/, and the
+    repository's top-level kernels/, which installs as hororing.kernels (setup.py)."""
+    roots = [(package, ("hororing",)), (package.parent / "kernels", ("hororing", "kernels"))]
+    found = {}
+    for root, prefix in roots:
+        for path in root.rglob("*.py"):
+            parts = prefix + path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
 def _imports(path, name, modules):
@@ -18,7 +26,7 @@ def _imports(path, name, modules):
 
 
 def _graph():
-    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    paths = modules()
     return {name: _imports(path, name, paths) for name, path in paths.items()}
 
 
@@ -46,8 +54,13 @@ def _cycle(graph):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _packages():
+    return frozenset(name for name, path in modules().items() if path.name == "__init__.py")
+
+
 def _is_package(name):
-    return (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+    return name in _packages()
 
 
 def test_no_import_cycle_between_modules():
@@ -59,29 +72,26 @@ def test_the_cycle_finder_finds_one():
                                                                      "a.x"]
 
 
-# docs/architecture.md's floors, top to bottom. A module imports modules of its own floor or of
-# a floor below, never above; a module outside the engine imports only the engine's face
-# (hororing.engine's __all__). A module belongs to the floor of its longest listed prefix.
-FLOORS = [
-    ("the horovod alias", ["hororing.alias"]),
-    ("bindings", ["hororing", "hororing.torch", "hororing.tensorflow", "hororing.keras",
-                  "hororing.grad_rules"]),  # "hororing" itself: the numpy API
-    ("launch", ["hororing.launcher", "hororing.runner"]),
-    ("above the engine", ["hororing.elastic", "hororing.optim", "hororing.zero", "hororing.data",
-                          "hororing.ps.optimizer", "hororing.comm_hooks", "hororing.powersgd",
-                          "hororing.reducer"]),
-    ("verbs", ["hororing.collectives", "hororing.door", "hororing.validate",
-               "hororing.compression", "hororing.objects"]),
-    ("job state", ["hororing.context", "hororing.running", "hororing.world", "hororing.slurm",
-                   "hororing.process_sets", "hororing.static_sets", "hororing.group",
-                   "hororing.ps.roles", "hororing.tuning"]),
-    ("engine", ["hororing.engine"]),
-    ("algorithms", ["hororing.algorithms", "hororing.ps"]),
-    ("device memory", ["hororing.gpu"]),
-    ("MPI and leaves", ["hororing.transport", "hororing._mpi", "hororing.kernels",
-                        "hororing.config", "hororing.environment", "hororing.errors", "hororing.ops",
-                        "hororing.timeline", "hororing.costmodel", "hororing.build"]),
-]
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def read_floors(text):
+    """The floors of docs/architecture.md's table ("The floors, as the layout test reads
+    them"), top to bottom: [(floor, [module prefixes])]. A module imports modules of its own
+    floor or of a floor below, never above; a module outside the engine imports only the
+    engine's face (hororing.engine's __all__). A module belongs to the floor of its longest
+    listed prefix."""
+    section = text.split("## The floors, as the layout test reads them", 1)[1].split("\n## ", 1)[0]
+    floors = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) != 2 or cells[0] in ("floor", "---"):
+            continue
+        floors.append((cells[0], [module.strip() for module in cells[1].split(",")]))
+    return floors
+
+
+FLOORS = read_floors(ARCHITECTURE.read_text())
 
 
 def _floor(name, floors=FLOORS):
@@ -124,10 +134,7 @@ def _module_imports(path, name, modules):
 
 def floor_violations(package=PACKAGE, floors=FLOORS):
     """Every import that runs up a floor or past the engine's face, as readable lines."""
-    paths = {}
-    for path in package.rglob("*.py"):
-        parts = ("hororing",) + path.relative_to(package).with_suffix("").parts
-        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    paths = modules(package)
     face = _engine_face(package)
     found = []
     for name, path in sorted(paths.items()):
@@ -206,3 +213,25 @@ def test_the_engine_reach_check_finds_one(tmp_path):
     (package / "torch" / "ok.py").write_text("from .. import door\ndoor.batch(None)\n")
     (package / "torch" / "bad.py").write_text("def f(group):\n    return group.engine.route\n")
     assert engine_reaches(package, ("torch",)) == ["hororing/torch/bad.py:2 reaches into .engine"]
+
+
+def test_the_floors_come_from_docs_architecture_and_cover_kernels():
+    names = [floor for floor, _ in FLOORS]
+    assert names[0] == "the horovod alias" and names[-1] == "MPI and leaves"
+    assert len(names) == len(set(names)) == 10
+    assert "hororing.kernels.reduce" in modules()  # the top-level kernels/, as installed
+    assert _floor("hororing.kernels.reduce") == (9, "MPI and leaves")
+    assert _floor("hororing.reducer") == (3, "above the engine")
+
+
+def test_a_kernel_that_imports_up_a_floor_is_found(tmp_path):
+    package = tmp_path / "hororing"
+    (package / "engine").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "engine" / "__init__.py").write_text("__all__ = []\n")
+    (package / "collectives.py").write_text("")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    (tmp_path / "kernels" / "scale.py").write_text("from ..collectives import allreduce\n")
+    assert floor_violations(package) == [
+        "hororing.kernels.scale (MPI and leaves) imports hororing.collectives (verbs), a floor up"]

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hororing.ps.placement import Placement, bucket_plan
+from hororing.algorithms.ps.placement import Placement, bucket_plan
 
 
 def covered(pieces, count):

@@ -9,8 +9,8 @@ of its own, and ends when every worker has shut down, or at once when one failed
 
 import numpy as np
 
-from .._mpi import MPI
-from .. import transport
+from ..._mpi import MPI
+from ... import transport
 from .asynchronous import AsyncShard
 from .protocol import (TAG_ASYNC_PUSH, TAG_ASYNC_REGISTER, TAG_DATA, TAG_FAILED, TAG_PUSH,
                        TAG_RESULT, TAG_SHUTDOWN, read_push_header, reduce_in_worker_order)

@@ -8,7 +8,7 @@ share the servers, each with tags of its own.
 
 import numpy as np
 
-from ..kernels import reduce_into
+from ...kernels import reduce_into
 
 # synchronous allreduce: a header (sequence, op, dtype, count), the data, the reduced result
 TAG_PUSH, TAG_DATA, TAG_RESULT = 301, 302, 303

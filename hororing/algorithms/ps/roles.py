@@ -7,7 +7,7 @@ workers. With colocated shards (k = 0) every rank is a worker and holds one shar
 
 import sys
 
-from .. import transport
+from ... import transport
 from .server import serve
 from .workers import Colocated, ServerClient, new_placement
 

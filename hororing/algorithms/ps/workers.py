@@ -17,8 +17,8 @@ Each owns its communicator (the PS one) and frees it in ``close``.
 
 import numpy as np
 
-from .. import transport
-from ..algorithms.base import Algorithm
+from ... import transport
+from ..base import Algorithm
 from .asynchronous import AsyncClient
 from .placement import Placement, bucket_plan
 from .protocol import (TAG_DATA, TAG_FAILED, TAG_PUSH, TAG_RESULT, TAG_SHUTDOWN, push_header,

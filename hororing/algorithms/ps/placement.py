@@ -4,8 +4,8 @@ Every worker sees the same tensors in the same order (negotiation makes the buck
 identical), so every worker builds the same placement without talking.
 """
 
-from ..config import PLACEMENTS
-from ..algorithms.plan import chunk_bounds
+from ...config import PLACEMENTS
+from ..plan import chunk_bounds
 
 
 class Placement:

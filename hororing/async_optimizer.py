@@ -10,7 +10,7 @@ servers between this worker's pull and its push (0 means the update was fresh).
 
 import numpy as np
 
-from ..context import current
+from .context import current
 
 
 class AsyncPSOptimizer:

@@ -16,8 +16,8 @@ server's loop (``server.serve``) hands them to an ``AsyncShard``.
 
 import numpy as np
 
-from .. import transport
-from ..algorithms.plan import chunk_bounds
+from ... import transport
+from ..plan import chunk_bounds
 from .protocol import (ASYNC_DTYPES, DTYPES, TAG_ASYNC_DATA, TAG_ASYNC_PARAMS, TAG_ASYNC_PUSH,
                        TAG_ASYNC_REGISTER, TAG_ASYNC_REPLY)
 
