@@ -23,7 +23,7 @@ step, so that every event is recorded before anyone waits for it. The host never
 GPU inside the ring: the bucket's one synchronization is the place's at its end. Results are
 bitwise identical on every rank, as the message ring's are.
 
-The memory object (``gpu.memory.CupyMemory``; tests use a host fake over an MPI shared
+The memory object (``gpu.cupy_memory.CupyMemory``; tests use a host fake over an MPI shared
 window) supplies ``share(comm, nbytes, events)``, ``record``, ``wait_pointer``, ``copy``,
 ``empty_bytes``, ``synchronize`` and its ``stream``.
 """
@@ -52,7 +52,7 @@ class DeviceDirectRing(Algorithm):
         self.rank = comm.Get_rank()
         self.contributors = self.size
         self.schedule = ring_schedule(self.size, self.rank, allgather=False)
-        self.shared = None  # gpu.memory.SharedBuffers, grown to the largest bucket
+        self.shared = None  # gpu.cupy_memory.SharedBuffers, grown to the largest bucket
         self.failed = None  # why the buffers could not be shared (then: the fallback runs)
         self.bytes_read = 0  # bytes copied out of peers' memory, over this ring's life
         self._scratch = None

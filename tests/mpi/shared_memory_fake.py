@@ -32,7 +32,7 @@ class SharedHostMemory:
     stream = "the fake's stream"
 
     def share(self, comm, nbytes, events=0):
-        from hororing.gpu.memory import SharedBuffers
+        from hororing.gpu.cupy_memory import SharedBuffers
 
         window = MPI.Win.Allocate_shared(nbytes, 1, comm=comm)  # collective
         self.windows.append(window)  # freed by close(): MPI frees windows collectively

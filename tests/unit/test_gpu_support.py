@@ -246,7 +246,7 @@ def test_a_span_never_crosses_from_one_allocation_into_the_next():
 def test_cupy_memory_copies_between_host_and_device_at_the_right_addresses():
     # the driver calls the staged ring makes through cupy, recorded instead of made
     from types import SimpleNamespace
-    from hororing.gpu.memory import CupyMemory
+    from hororing.gpu.cupy_memory import CupyMemory
     calls = []
     memory = CupyMemory.__new__(CupyMemory)
     memory.runtime = SimpleNamespace(
