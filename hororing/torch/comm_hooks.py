@@ -18,7 +18,7 @@ import numpy as np
 
 from ..comm_hooks import (Binding, GradBucket, Pending, Reduction, allreduce, bf16,
                           compressed, fp16, powersgd)
-from . import mpi_ops
+from . import mpi_ops, powersgd_arrays  # noqa: F401 (registers torch's PowerSGD arrays)
 from .bridge import from_numpy
 from .compression import Compression
 

@@ -39,3 +39,34 @@ def test_without_error_feedback_only_q_is_dropped():
     hook._qs["old"] = np.ones(3)
     hook._claim(bucket("new", ["b", "a"]))
     assert hook.state_dict() == {"iter": 0, "errors": {}, "qs": {}}
+
+
+def test_a_binding_registers_its_arrays_and_powersgd_works_them_through_it():
+    """PowerSGD knows numpy's arrays; a binding's tensors reach it through the namespace the
+    binding registered (hororing.torch registers torch's), nothing else."""
+    import numpy as np
+
+    from hororing.powersgd import arrays
+
+    class Boxed:
+        def __init__(self, values):
+            self.values = np.asarray(values)
+
+    class BoxedArrays:
+        name = "boxed"
+
+        @staticmethod
+        def to_host(box):
+            return box.values.copy()
+
+    assert arrays.arrays_for(np.ones(2)) is arrays.NUMPY
+    assert arrays.arrays_for(Boxed([1.0])) is None
+    namespace = BoxedArrays()
+    arrays.register(namespace, lambda value: isinstance(value, Boxed))
+    try:
+        assert arrays.arrays_for(Boxed([1.0])) is namespace
+        assert arrays.on_host(Boxed([1.0, 2.0])).tolist() == [1.0, 2.0]
+    finally:
+        arrays._REGISTERED.remove(next(entry for entry in arrays._REGISTERED
+                                       if entry[1] is namespace))
+    assert arrays.on_host([3.0]).tolist() == [3.0]
