@@ -1,4 +1,5 @@
-"""Where a gradient bucket's life is decided, for every DistributedOptimizer (numpy and torch).
+"""Where a gradient bucket's life is decided, for every DistributedOptimizer: numpy's and
+torch's, and torch's sharded one (whose buckets are reduce-scattered when ready).
 
 A ``Reducer`` keeps, for one optimizer, what is the same whatever the framework:
 
@@ -130,8 +131,9 @@ class Reducer:
         bucket = self._whole.get(key)
         if started or (bucket is not None and key in self._held.get(bucket, ())):
             raise RuntimeError(
-                f"gradient for '{self.name_of[key]}' was computed twice before step(); "
-                f"increase backward_passes_per_step or call step() between backward passes")
+                f"the gradient of '{self.name_of[key]}' was computed more than "
+                f"backward_passes_per_step={self.passes} times before step(); call step() "
+                f"after that many backward passes, or raise backward_passes_per_step")
         count = self._counts.get(key, 0) + 1
         self._counts[key] = count
         if count != self.passes:
@@ -146,6 +148,7 @@ class Reducer:
         return bucket
 
     def step_done(self):
-        """Every gradient has been reduced: the next backward pass starts a new step."""
+        """Every gradient has been reduced, or the gradients were zeroed: the passes count
+        from the next backward pass again."""
         self._counts.clear()
         self._held.clear()

@@ -29,8 +29,6 @@ class Bucket:
         self.gradients = None  # the bucket's flat gradient vector, while it is held
         self._vector = None  # what ``gradients`` views (a pool's vector)
         self.views = {}  # parameter -> its .grad's view into ``gradients``
-        self.passes = {}  # parameter -> backward passes accumulated this step
-        self.ready = 0  # parameters that have had their last pass this step
         self.launched = None  # (handle, payload dtype, compression ctx) while in flight
         self.collected = False  # reduced this step (until the step's synchronize ends)
         self.reduced = None  # where this rank's chunk of the reduced gradient is kept

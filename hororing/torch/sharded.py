@@ -34,7 +34,7 @@ import torch
 
 from .. import collectives, ops, transport
 from ..process_sets import global_process_set, group_of
-from ..reducer import check_passes
+from ..reducer import Reducer
 from ..zero import ParameterGather
 from . import mpi_ops, shard_state
 from .amp import all_finite
@@ -117,9 +117,10 @@ class ShardedOptimizer(WrappingOptimizer):
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         originals = [parameter for group in optimizer.param_groups for parameter in
                      group["params"]]
-        names = dict((parameter, name) for name, parameter in (named_parameters or ()))
-        refuse_uninitialized([(names.get(parameter, f"parameter {index}"), parameter)
-                              for index, parameter in enumerate(originals)],
+        given = dict((parameter, name) for name, parameter in (named_parameters or ()))
+        names = {parameter: given.get(parameter, f"parameter {index}")
+                 for index, parameter in enumerate(originals)}
+        refuse_uninitialized([(name, parameter) for parameter, name in names.items()],
                              "DistributedOptimizer(sharded=True)")
         for parameter in originals:
             if parameter.device.type != "cpu" or parameter.layout != torch.strided:
@@ -140,7 +141,8 @@ class ShardedOptimizer(WrappingOptimizer):
         self._original = optimizer
         self._originals = originals
         self.stage = stage
-        self._passes = check_passes(backward_passes_per_step)
+        # the passes counted and each bucket's readiness (hororing/reducer.py)
+        self._reducer = Reducer(names, backward_passes_per_step, process_set)
         self._synchronized = False  # this step's reduce-scatters are done
         self._in_flight = collections.deque()  # (group vector, bucket) launched, not collected
         self._reducing = False  # a reduce-scatter was launched since the last synchronize
@@ -162,6 +164,9 @@ class ShardedOptimizer(WrappingOptimizer):
             hyper = {key: value for key, value in group.items() if key != "params"}
             groups.append({**hyper, "params": [leaf for vector in vectors
                                                for leaf in vector.leaves]})
+        self._reducer.take_buckets([(bucket.parameters, bucket) for vectors in self._vectors
+                                    for vector in vectors for bucket in vector.buckets],
+                                   whole=lambda parameters: True)
         # the same class and defaults over this rank's chunks: its state exists for them only
         self._check_same_layout()
         self._hooks = [parameter.register_post_accumulate_grad_hook(
@@ -193,18 +198,10 @@ class ShardedOptimizer(WrappingOptimizer):
         """After a parameter's gradient is accumulated (a backward hook): its bucket's
         reduce-scatter starts once every parameter of the bucket has had its last pass."""
         bucket = vector.bucket_of[parameter]
-        if bucket.launched is not None or bucket.collected:
-            raise RuntimeError(
-                f"a gradient was computed more than backward_passes_per_step="
-                f"{self._passes} times before step(): its bucket was already being reduced. "
-                f"Call step() after that many backward passes, or raise "
-                f"backward_passes_per_step")
+        ready = self._reducer.ready(parameter, bucket.launched is not None or bucket.collected)
         vector.into_view(parameter)
-        passes = bucket.passes[parameter] = bucket.passes.get(parameter, 0) + 1
-        if passes == self._passes:
-            bucket.ready += 1
-            if bucket.ready == len(bucket.parameters):
-                self._launch(group_index, vector, bucket)
+        if ready is not None:
+            self._launch(group_index, vector, ready.flat)
         # buckets whose reduction is done give their vector back (stage 2) for the next ones
         while self._in_flight and self._in_flight[0][1].launched[0].done():
             self._collect(*self._in_flight.popleft())
@@ -260,6 +257,7 @@ class ShardedOptimizer(WrappingOptimizer):
                     for bucket in vector.buckets:
                         bucket.collected = False
                     vector.pool.trim(_KEEP)
+        self._reducer.step_done()
         self._synchronized, self._reducing = True, False
 
     def _collect(self, vector, bucket):
@@ -275,7 +273,6 @@ class ShardedOptimizer(WrappingOptimizer):
         if mine.data_ptr() != bucket.reduced.data_ptr() or mine.dtype != bucket.reduced.dtype:
             bucket.reduced.copy_(mine)  # stage 1 reduced in place: already there
         bucket.launched, bucket.collected = None, True
-        bucket.passes, bucket.ready = {}, 0
         if self.stage == 2:
             bucket.release(vector.pool)
 
@@ -352,10 +349,7 @@ class ShardedOptimizer(WrappingOptimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): the gradients are being reduced "
                 "across the ranks. Call step() (or synchronize()) first")
-        for vectors in self._vectors:  # backward passes count from here again
-            for vector in vectors:
-                for bucket in vector.buckets:
-                    bucket.passes, bucket.ready = {}, 0
+        self._reducer.step_done()  # backward passes count from here again
         for parameter in self._originals:
             if parameter.grad is None:
                 continue

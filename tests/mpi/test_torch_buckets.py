@@ -184,7 +184,7 @@ def test_a_gradient_twice_in_a_held_bucket_is_refused(whole_buckets):
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
                                          named_parameters=model.named_parameters())
     model[0](torch.ones(1, 4)).sum().backward()  # holds the bucket: the rest are missing
-    with pytest.raises(RuntimeError, match="computed twice before step"):
+    with pytest.raises(RuntimeError, match="computed more than backward_passes_per_step=1 times before step"):
         model[0](torch.ones(1, 4)).sum().backward()
     optimizer.synchronize()
 

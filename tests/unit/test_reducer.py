@@ -62,9 +62,10 @@ def test_every_pass_is_counted_and_only_the_last_makes_a_gradient_ready():
 def test_a_gradient_computed_twice_before_a_step_is_refused_by_name():
     reducer, _ = _reducer()
     reducer.ready(0, started=False)  # in its bucket, which waits for 1
-    with pytest.raises(RuntimeError, match="gradient for 'layer0' was computed twice"):
+    with pytest.raises(RuntimeError, match="the gradient of 'layer0' was computed more than "
+                                           "backward_passes_per_step=1 times before step"):
         reducer.ready(0, started=False)
-    with pytest.raises(RuntimeError, match="gradient for 'layer2' was computed twice"):
+    with pytest.raises(RuntimeError, match="the gradient of 'layer2' was computed more than"):
         reducer.ready(2, started=True)  # the binding started it already
 
 
