@@ -20,7 +20,7 @@ verbs. Every rank lays out and names its buckets alike, so each is matched by it
 
 import numbers
 
-from . import door
+from .process_sets import group_of
 
 
 def check_passes(backward_passes_per_step):
@@ -68,30 +68,40 @@ class Reducer:
         self._held = {}     # Bucket -> the keys of it that are in, while some are not
         self.whole_bytes = None  # the bucket size whole buckets were laid out for
         self._laid_out_for = None  # the route version of the last layout (None: none yet)
+        self._group = None  # the process set's Group, found at the first use
+
+    def _engine(self):
+        if self._group is None:
+            self._group = group_of(self.process_set)
+        return self._group.engine
+
+    def batch(self):
+        """``with reducer.batch():`` what this thread starts inside is announced together."""
+        return self._engine().batch()
 
     # ---- the layout -----------------------------------------------------------------------
 
     def bucket_bytes(self, hooked):
         """The most bytes one bucket holds: smaller where buckets start whole (``hooked``),
         so that the first ones travel while backward goes on."""
-        return door.route(self.process_set).bucket_bytes(hooked=hooked)
+        return self._engine().route.bucket_bytes(hooked=hooked)
 
     def fusion_threshold(self):
         """The fusion threshold in effect: what buckets reduced gradient by gradient hold."""
-        return door.route(self.process_set).fusion_threshold
+        return self._engine().route.fusion_threshold
 
     def order(self, keys):
         """``keys`` in the order a cycle reduces their gradients (by their names)."""
         by_name = {self.name_of[key]: key for key in keys}
-        return [by_name[name] for name in door.reduction_order(list(by_name), self.process_set)]
+        return [by_name[name] for name in self._engine().reduction_order(list(by_name))]
 
     def relayout_due(self):
         """True when the route has changed since the last ``laid_out`` (or there was none)."""
-        return self._laid_out_for != door.route(self.process_set).version
+        return self._laid_out_for != self._engine().route.version
 
     def laid_out(self):
         """The buckets are laid out for the route in effect now."""
-        self._laid_out_for = door.route(self.process_set).version
+        self._laid_out_for = self._engine().route.version
 
     def take_buckets(self, buckets, whole, whole_bytes=None, update=False):
         """Take the laid-out ``buckets`` ([(members, flat)], in order); those for which

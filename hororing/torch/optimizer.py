@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-from .. import door, ops
+from .. import ops
 from ..comm_hooks import check_hook
 from ..process_sets import global_process_set, group_of
 from ..reducer import Reducer
@@ -255,7 +255,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         if not self._reduces():
             self._synchronized = True
             return
-        with door.batch(self.process_set):
+        with self._reducer.batch():
             buckets = {}
             for parameter in self._names:
                 if parameter.requires_grad and parameter not in self._handles:
@@ -388,7 +388,7 @@ class _DistributedOptimizer(WrappingOptimizer):
             for member in members[1:]:
                 self._handles[member] = (None, None, member.grad, False)
             return
-        with door.batch(self.process_set):
+        with self._reducer.batch():
             for member in members:
                 if member.grad is not None or member.requires_grad:
                     self._start(member)  # a member frozen since the layout has nothing

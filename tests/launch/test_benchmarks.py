@@ -306,3 +306,13 @@ def test_bench_local_sgd_trains_every_variant_and_counts_its_bytes(tmp_path):
     assert abs(rows["sync"]["final_loss"] - rows["ddp-gloo"]["final_loss"]) < \
         1e-4 * rows["sync"]["final_loss"]
     assert rows["ddp-gloo"]["sent_bytes"] > 0  # gloo's bytes cross the loopback
+
+
+def test_bench_optimizer_calls_counts_every_variant_and_checks_the_parameters():
+    pytest.importorskip("torch")
+    job = run_under_mpi(3, "bench_optimizer_calls.py", "--steps", "3", "--warmup", "1")
+    rows = [line.split() for line in job.stdout.splitlines()
+            if line.strip() and not line.startswith("#") and not line.lstrip().startswith("variant")]
+    assert [row[0] for row in rows] == ["plain", "sharded1", "sharded2", "numpy"], job.stdout
+    for variant, calls, wing, milliseconds, equal in rows:
+        assert 0 < int(wing) <= int(calls) and float(milliseconds) > 0 and equal == "True"
