@@ -1,12 +1,19 @@
 """Alpha-beta-gamma cost models of allreduce algorithms, and their calibration.
 
 n ranks (workers), S bytes per rank, alpha seconds of latency per message, beta seconds per
-byte moved, gamma seconds per byte reduced (see DESIGN.md):
+byte moved, gamma seconds per byte reduced (see DESIGN.md). The ring's, recursive doubling's
+and Rabenseifner's messages, bytes and reductions are their shapes as hororing runs them
+(``algorithms/cost.py``, where the engine prices them too: one definition of each), so where
+n is a power of two:
 
 - ring:               2(n-1)·alpha + 2(n-1)/n·S·beta + (n-1)/n·S·gamma
 - recursive doubling: log2(n)·(alpha + S·beta + S·gamma)
 - Rabenseifner:       2·log2(n)·alpha + 2(n-1)/n·S·beta + (n-1)/n·S·gamma
                       (recursive-halving reduce-scatter, recursive-doubling allgather)
+
+and elsewhere the extra ranks are folded in first and out last (two more messages, 2S more
+bytes, S more reduced). The parameter server's own:
+
 - PS, k dedicated servers, push then pull:
                       2n·alpha + 2(n/k)·S·beta + ((n-1)/k)·S·gamma
                       (each server receives S/k from each of n workers, reduces, sends n
@@ -21,9 +28,10 @@ least squares (non-negative, relative residuals) and reports the fit's residuals
 
 import dataclasses
 import itertools
-import math
 
 import numpy as np
+
+from .algorithms import cost
 
 ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "ps", "ps_colocated")
 
@@ -42,13 +50,11 @@ def coefficients(algorithm, ranks, nbytes, servers=1):
     n, size = ranks, float(nbytes)
     if n <= 1:
         return 0.0, 0.0, 0.0
-    if algorithm == "ring" or algorithm == "ps_colocated":
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n * size, (n - 1) / n * size
-    if algorithm == "recursive_doubling":
-        rounds = math.ceil(math.log2(n))
-        return float(rounds), rounds * size, rounds * size
-    if algorithm == "rabenseifner":
-        return 2.0 * math.ceil(math.log2(n)), 2.0 * (n - 1) / n * size, (n - 1) / n * size
+    if algorithm in ("ring", "recursive_doubling", "rabenseifner", "ps_colocated"):
+        # colocated shards move what the ring moves: each rank's own shard stays put
+        work = cost.shape("ring" if algorithm == "ps_colocated" else algorithm, n, size)
+        return (float(work.steps + work.mpi_steps), work.near_bytes + work.far_bytes,
+                work.reduced)
     if algorithm == "ps":
         if servers < 1:
             raise ValueError(f"PS with dedicated servers needs servers >= 1, got {servers}")

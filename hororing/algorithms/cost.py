@@ -1,11 +1,11 @@
 """What each allreduce algorithm costs, as hororing runs it: its steps, messages and bytes
 as functions of the rank count and the buffer, priced on a host and a link.
 
-The classic alpha-beta-gamma models (``costmodel.py``) price the network alone. Here a
-step also pays hororing's own work on the CPU: posting the sends and receives, waiting,
-Python's loop (``Host.step_s``, measured tens of microseconds here, against a few for the
-link), each extra message of a step (the ring's sub-chunks), the numpy reductions and
-copies. The algorithms' shapes (``plan.py`` schedules):
+The classic alpha-beta-gamma models (``costmodel.py``, over these shapes) price the network
+alone. Here a step also pays hororing's own work on the CPU: posting the sends and receives,
+waiting, Python's loop (``Host.step_s``, measured tens of microseconds here, against a few
+for the link), each extra message of a step (the ring's sub-chunks), the numpy reductions
+and copies. The algorithms' shapes (``plan.py`` schedules):
 
 ============  ==========================  =============================  ===================
 algorithm     Python steps                bytes on a rank's link         bytes reduced

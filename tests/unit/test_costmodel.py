@@ -17,7 +17,10 @@ def test_ring_time_formula():
 
 def test_recursive_doubling_and_bound():
     assert recursive_doubling_time(MACHINE, 4, 1000) == pytest.approx(2 * (1e-6 + 1000 * 1.5e-9))
-    assert recursive_doubling_time(MACHINE, 3, 1000) == pytest.approx(2 * (1e-6 + 1000 * 1.5e-9))
+    # 3 ranks: the third folded into rank 0 first and out last (2 more messages, 2 S more
+    # bytes), one round between the two members, and S reduced in each of the fold and round
+    assert recursive_doubling_time(MACHINE, 3, 1000) == pytest.approx(
+        3 * 1e-6 + 3 * 1000 * 1e-9 + 2 * 1000 * 5e-10)
     assert bandwidth_bound_time(MACHINE, 2, 1000) == pytest.approx(1e-6)
 
 
