@@ -29,7 +29,7 @@ import itertools
 import numpy as np
 
 from . import collectives, ops
-from .comm_hooks import Binding, GradBucket, Reduction, check_hook
+from .comm_hooks import Binding, Reduction
 from .compression import Compression
 from .context import current
 from .engine import Meta, assign
@@ -121,7 +121,6 @@ class DistributedOptimizer:
         # counted per step here, each step's earlier gradients summed into _accumulated
         self._reducer = Reducer({name: f"grad.{name}" for name in optimizer.grads},
                                 backward_passes_per_step)
-        self._hook = None  # (state, hook) where a comm hook reduces the buckets
         self._buckets = []  # the reducer's Buckets a hook reduces
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
@@ -129,18 +128,14 @@ class DistributedOptimizer:
     def register_comm_hook(self, state, hook):
         """Reduce the gradients bucket by bucket with ``hook(state, bucket)`` from the next
         step on (``hororing.comm_hooks``): every rank registers the same hook."""
-        check_hook(hook, self.op, self.compression is Compression.none)
-        self._hook = (state, hook)
+        self._reducer.register_hook(state, hook, self.op, self.compression is Compression.none)
 
     def state_dict(self):
         """The comm hook's state (PowerSGD's), to restore with ``load_state_dict``."""
-        hook = self._hook[1] if self._hook is not None else None
-        return {"comm_hook": hook.state_dict()} if hasattr(hook, "state_dict") else {}
+        return self._reducer.hook_state()
 
     def load_state_dict(self, state):
-        hook = self._hook[1] if self._hook is not None else None
-        if "comm_hook" in state and hasattr(hook, "load_state_dict"):
-            hook.load_state_dict(state["comm_hook"])
+        self._reducer.load_hook_state(state)
 
     @property
     def params(self):
@@ -154,12 +149,12 @@ class DistributedOptimizer:
         """Start the allreduce of ``grads[name]`` now (only on the step's last pass; with a
         comm hook the buckets start in ``step()``)."""
         if self._passes + 1 == self.backward_passes_per_step and name not in self._handles \
-                and self._hook is None:
+                and self._reducer.hook is None:
             self._start(name)
 
     def synchronize(self):
         """Finish every gradient's allreduce; ``grads`` then hold the averages."""
-        if self._hook is not None and current().size > 1:
+        if self._reducer.hook is not None and current().size > 1:
             self._reduce_buckets()
         for name in self.optimizer.grads:
             if name not in self._handles:
@@ -172,7 +167,7 @@ class DistributedOptimizer:
         self._handles.clear()
         self._accumulated = None
         reducer = self._reducer
-        if current().size > 1 and self._hook is None and reducer.relayout_due():
+        if current().size > 1 and reducer.hook is None and reducer.relayout_due():
             # after the first step, and again whenever the route changes (the autotuner)
             reducer.laid_out()
             _into_buckets(self.optimizer.grads, reducer.order(list(self.optimizer.grads)),
@@ -189,15 +184,13 @@ class DistributedOptimizer:
             self._buckets = reducer.take_buckets(
                 _into_buckets(grads, list(grads), reducer.bucket_bytes(hooked=True)),
                 whole=lambda names: True)
-        state, hook = self._hook
         reduction = Reduction(self.op)
         pending = []
         for bucket in self._buckets:
             names, flat = list(bucket.members), bucket.flat
-            hooked = GradBucket(bucket.index, bucket.name, flat, flat,
-                                [grads[name].shape for name in names], names, reduction,
-                                NUMPY, last=bucket.last)
-            pending.append((flat, hook(state, hooked)))
+            pending.append((flat, reducer.dispatch(bucket, flat, flat, names,
+                                                   [grads[name].shape for name in names],
+                                                   reduction, NUMPY)))
         for flat, result in pending:
             reduced = result.wait()
             if reduced is not flat:

@@ -11,7 +11,10 @@ A ``Reducer`` keeps, for one optimizer, what is the same whatever the framework:
   twice before a step;
 - when the buckets are laid out again (``relayout_due``: the first step, and whenever the
   route changes, e.g. the autotuner's fusion threshold), by what size (``bucket_bytes``)
-  and in what order (``order``: as the engine reduces them).
+  and in what order (``order``: as the engine reduces them);
+- the comm hook, if one is registered: checked against the optimizer's op and compression,
+  handed each whole bucket (``dispatch``), its state saved and restored with the
+  optimizer's.
 
 The bindings keep only what touches their tensors: making the flat buffers and the views
 into them, registering the backward hooks, and starting a bucket or a gradient through the
@@ -20,6 +23,7 @@ verbs. Every rank lays out and names its buckets alike, so each is matched by it
 
 import numbers
 
+from .comm_hooks import GradBucket, check_hook
 from .process_sets import group_of
 
 
@@ -69,6 +73,7 @@ class Reducer:
         self.whole_bytes = None  # the bucket size whole buckets were laid out for
         self._laid_out_for = None  # the route version of the last layout (None: none yet)
         self._group = None  # the process set's Group, found at the first use
+        self.hook = None  # (state, hook) where a comm hook reduces the buckets
 
     def _engine(self):
         if self._group is None:
@@ -130,6 +135,38 @@ class Reducer:
     def bucket_of(self, key):
         """The whole Bucket ``key`` starts with, or None (it starts alone)."""
         return self._whole.get(key)
+
+    # ---- the comm hook --------------------------------------------------------------------
+
+    def register_hook(self, state, hook, op, uncompressed):
+        """Reduce every bucket with ``hook(state, bucket)`` from now on (checked against the
+        optimizer's ``op``, and whether it compresses: ``comm_hooks.check_hook``)."""
+        check_hook(hook, op, uncompressed)
+        self.hook = (state, hook)
+
+    def dispatch(self, bucket, tensor, array, parameters, shapes, reduction, binding):
+        """Hand the whole ``bucket`` to the hook as a ``GradBucket`` over its flat ``tensor``
+        (``array``: the same memory as the engine takes it) and return what the hook
+        returned: something whose ``wait()`` gives the reduced flat vector."""
+        state, hook = self.hook
+        result = hook(state, GradBucket(bucket.index, bucket.name, tensor, array, shapes,
+                                        parameters, reduction, binding, last=bucket.last))
+        if not hasattr(result, "wait"):
+            raise TypeError(f"a comm_hook returns something with wait() that gives the reduced "
+                            f"bucket (hororing.comm_hooks.Pending, a torch.futures.Future); "
+                            f"{hook!r} returned {type(result).__name__}")
+        return result
+
+    def hook_state(self):
+        """The hook's own state (PowerSGD's), where it has one: {"comm_hook": ...}, else {}."""
+        hook = self.hook[1] if self.hook is not None else None
+        return {"comm_hook": hook.state_dict()} if hasattr(hook, "state_dict") else {}
+
+    def load_hook_state(self, state):
+        """Restore what ``hook_state`` gave (ignored where the hook keeps none)."""
+        hook = self.hook[1] if self.hook is not None else None
+        if "comm_hook" in state and hasattr(hook, "load_state_dict"):
+            hook.load_state_dict(state["comm_hook"])
 
     # ---- a step's passes ------------------------------------------------------------------
 

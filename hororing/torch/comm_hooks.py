@@ -33,14 +33,6 @@ TORCH = Binding(Compression, lambda payload, compressor, name, reduction:
                 mpi_ops.synchronize)
 
 
-def bucket_of(index, name, flat, array, parameters, reduction, last):
-    """The ``GradBucket`` a hook gets for a torch bucket (``array``: ``flat`` as the engine
-    takes it)."""
-    return GradBucket(index, name, flat, array, [tuple(parameter.shape) for parameter
-                                                  in parameters], parameters, reduction,
-                      TORCH, last)
-
-
 def sharded_compression(hook, compression):
     """The compression a sharded optimizer's reduce-scatter takes for ``hook``, or a
     ValueError naming why the hook makes no sense there."""

@@ -26,7 +26,6 @@ import warnings
 import torch
 
 from .. import ops
-from ..comm_hooks import check_hook
 from ..process_sets import global_process_set, group_of
 from ..reducer import Reducer
 from . import comm_hooks, joined, mpi_ops
@@ -131,10 +130,8 @@ class _DistributedOptimizer(WrappingOptimizer):
         # a whole bucket is one allreduce of its flat tensor, where every member would be
         # reduced alike (no compressor's payloads, no per-tensor Adasum)
         self._flat_reduce = compression is Compression.none and op in (ops.Average, ops.Sum)
-        self._comm_hook = None  # (state, hook): every bucket starts whole and goes through it
-        if comm_hook is not None:
-            check_hook(comm_hook, op, compression is Compression.none)
-            self._comm_hook = (None, comm_hook)
+        if comm_hook is not None:  # every bucket then starts whole and goes through it
+            self._reducer.register_hook(None, comm_hook, op, compression is Compression.none)
         joined.track(self)
         if self._reduces():
             self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
@@ -145,7 +142,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         """The most bytes one of this optimizer's buckets holds: smaller where buckets start
         whole (a comm hook's, or one allreduce of each flat bucket), so that the first ones
         travel while backward goes on."""
-        return self._reducer.bucket_bytes(self._comm_hook is not None or self._flat_reduce)
+        return self._reducer.bucket_bytes(self._reducer.hook is not None or self._flat_reduce)
 
     def _starts_whole(self, bucket):
         """Whether a gradient bucket starts whole, once all its gradients are in, as DDP's
@@ -154,18 +151,17 @@ class _DistributedOptimizer(WrappingOptimizer):
         waits for the GPU. Started one gradient at a time instead, the gradients of a small
         model reach the engine in two or three cycles, a cycle time apart (measured: a 17 k
         parameter model's step 1.8 ms against 1.2 across 2 emulated 1 Gbit/s hosts)."""
-        return (self._comm_hook is not None or self._flat_reduce
+        return (self._reducer.hook is not None or self._flat_reduce
                 or bucket[0].device.type == "cuda")
 
     def register_comm_hook(self, state, hook):
         """Reduce the dense gradients bucket by bucket with ``hook(state, bucket)`` from the
         next backward pass on, as DDP's ``register_comm_hook`` (``hvd.comm_hooks``). Every
         rank registers the same hook, between steps."""
-        check_hook(hook, self._op, self._compression is Compression.none)
         if self._handles:
             raise RuntimeError("register_comm_hook was called while gradients are being "
                                "reduced; call it before backward() or after step()")
-        self._comm_hook = (state, hook)
+        self._reducer.register_hook(state, hook, self._op, self._compression is Compression.none)
         if self._reduces():  # every bucket now starts whole
             self._set_buckets(*bucket_views(dense_local(self.param_groups)[::-1],
                                               self._bucket_bytes()))
@@ -221,18 +217,13 @@ class _DistributedOptimizer(WrappingOptimizer):
         """The wrapped optimizer's, with the comm hook's state (PowerSGD's) under
         ``"comm_hook"``."""
         state = self._optimizer.state_dict()
-        hook = self._comm_hook[1] if self._comm_hook is not None else None
-        if hasattr(hook, "state_dict"):
-            state["comm_hook"] = hook.state_dict()
+        state.update(self._reducer.hook_state())
         return state
 
     def load_state_dict(self, state_dict):
         if "comm_hook" in state_dict:
             state_dict = dict(state_dict)
-            hook_state = state_dict.pop("comm_hook")
-            hook = self._comm_hook[1] if self._comm_hook is not None else None
-            if hasattr(hook, "load_state_dict"):
-                hook.load_state_dict(hook_state)
+            self._reducer.load_hook_state({"comm_hook": state_dict.pop("comm_hook")})
         return self._optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, param_group):
@@ -375,7 +366,7 @@ class _DistributedOptimizer(WrappingOptimizer):
         """Start every member of a whole bucket: one in-place allreduce of its flat tensor
         where the members' gradients are its views and reduced alike, else one per member,
         announced together."""
-        if self._comm_hook is not None:
+        if self._reducer.hook is not None:
             self._hand_to_hook(bucket)
             return
         members = bucket.members
@@ -402,16 +393,12 @@ class _DistributedOptimizer(WrappingOptimizer):
                 view = self._views[member]
                 view.copy_(grad.to_dense() if grad.is_sparse else grad)
                 member.grad = view
-        state, hook = self._comm_hook
         array = as_numpy(flat, bfloat16=True) if flat.device.type == "cpu" else flat
         reduction = comm_hooks.Reduction(self._op, self._prescale, self._postscale,
                                          self.process_set)
-        result = hook(state, comm_hooks.bucket_of(bucket.index, bucket.name, flat, array,
-                                                  list(members), reduction, bucket.last))
-        if not hasattr(result, "wait"):
-            raise TypeError(f"a comm_hook returns something with wait() that gives the reduced "
-                            f"bucket (hororing.comm_hooks.Pending, a torch.futures.Future); "
-                            f"{hook!r} returned {type(result).__name__}")
+        result = self._reducer.dispatch(bucket, flat, array, list(members),
+                                        [tuple(member.shape) for member in members],
+                                        reduction, comm_hooks.TORCH)
         self._handles[members[0]] = (result, flat, _HOOKED, False)
         for member in members[1:]:
             self._handles[member] = (None, None, member.grad, False)
