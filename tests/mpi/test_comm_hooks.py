@@ -436,3 +436,22 @@ def test_a_hook_is_told_which_bucket_is_the_last_of_the_layout():
         assert len(buckets) >= 2, (kind, buckets)
         last = max(index for index, _ in buckets)
         assert sorted(buckets) == [(index, index == last) for index in range(last + 1)], kind
+
+
+def test_a_hook_that_returns_no_wait_is_named_on_numpy_and_torch_alike():
+    needs_peers()
+
+    def returns_the_buffer(state, bucket):
+        return bucket.buffer()
+    optimizer = numpy_optimizer(returns_the_buffer)
+    with pytest.raises(TypeError, match="a comm_hook returns something with wait.*"
+                                        "returns_the_buffer.* returned ndarray"):
+        numpy_step(optimizer, 0)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         model.named_parameters(),
+                                         comm_hook=returns_the_buffer)
+    inputs, labels = torch_batch(hvd.rank())
+    with pytest.raises(TypeError, match="returns_the_buffer.* returned Tensor"):
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.synchronize()
