@@ -94,8 +94,10 @@ def start_group(kind, tensors, name, process_set, start_member):
 def _reduction_fields(allowed, default_op, min_ndim):
     def fields(group, tensor, average=None, op=default_op, prescale_factor=1.0,
                postscale_factor=1.0, wire=""):
-        # a float factor is taken as it is, without the call (every allreduce comes here)
-        return dict(op=resolve_op(op, average, allowed=allowed),
+        # an op already resolved (a binding's, or a user's hvd.Sum) and a float factor are
+        # taken as they are, without the call (every allreduce comes here)
+        return dict(op=op if type(op) is int and average is None and op in allowed
+                    else resolve_op(op, average, allowed=allowed),
                     prescale=prescale_factor if type(prescale_factor) is float
                     else check_factor(prescale_factor, "prescale_factor"),
                     postscale=postscale_factor if type(postscale_factor) is float
