@@ -185,7 +185,11 @@ def start_reader(tmp_path, files):
         samples = iter(channel)  # held: a dropped iterator closes its channel
         next(samples)
         print(os.path.dirname(channel.path), flush=True)
-        time.sleep(60)
+        # short sleeps: a process-directed SIGTERM may land on another thread (numpy's BLAS
+        # starts some), and Python runs the handler in the main thread at its next bytecode,
+        # which one long sleep would put off by up to its length
+        for _ in range(600):
+            time.sleep(0.1)
     """)
     reader = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     return reader, reader.stdout.readline().strip()
