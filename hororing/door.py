@@ -3,9 +3,8 @@
 ``start(kind, ...)`` checks a call's arguments by its kind's rule (``_RULES``), turns them
 into the fields every rank must agree on and queues one Request: the numpy verbs
 (``collectives.py``) and both bindings go through it. The questions below it (is a name
-free, a batch, the route a bucket is laid out by, the order a cycle reduces names in,
-whether device buffers stage through host memory) are the engine's public face for the
-layers above: nothing above the verbs reaches into an engine object itself.
+free, do device buffers stage through host memory) are what a binding asks of an engine:
+no binding reaches into an engine object itself.
 """
 
 import inspect
@@ -191,7 +190,7 @@ def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, field
     return group.engine.submit(request, blocking)
 
 
-# ---- what the layers above may ask of a process set's engine -----------------------------
+# ---- what a binding may ask of a process set's engine -------------------------------------
 
 def check_free(name, process_set=None, member=""):
     """Raise ValueError if a collective named ``name`` (its ``member``'s, for a grouped
@@ -201,25 +200,6 @@ def check_free(name, process_set=None, member=""):
     whether the second call is refused would depend on the peers' timing."""
     if isinstance(name, str):
         group_of(process_set).engine.check_free(name + member)
-
-
-def batch(process_set=None):
-    """``with batch():`` the collectives this thread starts inside are announced together in
-    one cycle, so they become ready together (a grouped collective)."""
-    return group_of(process_set).engine.batch()
-
-
-def route(process_set=None):
-    """The set's routing settings in effect (``engine.Route``): gradient buckets are laid
-    out by its ``fusion_threshold`` and ``bucket_bytes``, again whenever its ``version``
-    changes (the autotuner)."""
-    return group_of(process_set).engine.route
-
-
-def reduction_order(names, process_set=None):
-    """``names`` in the order a cycle of the set holds them in a fused bucket, so that a
-    caller can lay gradients out back to back as they are reduced."""
-    return group_of(process_set).engine.reduction_order(names)
 
 
 def stages_device(process_set=None):

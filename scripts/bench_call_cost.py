@@ -3,8 +3,9 @@
 
 Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_call_cost.py --sizes 4KiB,64KiB,1MiB
 
-For each size, ``hvd.allreduce_`` (Sum, float32, numpy) and ``MPI_Allreduce`` on a buffer of
-the same size take turns, a Barrier before every call; the time is the slowest rank's median.
+For each size, ``hvd.allreduce_`` (Sum, float32, numpy; with ``--api torch``, the torch
+binding's ``hvd.allreduce`` of a tensor that needs no gradient) and ``MPI_Allreduce`` on a
+buffer of the same size take turns, a Barrier before every call; the time is the slowest rank's median.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
 another checkout of hororing the same script measures that one, so two versions can be
@@ -32,9 +33,7 @@ def main():
     for nbytes in args.sizes:
         count = nbytes // 4
         ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
-
-        def library():
-            hvd.allreduce_(ours, op=hvd.Sum, name=f"cost.{nbytes}")
+        library = numpy_call(ours, nbytes) if args.api == "numpy" else torch_call(ours, nbytes)
 
         def mpi():
             COMM.Allreduce(MPI.IN_PLACE, theirs, MPI.SUM)
@@ -49,14 +48,16 @@ def main():
                 if index >= args.warmup:
                     times[name].append(time.perf_counter() - started)
         expected = float(COMM.Get_size())
-        wrong = int(np.count_nonzero(ours != expected)) + int(np.count_nonzero(theirs != expected))
+        result = ours if args.api == "numpy" else library.result.numpy()
+        wrong = int(np.count_nonzero(result != expected)) + \
+            int(np.count_nonzero(theirs != expected))
         median = {name: COMM.allreduce(statistics.median(values), op=MPI.MAX)
                   for name, values in times.items()}
         calls = python_calls(library, ours)
         rows.append((nbytes, median["hororing"], median["mpi"], calls,
                      COMM.allreduce(wrong)))
     if hvd.rank() == 0:
-        print(f"# {COMM.Get_size()} ranks; hororing from {hvd.__file__}")
+        print(f"# {COMM.Get_size()} ranks, the {args.api} API; hororing from {hvd.__file__}")
         print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
               f"{'Python calls':>13}")
         for nbytes, ours_s, mpi_s, calls, wrong in rows:
@@ -64,6 +65,26 @@ def main():
                   f"{calls:>13.0f}" + (f"  WRONG {wrong}" if wrong else ""))
     hvd.shutdown()
     return 1 if any(row[4] for row in rows) else 0
+
+
+def numpy_call(ours, nbytes):
+    def library():
+        hvd.allreduce_(ours, op=hvd.Sum, name=f"cost.{nbytes}")
+    return library
+
+
+def torch_call(ours, nbytes):
+    """The torch binding's blocking allreduce of a tensor over ``ours`` (the input, reset to
+    ones before each call); the last result is kept for the check."""
+    import torch
+
+    import hororing.torch as hvd_torch
+    tensor = torch.from_numpy(ours)
+
+    def library():
+        library.result = hvd_torch.allreduce(tensor, op=hvd.Sum, name=f"cost.torch.{nbytes}")
+    library.result = None
+    return library
 
 
 def python_calls(call, buffer, repeats=40):
@@ -93,6 +114,7 @@ def parse_args():
                         default=[4096, 65536, 1 << 20])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per size and side")
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--api", choices=["numpy", "torch"], default="numpy")
     return parser.parse_args()
 
 

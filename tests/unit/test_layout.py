@@ -210,7 +210,7 @@ def test_no_binding_reaches_into_an_engine():
 def test_the_engine_reach_check_finds_one(tmp_path):
     package = tmp_path / "hororing"
     (package / "torch").mkdir(parents=True)
-    (package / "torch" / "ok.py").write_text("from .. import door\ndoor.batch(None)\n")
+    (package / "torch" / "ok.py").write_text("from .. import door\ndoor.check_free('x')\n")
     (package / "torch" / "bad.py").write_text("def f(group):\n    return group.engine.route\n")
     assert engine_reaches(package, ("torch",)) == ["hororing/torch/bad.py:2 reaches into .engine"]
 
