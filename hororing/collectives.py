@@ -61,18 +61,17 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
     Example:
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)
     """
-    return synchronize(door.start("allreduce", tensor, name, process_set, blocking=True,
-                             average=average, op=op, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor))
+    return door.start("allreduce", tensor, name, process_set, now=True, average=average, op=op,
+                      prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor).synchronize()
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None):
     """In-place allreduce: ``tensor`` receives the result, which is also returned."""
-    return synchronize(door.start("allreduce", tensor, name, process_set, inplace=True,
-                                  blocking=True, average=average, op=op,
-                                  prescale_factor=prescale_factor,
-                                  postscale_factor=postscale_factor))
+    return door.start("allreduce", tensor, name, process_set, inplace=True, now=True,
+                      average=average, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor).synchronize()
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -176,7 +175,7 @@ def allgather(tensor, name=None, process_set=None):
     Example:
         >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))
     """
-    return synchronize(door.start("allgather", tensor, name, process_set, blocking=True))
+    return door.start("allgather", tensor, name, process_set, now=True).synchronize()
 
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -197,14 +196,14 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Return root_rank's ``tensor`` on every rank (a new array). Every rank must call it."""
-    return synchronize(door.start("broadcast", tensor, name, process_set, blocking=True,
-                                  root_rank=root_rank))
+    return door.start("broadcast", tensor, name, process_set, now=True,
+                      root_rank=root_rank).synchronize()
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """In-place broadcast: ``tensor`` receives root_rank's values."""
-    return synchronize(door.start("broadcast", tensor, name, process_set, inplace=True,
-                                  blocking=True, root_rank=root_rank))
+    return door.start("broadcast", tensor, name, process_set, inplace=True, now=True,
+                      root_rank=root_rank).synchronize()
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
@@ -292,7 +291,7 @@ def grouped_reducescatter_async(tensors, name=None, op=ops.Average, process_set=
 
 def barrier(process_set=None):
     """Return once every rank (of ``process_set``, default all) has called barrier()."""
-    return synchronize(door.start("barrier", process_set=process_set))
+    return door.start("barrier", process_set=process_set, now=True).synchronize()
 
 
 def join(device=-1):
@@ -308,4 +307,4 @@ def join(device=-1):
     if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
         raise TypeError(f"join(device=...) takes an int device id (-1: CPU), got "
                         f"{type(device).__name__}")
-    return synchronize(door.start("join"))
+    return door.start("join", now=True).synchronize()

@@ -14,14 +14,15 @@ import numpy as np
 from . import gpu, ops
 from .context import current
 from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request
-from .process_sets import group_of
+from .process_sets import global_process_set, group_of
+from .running import _State
 from .validate import (ALLREDUCE_OPS, DTYPE_NAMES, check_adasum_dtype, check_array,
                        check_factor, check_name, check_ndim, check_root, check_splits,
                        check_writable, resolve_op)
 
 
 def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, blocking=False,
-          into=None, name_checked=False, **arguments):
+          now=False, into=None, name_checked=False, **arguments):
     """Start one collective: the entry every verb here and both bindings go through.
 
     ``arguments`` are the verb's own (``average``, ``op``, ``prescale_factor``,
@@ -29,8 +30,12 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     ``root_rank`` for broadcast; ``splits`` for alltoall; none for allgather, barrier and
     join), checked by the kind's rule below and turned into the fields every rank must agree
     on. ``blocking``: the caller synchronizes at once and drives the engine itself (the
-    background thread is not woken for it). ``into``: a C-contiguous numpy array the result
-    of an allgather is written into where it fits exactly (else a new one is made).
+    background thread is not woken for it). ``now``: blocking, and the caller synchronizes
+    this handle before it starts anything else (a blocking verb), so where nothing else is
+    queued the collective's cycle runs within this call (``Engine.submit_blocking``): the
+    handle returned is done in the steady state of a loop of blocking calls. ``into``: a
+    C-contiguous numpy array the result of an allgather is written into where it fits
+    exactly (else a new one is made).
     ``name_checked``: the caller asked ``check_free`` before converting its tensor (a
     binding), so the door does not ask again. Returns the handle.
 
@@ -40,11 +45,15 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     rule = _RULES.get(kind)
     if rule is None:
         if kind in ("barrier", "join"):
-            return _synchronization(kind, process_set, arguments)
+            return _synchronization(kind, process_set, arguments, now)
         raise ValueError(f"unknown collective {kind!r}; one of "
                          f"{', '.join(list(_RULES) + ['barrier', 'join'])}")
-    group = group_of(process_set)
-    if not name_checked and isinstance(name, str):  # before the input is converted
+    context = _State.context  # the global set's group without a call: every verb asks it
+    if context is not None and (process_set is None or process_set is global_process_set):
+        group = context.group
+    else:
+        group = group_of(process_set)
+    if not name_checked and isinstance(name, str) and name in group.engine.in_flight:  # before the input is converted
         group.engine.check_free(name)
     try:
         fields, min_ndim = rule(group, tensor, **arguments)
@@ -52,17 +61,22 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         _check_arguments(kind, arguments)  # names what the kind takes, where that was wrong
         raise
     return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
-                   blocking=blocking, into=into, **fields)
+                   blocking=blocking, now=now, into=into, **fields)
 
 
-def _synchronization(kind, process_set, arguments):
-    """barrier (of ``process_set``) and join (of every rank): no tensor, a fixed name."""
+def _synchronization(kind, process_set, arguments, now):
+    """barrier (of ``process_set``) and join (of every rank): no tensor, a fixed name; the
+    caller drives it (``now``: as ``start``'s)."""
     if arguments:
         raise TypeError(f"{kind} takes no arguments; got {', '.join(sorted(arguments))}")
     group = group_of(process_set if kind == "barrier" else None)
     name = JOIN_NAME if kind == "join" else "barrier"
     handle = Handle(name, group.engine)
-    group.engine.submit(Request(name, Meta(kind=kind), None, None, handle), blocking=True)
+    request = Request(name, Meta(kind=kind), None, None, handle)
+    if now:
+        group.engine.submit_blocking(request)
+    else:
+        group.engine.submit(request, blocking=True)
     return handle
 
 
@@ -137,13 +151,14 @@ def _arguments_of(rule):
              if parameter.default is inspect.Parameter.empty})
 
 
-def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, into=None,
-            **fields):
+def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, now=False,
+            into=None, **fields):
     # each check is called where it will raise, or where the array is not a plain numpy one
     # (the common case passes them inline: a call each would be paid on every collective)
     if type(tensor) is not np.ndarray:
         if gpu.is_device_array(tensor):
-            return _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields)
+            return _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, now,
+                                  fields)
         check_array(tensor, min_ndim=min_ndim)
     elif tensor.dtype not in DTYPE_NAMES or tensor.ndim < min_ndim:
         check_array(tensor, min_ndim=min_ndim)
@@ -168,8 +183,9 @@ def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False
         check_adasum_dtype(ops.Adasum, tensor.dtype)
     meta = Meta(kind=kind, dtype=DTYPE_NAMES.get(tensor.dtype) or tensor.dtype.name,
                 shape=tuple(tensor.shape), **fields)
-    handle = Handle(name, group.engine)
-    return group.engine.submit(Request(name, meta, tensor, output, handle, writeback), blocking)
+    engine = group.engine
+    request = Request(name, meta, tensor, output, Handle(name, engine), writeback)
+    return engine.submit_blocking(request) if now else engine.submit(request, blocking)
 
 
 def _contiguous(array):
@@ -177,7 +193,7 @@ def _contiguous(array):
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
-def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, fields):
+def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, now, fields):
     """A cupy / numba.cuda / CUDA-array-interface tensor: the result stays on its device."""
     gpu.check_device_array(tensor)
     check_ndim(tensor.shape, min_ndim)
@@ -187,7 +203,8 @@ def _submit_device(group, kind, tensor, name, inplace, min_ndim, blocking, field
                 device="cuda", **fields)
     request = Request(name, meta, tensor, tensor if inplace else None, Handle(name, group.engine))
     request.ready = gpu.ready_event(tensor)
-    return group.engine.submit(request, blocking)
+    return group.engine.submit_blocking(request) if now else group.engine.submit(request,
+                                                                                 blocking)
 
 
 # ---- what a binding may ask of a process set's engine -------------------------------------
@@ -199,7 +216,13 @@ def check_free(name, process_set=None, member=""):
     collective just submitted under that name could otherwise complete meanwhile, and
     whether the second call is refused would depend on the peers' timing."""
     if isinstance(name, str):
-        group_of(process_set).engine.check_free(name + member)
+        context = _State.context  # the global set's group without a call, as ``start`` does
+        if context is not None and (process_set is None or process_set is global_process_set):
+            engine = context.group.engine
+        else:
+            engine = group_of(process_set).engine
+        if name + member in engine.in_flight:
+            engine.check_free(name + member)
 
 
 def stages_device(process_set=None):

@@ -4,6 +4,8 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
 
 - ``Engine.submit(request, blocking)`` (``request.Request``), returning a ``request.Handle``;
   ``Handle.synchronize()`` waits for it, driving the engine from the caller's thread;
+  ``Engine.submit_blocking(request)`` for a blocking verb (its cycle may run in the call);
+  ``Engine.check_free(name)`` and ``Engine.in_flight`` (the names in flight, read only);
 - ``Engine.stats()``, ``Engine.set_timeline(timeline)``, ``Engine.stop(...)``,
   ``Engine.close()``;
 - ``Engine.allreduce``, the allreduce pipeline (``allreduce.AllreducePipeline``):

@@ -105,8 +105,7 @@ class Cycle:
         by_name = []  # (name, Meta) of what goes by name this cycle; the rest go by bit
         for request in fresh:
             request.announced = True
-            if not negotiator.holds(request.name):
-                request.cache_id = negotiator.cache.lookup(request.name, request.meta)
+            request.cache_id = negotiator.cached_id(request.name, request.meta)
             if request.cache_id is None:
                 by_name.append((request.name, request.meta))
             else:
@@ -172,19 +171,21 @@ class Cycle:
         waiting = None
         if len(self._by_bit) == 1 and not needs_gather:
             (waiting,) = self._by_bit.values()
-        rows = self._fold.rows(waiting)
-        if not transport.wait(self._fold.exchange(), deadline, wake):
+        fold = self._fold
+        if not transport.wait_until(fold.start(waiting).Test, deadline, wake):
             return None
         self.stats["inline_cycles"] += 1
-        self.stats["received_bytes"] += rows.nbytes
-        cache_id = self._fold.agreed()
+        self.stats["received_bytes"] += fold.received_bytes
+        cache_id = fold.agreed()
         if cache_id is None:
             return ()
         self.stats["inline_hits"] += 1
         self.stats["cycles"] += 1
-        response = self.negotiator.cache.response(cache_id)
+        response = self.negotiator.cache.responses[cache_id]
         self._by_bit.pop(response.name, None)
-        return Decision((response,), self._fold.data())
+        # Decision((response,), rows), made without its Python-level __new__ (the steady
+        # state of a loop of blocking calls comes here once per call)
+        return tuple.__new__(Decision, ((response,), fold.gathered))
 
     def _gathered(self, by_name, cache_ids, flags, message, deadline, waiting=None):
         """Gather every rank's header row and notes into the table; return the ready

@@ -66,6 +66,9 @@ class Engine:
         self._submissions = Submissions(self._nudge)
         self.submit = self._submissions.add
         self.check_free = self._submissions.check_free
+        # the names in flight on this rank (read only): ``name in engine.in_flight`` is the
+        # door's test before it asks ``check_free`` to raise
+        self.in_flight = self._submissions.pending
         self._last_cycle_at = 0.0
         self._outgoing_flags = 0
         self._outgoing_message = None
@@ -91,6 +94,36 @@ class Engine:
     #       the GIL: a collective just submitted under that name could otherwise complete
     #       meanwhile (its peers already waiting), and whether the second call is refused
     #       would depend on timing (``submit`` checks again, under the queue's lock).
+
+    def submit_blocking(self, request):
+        """Submit ``request`` for a caller that waits for it at once (a blocking verb);
+        return its handle.
+
+        When nothing else is queued or pending on this rank and no thread drives, the
+        request's cycle runs here and now, as the caller's wait would run it first: a loop of
+        blocking calls (the fold's steady state) completes in this one call, without the
+        queue and the wait's driving loop. Otherwise the request is queued for the caller's
+        ``synchronize`` to drive. Raises as ``submit`` does.
+        """
+        submissions = self._submissions
+        if not (submissions.queue or submissions.pending) and \
+                self._drive_lock.acquire(blocking=False):
+            try:
+                with submissions.lock:  # the queue's own checks, as ``add`` makes them
+                    alone = not (submissions.queue or submissions.pending or self._stopped
+                                 or submissions.failure is not None
+                                 or getattr(submissions.batches, "requests", None) is not None)
+                    if alone:
+                        submissions.pending[request.name] = request
+                if alone:
+                    request.awaited = True
+                    request.submitted = submissions.quiet_since = time.monotonic()
+                    self._run_cycle(self._wakeups.latest(patience=1) <= self.cycle.number,
+                                    fresh=(request,))
+                    return request.handle
+            finally:
+                self._drive_lock.release()
+        return submissions.add(request, blocking=True)
 
     def batch(self):
         """``with engine.batch():`` the requests submitted inside (by this thread) enter the
@@ -248,13 +281,15 @@ class Engine:
             return True
         return False
 
-    def _run_cycle(self, initiate, deadline=None):
-        """Run the next cycle with what is queued; False if the deadline passed first.
-        ``initiate``: this rank starts it (no peer's wake-up asked for it), so it wakes the
-        peers if they do not take part soon."""
+    def _run_cycle(self, initiate, deadline=None, fresh=None):
+        """Run the next cycle with what is queued (or ``fresh``, requests that bypassed the
+        queue: ``submit_blocking``); False if the deadline passed first. ``initiate``: this
+        rank starts it (no peer's wake-up asked for it), so it wakes the peers if they do
+        not take part soon."""
         self._last_cycle_at = time.monotonic()
         wake = functools.partial(self._wakeups.send, self.cycle.number + 1) if initiate else None
-        fresh = self._submissions.take_queue()
+        if fresh is None:
+            fresh = self._submissions.take_queue()
         try:
             with self._cycle_activity:
                 decision = self.cycle.run(fresh, flags=self._outgoing_flags,

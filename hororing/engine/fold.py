@@ -40,6 +40,9 @@ class Fold:
         self._last_lone = None
         self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
         self._row = self._fields = None  # this rank's row, and its fields
+        self._data = None  # this rank's contribution, in its row
+        self.gathered = None  # every rank's contribution once exchanged: (size, bytes) uint8
+        self.received_bytes = 0  # what one exchange of the rows receives
         self._exchange = None  # the repeated allgather of the rows
 
     def predict(self, responses):
@@ -51,25 +54,25 @@ class Fold:
         self.bytes = lone if lone is not None and lone == self._last_lone else None
         self._last_lone = lone
 
-    def rows(self, waiting):
-        """Fill this rank's row for the next exchange; return the array every rank's row is
-        gathered into. ``waiting``: the one cached request this rank has waiting and may
-        fold (None: this rank's row says "not this time"). The same cycle on every rank."""
+    def start(self, waiting):
+        """Fill this rank's row and start the allgather of every rank's row; return the
+        request to wait on. ``waiting``: the one cached request this rank has waiting and
+        may fold (None: this rank's row says "not this time"). The same cycle on every
+        rank."""
         if self._rows is None or self._rows.shape[1] != _HEAD + self.bytes:
             self.free()  # rows of another size: a new exchange, made on every rank alike
             self._rows = np.empty((self.size, _HEAD + self.bytes), dtype=np.uint8)
             self._row = np.zeros(_HEAD + self.bytes, dtype=np.uint8)
             self._fields = self._row[:_HEAD].view(np.int64)
+            self._data = self._row[_HEAD:]
+            self.gathered = self._rows[:, _HEAD:]
+            self.received_bytes = self._rows.nbytes
             self._exchange = self._exchange_with.repeated("allgather", self._row, self._rows)
         fields = self._fields
-        if waiting is not None and self._folding.contribute(waiting, self._row[_HEAD:]):
+        if waiting is not None and self._folding.contribute(waiting, self._data):
             fields[0], fields[1] = -1, waiting.cache_id
         else:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
-        return self._rows
-
-    def exchange(self):
-        """Start the allgather of the rows filled by ``rows``; the request to wait on."""
         return self._exchange.start()
 
     def free(self):
@@ -85,9 +88,6 @@ class Fold:
             return None
         return int(self._fields[1])
 
-    def data(self):
-        """Every rank's contribution: (size, bytes) uint8."""
-        return self._rows[:, _HEAD:]
 
 
 _PLANS = 256  # metadata whose fold plan is kept (a training loop has a few)
@@ -143,7 +143,9 @@ class LatencyFolding:
         plan = self._plans.get(meta)
         if plan is None or plan.version != self._pipeline.route.version:
             plan = self._plan(meta)
-        output = self._pipeline.host.output(response, request, meta.dtype, None)
+        output = request.output  # in place: the common case, without a call
+        if output is None:
+            output = self._pipeline.host.output(response, request, meta.dtype, None)
         flat = output.reshape(-1)
         buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
         reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
@@ -153,7 +155,10 @@ class LatencyFolding:
             flat[...] = buffer
         if self._recorder.timeline is not None:
             self._recorder.span([(response, request)], "ALLREDUCE", started)
-        complete(request, output)
+        if request.writeback is None:  # ``complete``, without the call in the common case
+            request.handle.set_result(output)
+        else:
+            complete(request, output)
 
     def _plan(self, meta):
         """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop

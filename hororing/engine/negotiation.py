@@ -103,7 +103,8 @@ class ResponseCache:
         self.capacity = capacity
         self._next_out = 0  # the id a new pair takes once the cache is full
         self._entries = []
-        self._responses = []  # the agreed Response for each id, reused in the steady state
+        # the agreed Response for each id (the cycle reads it), reused in the steady state
+        self.responses = []
         self._ids = {}
         self._agreed = {}     # a vote's cache bits -> the Responses they stand for
 
@@ -121,10 +122,6 @@ class ResponseCache:
         """The id ``name`` is cached under (any metadata), or None."""
         return self._ids.get(name)
 
-    def response(self, cache_id):
-        """The agreed Response of a cached id (every rank sent the same metadata)."""
-        return self._responses[cache_id]
-
     def agreed_responses(self, bits):
         """The Responses for the bytes of a reduced vote's cache bits: the tensors every
         rank announced. A training loop repeats a few such votes, so each is decoded once."""
@@ -133,7 +130,7 @@ class ResponseCache:
             if len(self._agreed) >= _AGREED_VOTES:
                 self._agreed.clear()
             ids = _decode_bits(np.frombuffer(bits, dtype=np.uint64))
-            responses = self._agreed[bits] = tuple(self._responses[cache_id] for cache_id in ids)
+            responses = self._agreed[bits] = tuple(self.responses[cache_id] for cache_id in ids)
         return responses
 
     def record(self, name, meta):
@@ -145,18 +142,18 @@ class ResponseCache:
         cache_id = self._ids.get(name)
         if cache_id is not None:
             self._entries[cache_id] = (name, meta)
-            self._responses[cache_id] = response
+            self.responses[cache_id] = response
         elif len(self._entries) < self.capacity:
             self._ids[name] = len(self._entries)
             self._entries.append((name, meta))
-            self._responses.append(response)
+            self.responses.append(response)
         elif self.capacity:
             cache_id = self._next_out
             self._next_out = (cache_id + 1) % self.capacity
             del self._ids[self._entries[cache_id][0]]
             self._ids[name] = cache_id
             self._entries[cache_id] = (name, meta)
-            self._responses[cache_id] = response
+            self.responses[cache_id] = response
 
 
 class Negotiator:
@@ -195,6 +192,18 @@ class Negotiator:
         entry = self._table.get(name)
         if entry is not None and since < entry.first_seen:
             entry.first_seen = since
+
+    def cached_id(self, name, meta):
+        """The cache id ``name`` goes by this cycle, announced with ``meta``: None where it
+        must go by name (not cached with exactly this metadata, or ``holds`` it)."""
+        table = self._table
+        if name in table or JOIN_NAME in table:
+            return None
+        cache = self.cache  # its ``lookup``, written out: every announcement asks it
+        cache_id = cache._ids.get(name)
+        if cache_id is not None and cache._entries[cache_id][1] == meta:
+            return cache_id
+        return None
 
     def holds(self, name):
         """True if a tensor of this name must be announced by name, not by its cache bit:

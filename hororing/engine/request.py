@@ -36,15 +36,10 @@ class Handle:
                 return True
         return self._event.wait(timeout)
 
-    def set_result(self, result):
-        self._outcome = (result, None)
-        self._finish()
-
-    def set_error(self, error):
-        self._outcome = (None, error)
-        self._finish()
-
-    def _finish(self):
+    def set_result(self, result, error=None):
+        """Complete the handle with ``result`` (or ``error``: ``set_error``); every
+        collective's result comes here, so it is one call."""
+        self._outcome = (result, error)
         with _EVENT_LOCK:
             self._done = True
             event, then = self._event, self._then
@@ -52,6 +47,9 @@ class Handle:
             event.set()
         if then is not None:
             then(self)
+
+    def set_error(self, error):
+        self.set_result(None, error)
 
     def then(self, callback):
         """Call ``callback(handle)`` once the handle is done: at once if it already is, else
@@ -68,6 +66,11 @@ class Handle:
     def synchronize(self):
         """Wait for the result (driving the engine from this thread) and return it, or raise
         its error."""
+        if self._done:  # a blocking call's cycle has run it already (submit_blocking)
+            result, error = self._outcome
+            if error is not None:
+                raise error
+            return result
         return self._engine.wait(self)
 
     def mark_awaited(self):

@@ -27,7 +27,7 @@ class Submissions:
         self.quiet_since = time.monotonic()
         self.failure = None        # HorovodInternalError once the engine cannot go on
         self._wake = wake
-        self._batches = threading.local()  # per thread: requests held by ``batch``
+        self.batches = threading.local()  # per thread: requests held by ``batch``
         # set when a queued submission is awaited: the background thread then starts its
         # cycle at once rather than after the cycle time that lets submissions gather
         self.urgent = threading.Event()
@@ -47,11 +47,11 @@ class Submissions:
                 raise _in_flight(request.name)
             self.pending[request.name] = request
             request.awaited = blocking
-            batch = getattr(self._batches, "requests", None)
+            batch = getattr(self.batches, "requests", None)
             (self.queue if batch is None else batch).append(request)
         request.submitted = self.quiet_since = time.monotonic()
         if batch is not None:
-            self._batches.blocking &= blocking
+            self.batches.blocking &= blocking
         elif not blocking:
             self.async_waiting = True
             self._wake()
@@ -66,18 +66,18 @@ class Submissions:
     def batch(self):
         """The requests this thread adds inside enter the queue together, so each rank
         announces all of them in one cycle (a grouped collective)."""
-        if getattr(self._batches, "requests", None) is not None:
+        if getattr(self.batches, "requests", None) is not None:
             yield  # nested: the outer batch queues them
             return
-        self._batches.requests, self._batches.blocking = [], True
+        self.batches.requests, self.batches.blocking = [], True
         try:
             yield
         finally:
-            requests, self._batches.requests = self._batches.requests, None
+            requests, self.batches.requests = self.batches.requests, None
             with self.lock:
                 if self.failure is None:
                     self.queue.extend(requests)
-            if requests and not self._batches.blocking:
+            if requests and not self.batches.blocking:
                 self.async_waiting = True
                 self._wake()
 
@@ -128,7 +128,9 @@ class Submissions:
         with self.lock:
             if self.failure is None:
                 self.failure = error
-            pending, self.pending, self.queue = self.pending, {}, []
+            # emptied in place: the engine hands this dict out (``Engine.in_flight``)
+            pending, self.queue = dict(self.pending), []
+            self.pending.clear()
             forget()
         for request in pending.values():
             request.handle.set_error(HorovodInternalError(str(self.failure)))

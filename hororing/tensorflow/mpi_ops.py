@@ -141,9 +141,10 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
                     process_set))
             else:
                 (array,), prescale = _prescaled_in_float16([array], prescale_factor)
-                # synchronized below, at once: this thread drives the engine (blocking)
+                # synchronized below, at once: this thread drives the engine (blocking); a
+                # lone tensor's cycle may run within the call (now), a group's run together
                 handles.append(door.start(
-                    "allreduce", array, member, process_set, blocking=True, op=op,
+                    "allreduce", array, member, process_set, blocking=True, now=alone, op=op,
                     prescale_factor=prescale, postscale_factor=postscale_factor))
         return [core.synchronize(handle) for handle in handles]
 

@@ -36,11 +36,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
                     inplace, blocking=False):
-    """Submit an allreduce; ``blocking``: the caller synchronizes at once and drives the
-    engine itself (the background thread is not woken for it)."""
+    """Submit an allreduce; ``blocking``: the caller synchronizes it at once, before it
+    starts anything else, and drives the engine itself (``door.start``'s ``now``)."""
     door.check_free(name, process_set)  # before the conversion (door.check_free)
     return _started(tensor, inplace, lambda array: door.start(
-        "allreduce", array, name, process_set, inplace=inplace, blocking=blocking,
+        "allreduce", array, name, process_set, inplace=inplace, now=blocking,
         name_checked=True, average=average, op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
@@ -208,7 +208,7 @@ def broadcast_now(tensor, root_rank, name, process_set, inplace):
     """A blocking broadcast, driven by the caller (see ``start_allreduce``)."""
     door.check_free(name, process_set)
     return synchronize(_started(tensor, inplace, lambda array: door.start(
-        "broadcast", array, name, process_set, inplace=inplace, blocking=True,
+        "broadcast", array, name, process_set, inplace=inplace, now=True,
         name_checked=True, root_rank=root_rank)))
 
 

@@ -9,7 +9,7 @@ Every verb takes ``process_set`` (``hvd.global_process_set`` by default); ``root
 import torch
 
 from .. import collectives as core
-from .. import ops
+from .. import door, ops
 from ..process_sets import global_process_set
 from ..validate import ALLREDUCE_OPS, resolve_op
 from . import joined
@@ -21,7 +21,7 @@ from .async_ops import (allgather_async, allreduce_async, allreduce_async_, allt
                         start_allreduce)
 from .autograd import (_Allgather, _Allreduce, _Alltoall, _Broadcast, _GroupedAllgather,
                        _GroupedAllreduce, _GroupedReducescatter, _Reducescatter)
-from .bridge import check_tensor, check_tensors, synchronize
+from .bridge import as_numpy, check_tensor, check_tensors, synchronize, to_torch
 from .compression import Compression
 
 __all__ = [  # the blocking verbs here, the asynchronous ones of async_ops, as Horovod's module
@@ -40,15 +40,20 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Example:
         >>> hvd.allreduce(torch.ones(3), op=hvd.Sum)
     """
-    check_tensor(tensor)
+    if not isinstance(tensor, torch.Tensor):  # a tensor passes without the call
+        check_tensor(tensor)
     compression = compression or Compression.none
-    op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
+    if not (type(op) is int and average is None and op in ALLREDUCE_OPS):
+        op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     if compression is Compression.none and not (tensor.requires_grad and
                                                 torch.is_grad_enabled()):
-        # no gradient to carry: straight to the engine, as the Function's forward would go
-        return synchronize(start_allreduce(tensor, None, name, op, prescale_factor,
-                                           postscale_factor, process_set, inplace=False,
-                                           blocking=True))
+        # no gradient to carry: straight to the door, as the Function's forward would go
+        # (the name checked before the conversion, which may release the GIL)
+        door.check_free(name, process_set)
+        return to_torch(door.start(
+            "allreduce", as_numpy(tensor), name, process_set, now=True, name_checked=True,
+            op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor
+        ).synchronize(), tensor)
     payload, ctx = compression.compress(tensor)
     result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor, compression,
                               process_set)

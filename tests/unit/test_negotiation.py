@@ -307,7 +307,7 @@ def test_a_full_cache_makes_room_for_new_names_oldest_first():
     negotiate(negotiator, ["d"])  # takes the oldest entry's id
     assert cache.lookup("a", allreduce_meta()) is None
     assert cache.lookup("d", allreduce_meta()) == 0 and cache.resolve(0)[0] == "d"
-    assert cache.response(0).name == "d"
+    assert cache.responses[0].name == "d"
     negotiate(negotiator, ["e", "a"])  # then the next oldest, round the ids
     assert [cache.id_of(name) for name in "abcde"] == [2, None, None, 0, 1]
     # a vote decoded before the change is not reused after it
