@@ -13,7 +13,9 @@ An MLP of --params float32 parameters (square layers of --width) trains under
 - ``save``: ``hvd.checkpoint.save`` (each rank writes its slice; the parameters once).
 - ``async1``, ``async``: ``hvd.checkpoint.async_save``'s call, the first (which allocates
   the staging memory) and the second (which reuses it, as every later save of a run does);
-  training steps run while the second writes, each against the median of quiet steps.
+  training steps run while the second writes, each against the median of the quiet steps
+  taken before the saves and after the write (``--quiet-steps`` on each side).
+  ``--rounds N`` repeats the later save and its steps N times (the median call is shown).
 - ``load``: ``hvd.checkpoint.load`` into a fresh model and optimizer.
 
 Peak memory is the resident set size sampled every millisecond by a thread while the call
@@ -95,6 +97,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dir", default="/tmp/hororing-bench-checkpoint")
     parser.add_argument("--quiet-steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="later async saves, each with the steps during its write")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     hvd.init()
@@ -134,18 +138,27 @@ def main():
     rows["async1"] = timed(lambda: handle.append(hvd.checkpoint.async_save(
         os.path.join(args.dir, "dcp-async"), model, optimizer, step=2)))
     handle.pop().wait()
-    rows["async"] = timed(lambda: handle.append(hvd.checkpoint.async_save(
-        os.path.join(args.dir, "dcp-async"), model, optimizer, step=2)))
-    during, write_start = [], time.perf_counter()
-    while True:  # every rank steps until every rank's write is done
-        busy = COMM.allreduce(0 if handle[0].done() else 1)
-        if not busy and during:
-            break
-        start = time.perf_counter()
-        step(model, optimizer, data)
-        during.append(time.perf_counter() - start)
-    handle[0].wait()
-    write_seconds = time.perf_counter() - write_start
+    during, calls, writes = [], [], []
+    for _ in range(args.rounds):  # a later save, steps while it writes, quiet steps again
+        calls.append(timed(lambda: handle.append(hvd.checkpoint.async_save(
+            os.path.join(args.dir, "dcp-async"), model, optimizer, step=2))))
+        write_start = time.perf_counter()
+        stepped = 0
+        while True:  # every rank steps until every rank's write is done
+            busy = COMM.allreduce(0 if handle[0].done() else 1)
+            if not busy and stepped:
+                break
+            start = time.perf_counter()
+            step(model, optimizer, data)
+            during.append(time.perf_counter() - start)
+            stepped += 1
+        handle.pop().wait()
+        writes.append(time.perf_counter() - write_start)
+        for _ in range(args.quiet_steps):  # the machine's own drift, on both sides
+            quiet.append(timed(lambda: step(model, optimizer, data))[0])
+    # the median round's call (its seconds, and the most memory any round's call added)
+    rows["async"] = (statistics.median(call[0] for call in calls), max(call[1] for call in calls))
+    write_seconds = statistics.median(writes)
     fresh = build(int(args.params), args.width)
     fresh_optimizer = hvd.DistributedOptimizer(torch.optim.Adam(fresh.parameters(), lr=1e-4),
                                                sharded=True)
@@ -154,7 +167,7 @@ def main():
     files = sorted((name, os.path.getsize(os.path.join(args.dir, "dcp", name)))
                    for name in os.listdir(os.path.join(args.dir, "dcp")))
     gathered = COMM.gather({name: (seconds, added) for name, (seconds, added) in rows.items()})
-    steps = COMM.gather((statistics.median(quiet), during))
+    steps = COMM.gather((quiet, during))
     if hvd.rank() != 0:
         return
     size = hvd.size()
@@ -166,11 +179,14 @@ def main():
                       "seconds": round(seconds, 3), "peak_added_mb_per_rank":
                       [round(value / 2**20) for value in added],
                       "shard_plus_bucket_mb": round((shard + bucket) / 2**20)})
-    quiet_step = max(rank[0] for rank in steps)
+    # a step's time is its slowest rank's, quiet or during the write alike
+    quiet_steps = [max(values) for values in zip(*(rank[0] for rank in steps))]
+    quiet_step = statistics.median(quiet_steps)
     during_steps = [max(values) for values in zip(*(rank[1] for rank in steps))]
     total = sum(size for _, size in files)
     if args.json:
-        print(json.dumps({"rows": table, "quiet_step": quiet_step, "steps_during_async":
+        print(json.dumps({"rows": table, "quiet_step": quiet_step, "quiet_steps": quiet_steps,
+                          "steps_during_async":
                           during_steps, "async_write_seconds": write_seconds,
                           "files": files}))
         return
@@ -184,8 +200,11 @@ def main():
     async_seconds = next(row["seconds"] for row in table if row["what"] == "async")
     print(f"async_save's call / save: {async_seconds / save_seconds:.3f}; background write "
           f"{write_seconds:.2f} s")
-    print(f"quiet step {quiet_step:.3f} s; steps during the write: "
-          + ", ".join(f"{value:.3f} ({value / quiet_step:.2f}x)" for value in during_steps))
+    print(f"quiet step {quiet_step:.3f} s (median of {len(quiet_steps)}, before the saves and "
+          f"after the write; they range {min(quiet_steps) / quiet_step:.2f}-"
+          f"{max(quiet_steps) / quiet_step:.2f}x of it); steps during the write: "
+          + ", ".join(f"{value:.3f} ({value / quiet_step:.2f}x)" for value in during_steps)
+          + f"; their median {statistics.median(during_steps) / quiet_step:.2f}x")
     print(f"files: " + ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in files)
           + f"; largest {max(size for _, size in files) / total:.0%} of {total / 2**20:.0f} MiB")
 

@@ -179,6 +179,62 @@ def test_async_save_writes_the_state_of_its_call_while_training_goes_on(director
         assert_matches(resumed, expected)
 
 
+@pytest.fixture
+def held_staging(monkeypatch):
+    """An async save's thread holds its copy of the parameters and optimizer state until
+    ``release`` is set (a timer sets it after 0.3 s: nothing can wait forever)."""
+    import threading
+
+    import hororing.torch.checkpoint as checkpoint
+    release = threading.Event()
+    copy_later = checkpoint._copy_later
+
+    def held(later):
+        release.wait(60)
+        return copy_later(later)
+    monkeypatch.setattr(checkpoint, "_copy_later", held)
+    timer = threading.Timer(0.3, release.set)
+    yield release, timer
+    release.set()
+    timer.cancel()
+
+
+@pytest.mark.parametrize("kind", ["distributed", "sharded", "stage2"])
+def test_a_step_waits_for_the_async_saves_copy_of_the_state_of_its_call(directory, kind,
+                                                                          held_staging):
+    release, timer = held_staging
+    model, parameters, optimizer = trained(kind)
+    path = os.path.join(directory, "ckpt")
+    handle = hvd.checkpoint.async_save(path, model, optimizer, step=2)
+    assert not handle.staged()  # the parameters and the state are not copied yet
+    timer.start()
+    train(kind, parameters, optimizer, range(2, 4))  # its first step waits for the copy
+    assert handle.staged()
+    handle.wait()
+    resumed = make_parameters()
+    again = build(kind, resumed)
+    assert hvd.checkpoint.load(path, Parameters(resumed), again) == {"step": 2}
+    expected, _ = reference_run(*ADAM, steps=2)
+    # the unused parameter on one rank: see test_every_kind_of_optimizer_resumes_from_every_kind
+    unused = 3 if hvd.size() == 1 and kind == "distributed" else None
+    assert_matches(*([value for index, value in enumerate(values) if index != unused]
+                     for values in (resumed, expected)))
+
+
+def test_a_tensor_changed_outside_step_before_it_was_staged_fails_the_save_on_every_rank(
+        directory, held_staging):
+    release, _ = held_staging
+    model, parameters, optimizer = trained("sharded")
+    path = os.path.join(directory, "ckpt")
+    handle = hvd.checkpoint.async_save(path, model, optimizer, step=2)
+    if hvd.rank() == 0:
+        with torch.no_grad():
+            parameters[0].add_(1.0)  # in place, not by the optimizer's step
+    release.set()
+    expect_refusal(handle.wait, "changed in place after async_save", "wait_staged")
+    assert not os.path.exists(path)
+
+
 def test_a_save_replaces_the_previous_checkpoint_only_once_complete(directory):
     model, parameters, optimizer = trained("distributed")
     path = os.path.join(directory, "ckpt")
