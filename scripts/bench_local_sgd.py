@@ -23,8 +23,8 @@ its (inner) optimizer, one variant after the other:
 - ``ddp-gloo``: DistributedDataParallel over torch's gloo backend;
 - ``localsgd``: hvd.LocalSGD, parameters averaged every --sync-every steps;
 - ``diloco``, ``diloco-fp16``, ``diloco-frag4``, ``diloco-stream``: hvd.DiLoCo with an outer
-  SGD (lr 0.7, momentum 0.9, Nesterov) every --sync-every steps; 16-bit changes; four
-  fragments; four fragments, 16-bit, each sync overlapping the next inner step.
+  SGD (--outer-lr 0.8, --outer-momentum 0.5, Nesterov) every --sync-every steps; 16-bit
+  changes; four fragments; four fragments, 16-bit, each sync overlapping the next inner step.
 
 Per variant: the held-out loss at every --eval-every steps (mean over the ranks' models), the
 bytes this rank's interface sent (the emulated host's link, or the loopback on one host;
@@ -164,7 +164,8 @@ def build(variant, args, task):
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3), model
     if variant == "localsgd":
         return model, hvd.LocalSGD(model, inner, sync_every=args.sync_every), model
-    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                            nesterov=args.outer_momentum > 0)
     options = {"diloco": {}, "diloco-fp16": {"compression": hvd.Compression.fp16},
                "diloco-frag4": {"fragments": 4},
                "diloco-stream": {"fragments": 4, "overlap": True,
@@ -225,6 +226,9 @@ def main():
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--outer-lr", type=float, default=0.8, help="DiLoCo's outer SGD lr")
+    parser.add_argument("--outer-momentum", type=float, default=0.5,
+                        help="its (Nesterov) momentum; 0: plain SGD")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None,
                         help="a PNG of the held-out loss curves (needs matplotlib)")
@@ -245,7 +249,8 @@ def main():
     info = machine_info()
     print(machine_line(info))
     print(f"task {args.task}, {comm.size} ranks, link {link}, {args.steps} steps, batch {args.batch} per rank, "
-          f"sync every {args.sync_every}")
+          f"sync every {args.sync_every}, DiLoCo's outer lr {args.outer_lr} momentum "
+          f"{args.outer_momentum}")
     base = next((row for row in rows if row["variant"] == "sync"), rows[0])
     print(f"{'variant':14} {'held-out loss':>13} {'x sync':>7} {'MB sent':>9} {'sync/this':>9} "
           f"{'seconds':>8} {'sync/this':>9}")
