@@ -126,6 +126,8 @@ class HandlesWork(_FutureWork):
             return
         for handle in self._handles:
             for inner in _members(handle.inner):
+                if inner.done():  # finished in the call (a blocking call's cycle ran there)
+                    continue
                 with self._lock:
                     self._left += 1
                 inner.then(self._member_done)
@@ -167,7 +169,8 @@ class HandlesWork(_FutureWork):
         self._waiting = True
         for handle in self._handles:
             for inner in _members(handle.inner):
-                inner.mark_awaited()
+                if not inner.done():
+                    inner.mark_awaited()
         try:
             for handle in self._handles:
                 handle.inner.synchronize()
