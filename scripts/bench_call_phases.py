@@ -8,8 +8,9 @@ numpy array; the engine's entry points are wrapped so that each rank records whe
 reaches them (the wrappers cost well under a microsecond each), and the table gives the
 median time between consecutive marks on rank 0:
 
-  front      from the call to the engine's wait (validation, the request, submit)
-  drive      from there to the negotiation cycle (the drive lock, the wake-up check)
+  front      from the call to the engine's submit_blocking (validation, the request)
+  drive      from there to the negotiation cycle (the drive lock, the queue's checks, the
+             wake-up check; the cycle runs within the call where nothing else is queued)
   vote       the cycle up to the executor (the vote's exchange, including the wait for the
              last rank to arrive)
   pipeline   the executor and the allreduce pipeline up to the algorithm, and back
@@ -39,7 +40,7 @@ from hororing import transport
 from hororing.context import current
 
 COMM = MPI.COMM_WORLD
-PHASES = [("front", "start", "wait>"), ("drive", "wait>", "cycle>"),
+PHASES = [("front", "start", "submit>"), ("drive", "submit>", "cycle>"),
           ("vote", "cycle>", "execute>"), ("pipeline", "execute>", "algorithm>"),
           ("algorithm", "algorithm>", "algorithm<"), ("pipeline back", "algorithm<", "cycle<"),
           ("return", "cycle<", "end")]
@@ -50,7 +51,7 @@ def main():
     hvd.init()
     engine = current().engine
     marks = {}
-    wrap(engine, "wait", "wait", marks)
+    wrap(engine, "submit_blocking", "submit", marks)
     wrap(engine, "_run_cycle", "cycle", marks)  # the cycle, then what it decided
     wrap(engine.executor, "execute", "execute", marks)
     algorithms = engine.executor.allreduce.host.algorithms
