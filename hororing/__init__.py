@@ -18,7 +18,7 @@ from .compression import Compression
 from .config import Config
 from .context import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
                       local_size, ps_stats, rank, shutdown, size, start_timeline, stop_timeline)
-from .errors import HorovodInternalError, HostsUpdatedInterrupt, PreconditionError
+from .errors import HorovodInternalError, HostsUpdatedInterrupt, PreconditionError, RanksFailedError
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .optim import SGD, DistributedOptimizer
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adasum", "AsyncPSOptimizer", "Average", "Compression", "Config", "DistributedOptimizer",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "RunError", "SGD",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "RanksFailedError", "RunError", "SGD",
     "Sum",
     "add_process_set", "global_process_set", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "remove_process_set",

@@ -11,10 +11,11 @@ import time
 
 from ._mpi import MPI
 
-from . import gpu, slurm, static_sets, transport, world
+from . import faults, gpu, slurm, static_sets, transport, world
 from .algorithms import compiled
 from .config import Config
 from .environment import launch_environment
+from .errors import NotInitializedError
 from .engine import Engine
 from .group import Group, stop_engine
 from .process_sets import Registry, global_process_set
@@ -27,16 +28,19 @@ log = logging.getLogger("hororing")
 class Context:
     """Topology and engine of one initialized job."""
 
-    def __init__(self, comm, config, reducer=None):
+    def __init__(self, comm, config, reducer=None, origin=None):
         self.config = config
+        # the communicator the job was made from (init's ``comm``): the survivors shrink it
+        self.origin = origin
         self.reducer = reducer  # PS mode: the allreduce through parameter servers (ps/)
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        faults.track(comm)
+        self.local_comm = faults.track(comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
         self.local_rank = self.local_comm.Get_rank()
         self.local_size = self.local_comm.Get_size()
-        self.cross_comm = comm.Split(color=self.local_rank, key=self.rank)
+        self.cross_comm = faults.track(comm.Split(color=self.local_rank, key=self.rank))
         self.cross_rank = self.cross_comm.Get_rank()
         self.cross_size = self.cross_comm.Get_size()
         # every node runs as many ranks as every other (Horovod's is_homogeneous), and each
@@ -64,7 +68,11 @@ class Context:
         self.sets = Registry(comm, config, self.group)  # every process set, by id
 
     def close(self, failure=None):
-        """Leave the job: tell the peers (shutdown, or ``failure``, a message) and free MPI state."""
+        """Leave the job: tell the peers (shutdown, or ``failure``, a message) and free MPI state.
+
+        After a peer died (ULFM) the communicators are revoked: nothing is told or freed."""
+        if self.engine.peers_lost:
+            faults.revoke_all()  # a process set's engine may not have seen it yet
         self.sets.close(failure)
         stop_engine(self.engine, failure)
         if self.reducer is not None:
@@ -72,8 +80,10 @@ class Context:
         self.engine.close()
         if self.watchdog is not None:
             self.watchdog.stop()
-        for comm in (self.local_comm, self.cross_comm, self.comm):
-            comm.Free()
+        if not self.engine.peers_lost:
+            for comm in (self.local_comm, self.cross_comm, self.comm):
+                comm.Free()
+        faults.forget_all()
 
 
 def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement=None,
@@ -138,7 +148,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             comm, reducer = roles.start(user_comm.Dup(), config)
             _State.context = Context(comm, config, reducer)
         else:
-            _State.context = Context(user_comm.Dup(), config)
+            _State.context = Context(user_comm.Dup(), config, origin=user_comm)
         slurm.set_framework_threads(_State.context.local_size)
         slurm.set_blas_threads(_State.context.local_size)
         global_process_set.ranks = list(range(_State.context.size))
@@ -148,6 +158,35 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             _State.hooks_installed = True
         # the job is up even if the sets are refused: init(process_sets=...) may be called again
         static_sets.register(process_sets, _State.context)
+
+
+def continue_with_survivors():
+    """After a peer process died (ULFM): leave the job without a word to anyone, shrink the
+    communicator it was made from to the processes alive, and make the job anew over them
+    (collective over the survivors). Process sets other than the global one are not carried
+    over. Returns (the old size, the new size).
+
+    Raises:
+        RuntimeError: the job cannot go on in this process (PS mode, or the MPI has no ULFM).
+    """
+    with _State.lock:
+        old = _State.context
+        if old is None:
+            raise NotInitializedError()
+        if old.origin is None or not faults.supported():
+            raise RuntimeError("hororing cannot go on in process after a rank failed: "
+                               + ("PS mode's servers are not recovered" if old.origin is None
+                                  else "this MPI has no ULFM extension"))
+        _State.context = None
+    faults.revoke_all()
+    old.close()
+    survivors = old.origin.Shrink()
+    context = Context(survivors.Dup(), old.config, origin=survivors)
+    with _State.lock:
+        _State.context = context
+    global_process_set.ranks = list(range(context.size))
+    global_process_set.mpi_comm = survivors
+    return old.size, context.size
 
 
 def shutdown():

@@ -106,6 +106,7 @@ class Launch:
     # set by hororun's elastic mode for its ranks (elastic/job.py)
     elastic_dir: str = ""               # HORORING_ELASTIC_DIR: where commits are kept
     elastic_launch: int = 0             # HORORING_ELASTIC_LAUNCH: 0, then one per relaunch
+    elastic_min_np: int = 0             # HORORING_ELASTIC_MIN_NP: the fewest ranks to go on with
     elastic_timeout_s: float = 600.0    # HOROVOD_ELASTIC_TIMEOUT: hororun's default
 
     @property
@@ -160,6 +161,7 @@ def launch_environment(environ=None):
         legacy_keras=legacy,
         elastic_dir=env.get("HORORING_ELASTIC_DIR", ""),
         elastic_launch=number("HORORING_ELASTIC_LAUNCH") or 0,
+        elastic_min_np=number("HORORING_ELASTIC_MIN_NP") or 0,
         elastic_timeout_s=_parse("elastic_timeout", ("HOROVOD_ELASTIC_TIMEOUT",),
                                  env.get("HOROVOD_ELASTIC_TIMEOUT", "600"), float),
     )

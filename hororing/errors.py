@@ -43,3 +43,20 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync=False):
         super().__init__("the hosts of this elastic job changed")
         self.skip_sync = skip_sync
+
+
+class RanksFailedError(HorovodInternalError):
+    """A peer process died while the MPI kept the job alive (ULFM: Open MPI started with
+    ``--with-ft ulfm``): every survivor's pending collectives fail with this error.
+
+    ``ranks``: the ranks of the job this rank knows to have failed (may be empty on a rank
+    that only saw a peer revoke the job). ``hvd.elastic.run`` goes on with the survivors;
+    outside it the error is the caller's, and the job cannot run collectives again until it
+    is re-initialized over the survivors. ``final``: the survivors cannot go on in process
+    (too few for ``--min-np``, or state that died with the rank): they stop.
+    """
+
+    def __init__(self, message, ranks=(), final=False):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.final = final

@@ -32,7 +32,7 @@ from .runner import allocations
 from .runner.build_info import check_build
 from .runner.hosts import hostfile_or_hosts, parse_hosts, read_hostfile
 from .runner.mpiexec import (MPICH, OPEN_MPI, SRUN_PLUGINS, find_mpiexec, mpi_flavor,
-                             mpiexec_command, quote, run_and_explain)
+                             mpiexec_command, quote, run_and_explain, ulfm_support)
 
 __all__ = ["MPICH", "OPEN_MPI", "build_command", "check_build", "find_mpiexec", "main",
            "mpi_flavor", "parse_hosts", "read_hostfile"]
@@ -108,14 +108,31 @@ def _elastic_driver(args, mpiexec, within):
     discover = discovery.choose(args.discovery_script, args.slots, hosts, args.np, min_np,
                                 args.max_np, allocation=within)
     flavor = mpi_flavor(mpiexec)
+    in_process = _in_process_recovery(args.fault_recovery, mpiexec, flavor)
+    ulfm = ["--with-ft", "ulfm"] if in_process else []
 
     def command_for(size, hosts, scratch, env):
-        return mpiexec_command(mpiexec, flavor, size, hosts, scratch, env=env) + \
+        return mpiexec_command(mpiexec, flavor, size, hosts, scratch, env=env) + ulfm + \
             shlex.split(args.mpi_args)
 
     return ElasticDriver(command_for, args.command, discover, min_np, args.max_np,
                          args.elastic_timeout, args.reset_limit, args.elastic_dir,
-                         job_environment(args), args.discovery_interval, args.verbose)
+                         job_environment(args), args.discovery_interval, args.verbose,
+                         in_process=in_process, cooldown=args.blacklist_cooldown_range)
+
+
+def _in_process_recovery(choice, mpiexec, flavor):
+    """Whether the survivors of a dead rank go on in process (``--fault-recovery``)."""
+    if choice == "relaunch":
+        return False
+    able = flavor == OPEN_MPI and ulfm_support(mpiexec)
+    if choice == "in-process" and not able:
+        raise ValueError(
+            f"--fault-recovery in-process needs Open MPI built with ULFM (its ompi_info says "
+            f"'FT MPI support: yes'); {mpiexec} is "
+            + ("Open MPI without it" if flavor == OPEN_MPI else flavor)
+            + ". Use --fault-recovery relaunch (or auto) with this MPI.")
+    return able
 
 
 def build_command(args, mpiexec, flavor, scratch, within=None):
@@ -223,6 +240,17 @@ def _parser():
                               "temporary directory)")
     elastic.add_argument("--discovery-interval", type=float, default=1.0,
                          help="seconds between runs of the discovery script (default: 1)")
+    elastic.add_argument("--fault-recovery", choices=["auto", "in-process", "relaunch"],
+                         default="auto",
+                         help="when a rank dies: the survivors go on in process (Open MPI "
+                              "with ULFM, started --with-ft ulfm), or the job is relaunched "
+                              "from its newest commit; auto: in process where the MPI can")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
+                         metavar=("MIN", "MAX"),
+                         help="seconds (drawn between MIN and MAX) for which a rank's slot is "
+                              "not used again after the rank died and the survivors went on "
+                              "in process (default: not for the rest of the job, unless "
+                              "--min-np needs it)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 

@@ -19,6 +19,7 @@ import itertools
 import sys
 import zlib
 
+from . import faults
 from ._mpi import MPI
 from .engine import Engine
 from .group import Group
@@ -262,7 +263,8 @@ class Registry:
                                  f"already form process set {set_id}")
         set_id = next(self._ids)
         member = self._rank in ranks
-        comm = self._comm.Split(color=0 if member else MPI.UNDEFINED, key=self._rank)
+        comm = faults.track(self._comm.Split(color=0 if member else MPI.UNDEFINED,
+                                             key=self._rank))
         self._ranks[set_id] = ranks
         if member:
             self.groups[set_id] = Group(set_id, ranks, comm, Engine(comm, self._config, None))
@@ -282,7 +284,8 @@ class Registry:
         job = self._comm.Get_group()
         members = job.Incl(ranks)
         # the tag keeps apart sets being made at once by overlapping members
-        comm = self._comm.Create_group(members, tag=zlib.crc32(repr(ranks).encode()) % 32768)
+        comm = faults.track(self._comm.Create_group(
+            members, tag=zlib.crc32(repr(ranks).encode()) % 32768))
         members.Free()
         job.Free()
         key = f"members.{next(self._ids_of_members)}"

@@ -194,6 +194,13 @@ class Reducer:
         del self._held[bucket]
         return bucket
 
+    def forget_step(self):
+        """A step's collectives failed: nothing counted or held is going on; the process set
+        is looked up again at the next use (the job may have been made anew)."""
+        self._counts.clear()
+        self._held.clear()
+        self._group = None
+
     def step_done(self):
         """Every gradient has been reduced, or the gradients were zeroed: the passes count
         from the next backward pass again."""

@@ -13,7 +13,7 @@ keep the vectors and the wrapped optimizer.
 
 import numpy as np
 
-from . import transport
+from . import faults, transport
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds
 
@@ -51,7 +51,7 @@ class ParameterGather:
 
     def __init__(self, group):
         self.rank, self.size = group.rank, group.size
-        self._comm = group.comm.Dup()
+        self._comm = faults.track(group.comm.Dup())
 
     def check_same(self, mine, what):
         """Raise ValueError on every rank unless every rank's ``mine`` (a description of its

@@ -4,8 +4,8 @@
 # machine for the srun/salloc/sbatch launches), the built wheel in a fresh venv
 # (as a user installs it), then the multi-rank suite under mpiexec at 1, 2 and 3 ranks,
 # the device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts
-# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks and
-# in an MPI Operator's launcher pod.
+# (or two simulated nodes where namespaces cannot be made), and under Open MPI at 3 ranks, in
+# an MPI Operator's launcher pod, and with ranks killed and the survivors going on (ULFM).
 # Every mpiexec has a hard timeout.
 #
 #   bash tests/run.sh          the quick run (CI, about 20 minutes on 2 cores): every test
@@ -102,6 +102,11 @@ timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pyt
 echo "== the MPI Operator's launch under Open MPI =="
 timeout 600 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
     tests/launch/test_mpi_operator.py ${launches[@]+"${launches[@]}"}
+
+# A dead rank's survivors going on in process: hororun starts Open MPI --with-ft ulfm
+echo "== in-process recovery from a dead rank under Open MPI (ULFM) =="
+timeout 900 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
+    tests/launch/test_ulfm.py
 
 # srun as Open MPI users launch it (--mpi=pmix), on one node and across two
 if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \

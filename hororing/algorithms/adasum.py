@@ -22,7 +22,7 @@ rounded to the tensor's dtype once, at the end.
 
 import numpy as np
 
-from .. import transport
+from .. import faults, transport
 from .._mpi import MPI
 from .base import Algorithm
 
@@ -40,12 +40,12 @@ class Adasum(Algorithm):
         self.rank = comm.Get_rank()
         self.core = 1 << (self.size.bit_length() - 1)  # the largest power of two <= size
         self.in_core = self.rank < self.core
-        core_comm = comm.Split(0 if self.in_core else MPI.UNDEFINED, key=self.rank)
+        core_comm = faults.track(comm.Split(0 if self.in_core else MPI.UNDEFINED, key=self.rank))
         self._levels = []  # per level: (distance, the communicator of the level's subtree)
         if self.in_core:
             distance = 1
             while distance < self.core:
-                group = core_comm.Split(self.rank // (2 * distance), key=self.rank)
+                group = faults.track(core_comm.Split(self.rank // (2 * distance), key=self.rank))
                 self._levels.append((distance, group))
                 distance *= 2
             core_comm.Free()

@@ -20,7 +20,7 @@ host, or, under MPICH's ``MPIR_CVAR_NUM_CLIQUES``, one simulated node.
 
 from .._mpi import MPI
 
-from .. import transport
+from .. import faults, transport
 from .base import Algorithm
 from .plan import chunk_bounds
 from .ring import Ring
@@ -31,7 +31,7 @@ def node_layout(comm):
 
     Collective over ``comm``.
     """
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    local = faults.track(comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
     nodes = comm.allreduce(1 if local.Get_rank() == 0 else 0, op=MPI.SUM)
     smallest = comm.allreduce(local.Get_size(), op=MPI.MIN)
     return local, nodes, smallest
@@ -55,7 +55,7 @@ class Hierarchical(Algorithm):
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()
         color = self.local_rank if self.local_rank < self.parts else MPI.UNDEFINED
-        self.cross = comm.Split(color, key=comm.Get_rank())
+        self.cross = faults.track(comm.Split(color, key=comm.Get_rank()))
         self.local_ring = Ring(self.local, subchunk_bytes)
         self.cross_ring = Ring(self.cross, cross_subchunk_bytes or subchunk_bytes,
                                piece_ceiling=cross_piece_ceiling) \

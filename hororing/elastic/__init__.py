@@ -4,14 +4,17 @@
 a ``State`` is committed every few steps; under ``hororun --min-np/--max-np
 --host-discovery-script`` each commit is also written to disk on every host, so that when a
 rank dies or the hosts change, hororun relaunches the job and the ``run``-wrapped function
-resumes from the newest commit any host kept. See docs/elastic.md.
+resumes from the newest commit any host kept. Where the MPI has ULFM (Open MPI started with
+``--with-ft ulfm``) the survivors of a dead rank go on in process instead (``recovery.py``).
+See docs/elastic.md.
 
-This package sits above the engine: it uses the public collectives only.
+This package sits above the engine: it uses the public collectives, and the context's
+``continue_with_survivors`` to go on after a failure.
 """
 
-from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt, RanksFailedError
 from .run import run, run_fn
 from .state import ObjectState, State
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State", "run",
-           "run_fn"]
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "RanksFailedError",
+           "State", "run", "run_fn"]

@@ -1,8 +1,13 @@
 """What a rank knows of the elastic job around it, and how hororun tells it the hosts changed.
 
-hororun's elastic mode sets HORORING_ELASTIC_DIR (where each host keeps its commits) and
-HORORING_ELASTIC_LAUNCH (0 for the first launch, then 1, 2, ... for each relaunch). A rank
-started any other way (plain mpiexec) has neither: its commits stay in memory, as Horovod's.
+hororun's elastic mode sets HORORING_ELASTIC_DIR (where each host keeps its commits),
+HORORING_ELASTIC_LAUNCH (0 for the first launch, then 1, 2, ... for each relaunch) and
+HORORING_ELASTIC_MIN_NP (--min-np). A rank started any other way (plain mpiexec) has none: its
+commits stay in memory, as Horovod's.
+
+When ranks die and the survivors go on in process (ULFM, ``recovery.py``), the new rank 0
+tells hororun the job's size on stderr (``SHRUNK``), so that hororun knows the job has fewer
+ranks than the hosts offer.
 
 Host updates arrive as SIGUSR1, which mpiexec (Hydra and Open MPI's mpirun alike) forwards to
 every rank. hororun starts each rank with SIGUSR1 ignored until ``listen()`` installs the
@@ -11,18 +16,35 @@ answers.
 """
 
 import signal
+import sys
 import threading
 
 from ..environment import launch_environment
 
 DIR_ENV = "HORORING_ELASTIC_DIR"
 LAUNCH_ENV = "HORORING_ELASTIC_LAUNCH"
+MIN_NP_ENV = "HORORING_ELASTIC_MIN_NP"
 NOTICE_SIGNAL = signal.SIGUSR1
 # exit status of every rank when the job stops at a commit so that hororun relaunches it at the
 # size the hosts now allow (EX_TEMPFAIL)
 RESCALE_STATUS = 75
 # what rank 0 writes to stderr once every rank has agreed to stop for a host change
 ACKNOWLEDGEMENT = b"hororing.elastic: hosts changed;"
+# what the new rank 0 writes to stderr when the survivors of a failure go on in process,
+# followed by the job's new size
+SHRUNK = b"hororing.elastic: going on in process with"
+# what rank 0 writes to stderr (hororun keeps it from the user's) as the job enters and as it
+# leaves ``hvd.elastic.run``: under ULFM a job whose every rank was killed ends with mpiexec's
+# status 0, and hororun tells it from one that finished by the second line
+ENTERED = b"hororing.elastic: run entered"
+RETURNED = b"hororing.elastic: run returned"
+
+
+def mark(line):
+    """Write ``line`` (ENTERED or RETURNED) for hororun, from rank 0 of a supervised job."""
+    if supervised():
+        sys.stderr.write(line.decode() + "\n")
+        sys.stderr.flush()
 
 
 def directory():
@@ -37,6 +59,11 @@ def supervised():
 def launch():
     """0 for the job's first launch, n for its n-th relaunch."""
     return launch_environment().elastic_launch
+
+
+def min_size():
+    """The fewest ranks the job may go on with (hororun's --min-np; 1 outside hororun)."""
+    return max(1, launch_environment().elastic_min_np)
 
 
 class _Notices:

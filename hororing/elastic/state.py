@@ -84,6 +84,11 @@ class State:
     def reset(self):
         """Adjust to a new job size before the reset callbacks run (default: nothing)."""
 
+    def lost_with_a_rank(self):
+        """Why the last commit cannot be restored from the survivors' memory after a rank
+        died, or None (default: every rank holds the whole state)."""
+        return None
+
     def snapshot(self):
         """The last saved state as one picklable object (what a commit writes to disk)."""
         raise NotImplementedError(
@@ -208,6 +213,14 @@ class StateHandler:
     def apply(self, saved):
         raise NotImplementedError
 
+    def reset(self):
+        """The job was made anew (another size): adjust the value (default: nothing)."""
+
+    def lost_with_a_rank(self):
+        """Why this value's commit does not survive a rank's death in the survivors' memory
+        (each rank held only its part), or None (default: every rank holds it whole)."""
+        return None
+
     def persisted(self, directory, seq, name):
         """What a commit file holds for this value (default: the saved copy). Every rank
         calls it, in the same order: a handler may write its own part beside the file."""
@@ -235,6 +248,18 @@ class HandledState(ObjectState):
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
+
+    def reset(self):
+        for handler in self._handlers.values():
+            handler.reset()
+        super().reset()
+
+    def lost_with_a_rank(self):
+        for name, handler in self._handlers.items():
+            reason = handler.lost_with_a_rank()
+            if reason is not None:
+                return f"{name}: {reason}"
+        return None
 
     def sync(self):
         for handler in self._handlers.values():

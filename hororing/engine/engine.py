@@ -23,7 +23,8 @@ import logging
 import threading
 import time
 
-from .. import transport
+from .. import faults, transport
+from .._mpi import MPI
 from ..errors import HorovodInternalError
 from . import stalls
 from .allreduce import moved_bytes
@@ -47,6 +48,7 @@ class Engine:
         self._poll_active_s = config.poll_active_us / 1e6
         self._poll_idle_s = config.poll_idle_us / 1e6
         self.tuner = None  # an Autotuner (tuning/), told of every cycle that ran something
+        self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._exchange = MpiExchange(comm)
@@ -57,7 +59,7 @@ class Engine:
         self._cycle_activity = transport.activity(
             lambda: f"negotiation cycle {self.cycle.number}", self._peers)
         self._wakeups = Wakeups(comm)
-        self.executor = Executor(comm.Dup(), config, timeline, reducer)
+        self.executor = Executor(faults.track(comm.Dup()), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
         self._folding = LatencyFolding(self.allreduce, self.size, self.executor)
         self.cycle = Cycle(self._exchange, self._folding, config.cache_capacity)
@@ -73,6 +75,7 @@ class Engine:
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
+        self.peers_lost = False  # a peer process died (ULFM): the communicators are revoked
         self._stopped = False
         self._watch = stalls.Watch(lambda: self.config, self.cycle, self.rank, self._blocked,
                                    self._gather_cycle)
@@ -256,6 +259,8 @@ class Engine:
                     if self._progress(include_queue=self._submissions.async_waiting):
                         last_activity = time.monotonic()
                     self._watch.check()
+        except MPI.Exception as error:
+            self._lose_peers(error)
         except Exception as error:  # an engine bug must not leave callers waiting forever
             log.exception("hororing engine thread failed")
             self._halt(HorovodInternalError(f"hororing engine failed on rank {self.rank}: {error!r}"))
@@ -303,6 +308,9 @@ class Engine:
             self._failed_job |= ended.failed
             self._halt(HorovodInternalError(str(ended)))
             return True
+        except MPI.Exception as error:
+            self._lose_peers(error)
+            return True
         if responses:
             self._submissions.quiet_since = time.monotonic()
         if responses and self.tuner is not None and self.tuner.active:
@@ -332,6 +340,17 @@ class Engine:
         if self.on_missed_error is not None:
             self.on_missed_error(name)
 
+    def _lose_peers(self, error):
+        """An MPI operation failed: where a peer died (ULFM), revoke the job's communicators so
+        that every survivor's operations fail too, and fail every pending collective here with
+        ``RanksFailedError``; any other MPI error is an engine failure (raised on)."""
+        if not faults.peer_lost(error, self.comm):
+            raise error
+        self.peers_lost = True
+        self._failed_job = True
+        faults.revoke_all()
+        self._halt(faults.error_for(error, self.comm, self.rank))
+
     def _halt(self, error):
         """Stop for good: fail every pending handle with ``error``."""
         def stop():
@@ -344,6 +363,8 @@ class Engine:
         """Release MPI resources; call after ``stop``."""
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+        if self.peers_lost:  # the communicators are revoked: nothing to free or drain
+            return
         # after a failure, peers may be gone: leave what is in flight to MPI
         self._wakeups.close(None if self._failed_job else time.monotonic() + 10.0)
         self.executor.close()

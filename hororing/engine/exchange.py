@@ -10,7 +10,7 @@ unit tests' ``LocalExchange``).
 
 import numpy as np
 
-from .. import transport
+from .. import faults, transport
 from .._mpi import MPI
 
 
@@ -18,7 +18,7 @@ class MpiExchange:
     """The negotiation's collectives over MPI, on a duplicate of ``comm``."""
 
     def __init__(self, comm):
-        self.comm = comm.Dup()
+        self.comm = faults.track(comm.Dup())
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
 

@@ -8,10 +8,10 @@ thread that a submission waits with nobody driving it.
 """
 
 import contextlib
+import copy
 import threading
 import time
 
-from ..errors import HorovodInternalError
 
 
 class Submissions:
@@ -42,7 +42,7 @@ class Submissions:
         """
         with self.lock:
             if self.failure is not None:
-                raise HorovodInternalError(str(self.failure))
+                raise _again(self.failure)
             if request.name in self.pending:
                 raise _in_flight(request.name)
             self.pending[request.name] = request
@@ -133,7 +133,7 @@ class Submissions:
             self.pending.clear()
             forget()
         for request in pending.values():
-            request.handle.set_error(HorovodInternalError(str(self.failure)))
+            request.handle.set_error(_again(self.failure))
 
     def blocked(self, grace, now):
         """True when every pending collective is waited for by some thread, nothing is
@@ -143,6 +143,12 @@ class Submissions:
         with self.lock:
             return (bool(self.pending) and not self.queue
                     and all(request.awaited for request in self.pending.values()))
+
+
+def _again(error):
+    """A fresh exception like ``error`` (its type, message and attributes, no traceback): each
+    caller raises its own."""
+    return copy.copy(error)
 
 
 def _in_flight(name):

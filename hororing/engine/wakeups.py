@@ -12,7 +12,7 @@ before the receives are cancelled, so no message is left for the transport to wa
 
 import numpy as np
 
-from .. import transport
+from .. import faults, transport
 from .._mpi import MPI
 
 WAKE_TAG = 1
@@ -22,7 +22,7 @@ class Wakeups:
     """This rank's wake-up receives (one per peer) and sends, on its own communicator."""
 
     def __init__(self, comm):
-        self.comm = comm.Dup()
+        self.comm = faults.track(comm.Dup())
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
         self._peers = [peer for peer in range(size) if peer != rank]
         self._inbox = np.zeros((size, 1), dtype=np.int64)  # one slot per peer

@@ -1,7 +1,10 @@
 """hororun's elastic driver: relaunch the job on the hosts there are, from its newest commit.
 
 An MPI world does not outlive a dead rank (MPICH from PyPI has no fault-tolerance extension,
-and mpiexec ends every rank when one dies), so the driver supervises mpiexec:
+and mpiexec ends every rank when one dies), so the driver supervises mpiexec. Where the MPI is
+an Open MPI with ULFM, the job is started ``--with-ft ulfm`` and the survivors of a dead rank
+go on in process (``elastic/recovery.py``); the relaunch below is then for growth, for too
+few survivors, and for failures that are not a dead rank:
 
 1. It asks the discovery (a script, or the fixed ``-H``/``--hostfile`` hosts) for hosts,
    waits up to ``--elastic-timeout`` until they offer ``--min-np`` slots, and launches
@@ -22,11 +25,18 @@ and mpiexec ends every rank when one dies), so the driver supervises mpiexec:
    kept. Status 0 ends the driver. ``--reset-limit`` bounds the relaunches; where ranks run on
    this machine, three failed launches in a row with no new commit on its disk end the job as
    well, since relaunching a job that fails before its first commit would loop forever.
+4. In process (ULFM), the new rank 0 reports the survivors' size on stderr (``job.SHRUNK``).
+   The dead ranks' slots are held out, as Horovod blacklists a failed worker's host: for a
+   time drawn from ``--blacklist-cooldown-range``, else for the rest of the job (unless
+   ``--min-np`` needs them). The job grows back, stopping at a commit and relaunched, when
+   the hosts offer more slots than it has beside those held out.
 """
 
 import functools
+import math
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -70,11 +80,14 @@ class ElasticDriver:
             and a function that waits for its output to be consumed; it must set the event
             ``acknowledged`` when the job's stderr carries ``job.ACKNOWLEDGEMENT`` (default:
             ``start_copying_stderr``).
+        in_process: the job runs ``--with-ft ulfm``: survivors of a dead rank go on in it.
+        cooldown: (min, max) seconds a dead rank's slot is held out after the survivors went
+            on in process (None: for the rest of the job).
     """
 
     def __init__(self, command_for, command, discover, min_np, max_np=None,
                  elastic_timeout=600.0, reset_limit=None, directory=None, env=None,
-                 interval=1.0, verbose=False, start=None):
+                 interval=1.0, verbose=False, start=None, in_process=False, cooldown=None):
         self.command_for = command_for
         self.command = list(command)
         self.discover = discover
@@ -87,10 +100,19 @@ class ElasticDriver:
         self.interval = interval
         self.verbose = verbose
         self._refused = threading.Event()  # the scheduler refused to start a launch's daemons
-        self.start = start or functools.partial(start_copying_stderr, refused=self._refused)
+        self.start = start or functools.partial(start_copying_stderr, refused=self._refused,
+                                                shrunk=self._shrunk, marked=self._marked)
+        self.in_process = in_process
+        self.cooldown = cooldown
+        self._running = None  # the running launch's size (smaller after an in-process shrink)
+        self._in_run = False  # rank 0 is inside hvd.elastic.run (job.ENTERED, job.RETURNED)
+        self._held_out = []  # when each dead rank's slot may be used again (inf: never)
 
     def run(self):
         """Return the job's exit status: 0 when it finished, else why it stopped."""
+        if self.in_process:
+            log("a rank that dies is recovered in process: the survivors go on (Open MPI's "
+                "ULFM, mpiexec --with-ft ulfm)")
         owned = self.directory is None
         directory = self.directory or tempfile.mkdtemp(prefix="hororun-elastic-")
         try:
@@ -141,7 +163,34 @@ class ElasticDriver:
 
     def _size(self, hosts):
         slots = discovery.total_slots(hosts)
-        return slots if self.max_np is None else min(slots, self.max_np)
+        usable = slots - self._holding_out()
+        if usable < self.min_np:  # held-out slots come back before the job stops for good
+            usable = min(slots, self.min_np)
+        return usable if self.max_np is None else min(usable, self.max_np)
+
+    def _holding_out(self):
+        now = time.monotonic()
+        self._held_out = [until for until in self._held_out if until > now]
+        return len(self._held_out)
+
+    def _marked(self, line):
+        self._in_run = job.ENTERED in line
+
+    def _shrunk(self, line):
+        """The job's stderr says the survivors of a failure went on in process."""
+        try:
+            size = int(line.split(job.SHRUNK, 1)[1].split()[0])
+        except (IndexError, ValueError):
+            return
+        lost = (self._running or size) - size
+        self._running = size
+        for _ in range(max(lost, 0)):
+            until = math.inf if self.cooldown is None else \
+                time.monotonic() + random.uniform(*self.cooldown)
+            self._held_out.append(until)
+        log(f"{lost} rank(s) died; the job goes on in process with {size}; their slots are "
+            f"held out " + ("for the rest of the job" if self.cooldown is None else
+                            "for --blacklist-cooldown-range"))
 
     def _wait_for_hosts(self):
         deadline = time.monotonic() + self.elastic_timeout
@@ -168,6 +217,9 @@ class ElasticDriver:
         env = dict(self.env)
         env[job.DIR_ENV] = str(directory)
         env[job.LAUNCH_ENV] = str(launch)
+        env[job.MIN_NP_ENV] = str(self.min_np)
+        self._running = size
+        self._in_run = False
         command = self.command_for(size, placed, scratch, env) + \
             ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self.command
         log(f"launch {launch}: {size} ranks on " +
@@ -183,6 +235,11 @@ class ElasticDriver:
                 try:
                     status = process.wait(timeout=self.interval)
                     drained()
+                    if status == 0 and self.in_process and self._in_run:
+                        # ULFM's mpiexec gives no status for killed ranks: every one was
+                        log(f"launch {launch} ended inside hvd.elastic.run with no rank left "
+                            f"(every rank was killed)")
+                        return 1
                     return status
                 except subprocess.TimeoutExpired:
                     pass
@@ -194,7 +251,7 @@ class ElasticDriver:
                     return self._end(process)
                 if acknowledged.is_set():
                     continue  # the ranks are stopping: a signal now could hit an exiting one
-                change = self._change(size, placed)
+                change = self._change(self._running, placed)
                 if change:
                     if not noticed:
                         log(f"hosts changed ({change}); asking launch {launch} to stop at its "
@@ -237,14 +294,22 @@ class ElasticDriver:
 REFUSALS = ("Requested node configuration is not available", "Unable to create step")
 
 
-def start_copying_stderr(command, env, acknowledged, refused=None):
-    """Start ``command``; copy its stderr to ours, watching for the ranks' acknowledgement and
-    (``refused``, an event) for srun refusing to start mpiexec's daemons."""
+def start_copying_stderr(command, env, acknowledged, refused=None, shrunk=None, marked=None):
+    """Start ``command``; copy its stderr to ours, watching for the ranks' acknowledgement,
+    (``refused``, an event) for srun refusing to start mpiexec's daemons, (``shrunk``, called
+    with the line) for the survivors of a failure going on in process, and (``marked``, called
+    with the line, which is not copied) for rank 0 entering and leaving hvd.elastic.run."""
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
 
     def watch(line):
         if refused is not None and any(text.encode() in line for text in REFUSALS):
             refused.set()
+        if shrunk is not None and job.SHRUNK in line:
+            shrunk(line)
+        if job.ENTERED in line or job.RETURNED in line:
+            if marked is not None:
+                marked(line)
+            return True
         return False
     pump = threading.Thread(target=copy_lines,
                             args=(process.stderr, sys.stderr, acknowledged, watch), daemon=True)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 __all__ = ["MPICH", "OPEN_MPI", "SRUN_PLUGINS", "find_mpiexec", "mpi_flavor", "mpiexec_command",
-           "quote", "run_and_explain"]
+           "quote", "run_and_explain", "ulfm_support"]
 
 MPICH, OPEN_MPI = "MPICH", "Open MPI"
 SRUN_PLUGINS = {MPICH: "pmi2", OPEN_MPI: "pmix"}  # what each PyPI MPI speaks under srun
@@ -30,6 +30,22 @@ def mpi_flavor(mpiexec):
     except (OSError, subprocess.TimeoutExpired):
         output = ""
     return OPEN_MPI if "Open MPI" in output or "OpenRTE" in output else MPICH
+
+
+def ulfm_support(mpiexec):
+    """Whether the Open MPI of ``mpiexec`` was built with ULFM (its ``ompi_info`` says "FT MPI
+    support: yes"): started with ``--with-ft ulfm``, its jobs outlive a dead rank."""
+    beside = pathlib.Path(mpiexec).parent / "ompi_info"
+    info = str(beside) if beside.exists() else shutil.which("ompi_info")
+    if info is None:
+        return False
+    try:
+        output = subprocess.run([info], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(line.split(":", 1)[0].strip() == "FT MPI support" and
+               line.split(":", 1)[1].strip().startswith("yes")
+               for line in output.splitlines() if ":" in line)
 
 
 def mpiexec_command(mpiexec, flavor, np, hosts, scratch, in_allocation=False, env=None):

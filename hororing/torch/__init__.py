@@ -12,7 +12,7 @@ from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Pro
                 is_initialized, local_rank, local_size, ps_stats, rank, remove_process_set,
                 shutdown, size)
 from .. import data
-from ..errors import HostsUpdatedInterrupt, PreconditionError
+from ..errors import HostsUpdatedInterrupt, PreconditionError, RanksFailedError
 from . import checkpoint, comm_hooks, distributed, elastic
 from .async_optimizer import AsyncPSOptimizer
 from .bridge import poll, synchronize
@@ -38,7 +38,7 @@ __all__ = [
     "Adasum", "AsyncPSOptimizer", "Average", "Compression", "DiLoCo", "DistributedOptimizer",
     "LocalSGD",
     "ZeroRedundancyOptimizer",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "RanksFailedError", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",

@@ -204,6 +204,19 @@ class _DistributedOptimizer(WrappingOptimizer):
         self._synchronized = False
         return self._optimizer.step(closure)
 
+    def _forget_step(self):
+        """A collective of this step failed (a rank died; elastic): drop the reductions in
+        flight and the passes counted, so that the step can be taken again once the state is
+        restored."""
+        self._handles.clear()
+        self._reducer.forget_step()
+        self._synchronized = False
+
+    def _rejoin(self):
+        """The job was made anew (the survivors of a failure): use its process set."""
+        if self._group is not None:
+            self._group = group_of(self.process_set)
+
     def zero_grad(self, set_to_none=True):
         """Clear gradients; refuses while their allreduces are still running."""
         if self._handles:

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from .. import transport
+from .. import faults, transport
 from .bayes import BayesianOptimizer
 
 log = logging.getLogger("hororing")
@@ -306,7 +306,7 @@ def attach(engine, comm, config):
     tunable = [name for name, fields in _FIXED_BY.items() if not fixed.intersection(fields)]
     tune_hierarchical = pipeline.has("hierarchical") and "hierarchical_allreduce" not in fixed
     engine.tuner = Autotuner(
-        comm.Dup(), initial, tunable, tune_hierarchical, engine.apply_settings,
+        faults.track(comm.Dup()), initial, tunable, tune_hierarchical, engine.apply_settings,
         warmup_samples=config.autotune_warmup_samples,
         steps_per_sample=config.autotune_steps_per_sample,
         max_samples=config.autotune_bayes_opt_max_samples,

@@ -1,6 +1,7 @@
-"""hororun's elastic mode against real faults: SIGKILL, a raising rank, a kill mid-commit,
-hosts that change. Every job is bounded by a timeout; each must end with the parameters of an
-uninterrupted run (bit for bit at the same size, to rounding after a resize)."""
+"""hororun's elastic mode against real faults, recovered by relaunching the job: SIGKILL, a
+raising rank, a kill mid-commit, hosts that change. Every job is bounded by a timeout; each
+must end with the parameters of an uninterrupted run (bit for bit at the same size, to
+rounding after a resize)."""
 
 import io
 import json
@@ -23,7 +24,9 @@ TIMEOUT = 180
 
 
 def hororun(*args):
-    return [sys.executable, "-m", "hororing.launcher", "--mpiexec", mpiexec(), *args]
+    # the relaunch path, under every MPI (test_ulfm.py has the survivors going on in process)
+    return [sys.executable, "-m", "hororing.launcher", "--mpiexec", mpiexec(), "--fault-recovery",
+            "relaunch", *args]
 
 
 def run_elastic(tmp_path, *flags, job_args=(), timeout=TIMEOUT):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from ... import ops
 from ...process_sets import global_process_set, group_of, members_process_set
 from ...running import current
-from ... import door
+from ... import door, faults
 from .. import async_ops
 from ..bridge import TorchHandle, as_numpy, to_torch
 from ..compression import Compression
@@ -63,7 +63,7 @@ class ProcessGroupHororing(PointToPoint, dist.ProcessGroup):
         self._names = CallNames(name)  # what each call is named (naming.py)
         # the group's own duplicate communicator for sends and receives (they never match the
         # engine's messages), made now: every member is here, and MPI_Comm_dup needs them all
-        self._p2p = group_of(process_set).comm.Dup()
+        self._p2p = faults.track(group_of(process_set).comm.Dup())
 
     def getBackendName(self):
         return NAME

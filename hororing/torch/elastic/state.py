@@ -36,6 +36,17 @@ class OptimizerStateHandler(_StateDictHandler):
     def sync(self):
         functions.broadcast_optimizer_state(self.value, root_rank=0)
 
+    def restore(self):
+        forget = getattr(self.value, "_forget_step", None)  # DistributedOptimizer's
+        if forget is not None:
+            forget()
+        super().restore()
+
+    def reset(self):
+        rejoin = getattr(self.value, "_rejoin", None)
+        if rejoin is not None:
+            rejoin()
+
 
 class ShardedOptimizerStateHandler(OptimizerStateHandler):
     """A sharded optimizer (``DistributedOptimizer(sharded=...)``, ``ZeroRedundancyOptimizer``):
@@ -50,6 +61,10 @@ class ShardedOptimizerStateHandler(OptimizerStateHandler):
     def capture(self):
         inner = self.value._optimizer.state_dict()
         return {"slices": copy.deepcopy(inner), "layout": self._layout()}
+
+    def lost_with_a_rank(self):
+        return ("a sharded optimizer's commit holds each rank's slices of its state, and a dead "
+                "rank's slices are gone with it")
 
     def _layout(self):
         group = self.value._group

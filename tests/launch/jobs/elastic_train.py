@@ -3,8 +3,9 @@
 Every step trains on the global batch of that step (generated from the step number), split
 across the ranks there are, so the averaged gradient and the result do not depend on the job's
 size beyond rounding, and are bit-identical for the same size. Faults are injected in one
-launch only (HORORING_ELASTIC_LAUNCH): ``--kill L:R:S`` SIGKILLs rank R of launch L at step S,
-``--raise L:R:S`` raises there, ``--kill-in-write L:C`` SIGKILLs the writer of commit C of
+launch only (HORORING_ELASTIC_LAUNCH): ``--kill L:R:S`` (repeatable) SIGKILLs the process that
+started launch L as rank R when it reaches step S (survivors that go on in process are
+renumbered; the kill stays with the process), ``--raise L:R:S`` raises there, ``--kill-in-write L:C`` SIGKILLs the writer of commit C of
 launch L half-way through writing it. Rank 0 writes the final parameters to ``--out``.
 """
 import argparse
@@ -21,7 +22,7 @@ import hororing.torch as hvd
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--step-sleep", type=float, default=0.0)
-parser.add_argument("--kill", default=None)
+parser.add_argument("--kill", action="append", default=[])
 parser.add_argument("--raise", dest="raise_at", default=None)
 parser.add_argument("--kill-in-write", default=None)
 parser.add_argument("--raise-every-launch", action="store_true",
@@ -77,7 +78,8 @@ if args.kill_in_write:
 # the padding comes before the bomb in the pickle, so the bomb fires with bytes on disk
 extra = {"padding": np.arange(300_000, dtype=np.float64), "bomb": BombInCommit(bomb_at)}
 state = hvd.elastic.TorchState(model, optimizer, step=0, **extra)
-kill, fail = at(args.kill), at(args.raise_at)
+kills, fail = {at(spec) for spec in args.kill} - {None}, at(args.raise_at)
+START_RANK = hvd.rank()
 
 
 @hvd.elastic.run
@@ -91,7 +93,7 @@ def train(state):
         loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
         loss.backward()
         optimizer.step()
-        if kill == (hvd.rank(), state.step):
+        if (START_RANK, state.step) in kills:
             os.kill(os.getpid(), signal.SIGKILL)
         if fail == (hvd.rank(), state.step):
             raise RuntimeError(f"injected failure at step {state.step}")

@@ -1,0 +1,149 @@
+"""Survivors of a dead rank go on in process: hororun's elastic mode under an Open MPI with
+ULFM (started ``--with-ft ulfm``). Each job is bounded by a timeout and must end with the
+parameters of an uninterrupted run (to rounding: the job trains on the same global batch at
+any size), having run every step, with no relaunch where the survivors are enough.
+
+Runs where the mpiexec beside this Python is such an Open MPI (tests/run.sh runs this file in
+its Open MPI environment); the refusal of ``--fault-recovery in-process`` runs under any other.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import JOBS, mpiexec
+from hororing.runner.mpiexec import OPEN_MPI, mpi_flavor, ulfm_support
+
+JOB = [sys.executable, str(JOBS / "elastic_train.py")]
+TIMEOUT = 180
+
+
+def ulfm_mpiexec():
+    found = mpiexec()
+    if mpi_flavor(found) != OPEN_MPI or not ulfm_support(found):
+        pytest.skip("needs Open MPI built with ULFM (tests/run.sh runs this in .venv-openmpi)")
+    return found
+
+
+def hororun(found, *args):
+    return [sys.executable, "-m", "hororing.launcher", "--mpiexec", found, *args]
+
+
+def bounded(command):
+    """Run ``command`` in its own session; past TIMEOUT every process of it is killed (hororun,
+    its mpiexec and the ranks), so that nothing outlives a test."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def run(tmp_path, found, *flags, job_args=()):
+    out = tmp_path / "result.json"
+    finished = bounded(hororun(found, *flags, "--elastic-dir", str(tmp_path / "commits"), *JOB,
+                               "--out", str(out), *job_args))
+    return finished, json.loads(out.read_text()) if out.exists() else None
+
+
+def events(finished):
+    return [line for line in finished.stderr.splitlines()
+            if line.startswith(("hororun[elastic]", "hororing.elastic"))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Parameters after 30 steps on 2 ranks, no faults."""
+    found = ulfm_mpiexec()
+    out = tmp_path_factory.mktemp("reference") / "result.json"
+    finished = bounded(hororun(found, "-np", "2", *JOB, "--out", str(out)))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return np.concatenate(json.loads(out.read_text())["params"])
+
+
+def same_training(result, reference):
+    np.testing.assert_allclose(np.concatenate(result["params"]), reference, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_survivors_of_a_killed_rank_go_on_in_process(tmp_path, reference, seed):
+    found = ulfm_mpiexec()
+    picker = random.Random(seed)
+    rank, step = picker.randrange(3), picker.randrange(1, 29)
+    finished, result = run(tmp_path, found, "-np", "3", "--min-np", "1",
+                           job_args=["--kill", f"0:{rank}:{step}"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("going on in process with 2 ranks" in line for line in lines), lines
+    assert not any("failed with exit status" in line for line in lines), lines
+    assert result["launch"] == 0 and result["size"] == 2 and result["step"] == 30
+    same_training(result, reference)
+
+
+def test_two_deaths_at_different_steps_shrink_twice(tmp_path, reference):
+    found = ulfm_mpiexec()
+    finished, result = run(tmp_path, found, "-np", "4", "--min-np", "1",
+                           job_args=["--kill", "0:0:7", "--kill", "0:2:19"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("with 3 ranks" in line for line in lines), lines
+    assert any("with 2 ranks" in line for line in lines), lines
+    assert result["launch"] == 0 and result["size"] == 2 and result["step"] == 30
+    same_training(result, reference)
+
+
+def test_too_few_survivors_for_min_np_relaunch_the_job_from_its_commit(tmp_path, reference):
+    found = ulfm_mpiexec()
+    finished, result = run(tmp_path, found, "-np", "2", "--min-np", "2",
+                           job_args=["--kill", "0:1:9"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "fewer than --min-np 2" in finished.stderr, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("launch 0 failed with exit status" in line for line in lines), lines
+    assert result["launch"] == 1 and result["size"] == 2 and result["step"] == 30
+    same_training(result, reference)
+
+
+def test_a_dead_ranks_slot_comes_back_after_the_cooldown_and_the_job_grows(tmp_path,
+                                                                            reference):
+    found = ulfm_mpiexec()
+    finished, result = run(tmp_path, found, "-np", "3", "--min-np", "1",
+                           "--blacklist-cooldown-range", "1", "1", "--discovery-interval",
+                           "0.5", job_args=["--kill", "0:2:3", "--step-sleep", "0.3"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("going on in process with 2 ranks" in line for line in lines), lines
+    assert any("3 slots usable, the job has 2" in line for line in lines), lines
+    assert result["launch"] == 1 and result["size"] == 3 and result["step"] == 30
+    same_training(result, reference)
+
+
+def test_a_sharded_optimizer_cannot_go_on_in_process_and_is_relaunched(tmp_path, reference):
+    found = ulfm_mpiexec()
+    finished, result = run(tmp_path, found, "-np", "3", "--min-np", "1",
+                           job_args=["--kill", "0:1:11", "--sharded"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "slices are gone with it" in finished.stderr, finished.stderr[-3000:]
+    assert result["launch"] == 1 and result["step"] == 30
+    same_training(result, reference)
+
+
+def test_in_process_recovery_is_refused_where_the_mpi_cannot_do_it(tmp_path):
+    found = mpiexec()
+    if mpi_flavor(found) == OPEN_MPI and ulfm_support(found):
+        pytest.skip("this MPI can recover in process")
+    finished = bounded(hororun(found, "-np", "2", "--min-np", "1", "--fault-recovery",
+                               "in-process", *JOB, "--out", str(tmp_path / "out.json")))
+    assert finished.returncode == 2
+    assert "--fault-recovery in-process needs Open MPI built with ULFM" in finished.stderr
+    assert "Use --fault-recovery relaunch" in finished.stderr
