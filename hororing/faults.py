@@ -63,8 +63,21 @@ def peer_lost(error, comm):
     error_class = error.Get_error_class()
     if error_class in lost:
         return True
-    # a Testall/Waitall reports the failed request's error in its status only
-    return error_class == MPI.ERR_IN_STATUS and bool(failed_ranks(comm))
+    # a Testall/Testsome reports a failed request's error in its status only: a peer's death
+    # this process knows of, or a communicator a survivor revoked
+    return error_class == MPI.ERR_IN_STATUS and (bool(failed_ranks(comm)) or _any_revoked())
+
+
+def _any_revoked():
+    with _Tracked.lock:
+        comms = list(_Tracked.comms)
+    for comm in comms:
+        try:
+            if comm.Is_revoked():
+                return True
+        except Exception:  # freed: not the one
+            continue
+    return False
 
 
 def failed_ranks(comm):

@@ -18,6 +18,7 @@ caller's thread inside ``synchronize`` (so a blocking call pays no thread hand-o
 background thread also runs the stall checks.
 """
 
+import copy
 import functools
 import logging
 import threading
@@ -170,6 +171,9 @@ class Engine:
                     self._drive_lock.release()
             if progressed:
                 idle_wait, idle_since = 1e-4, None
+            elif self._stopped:  # failed while the executor held it (a peer died mid-way)
+                if not handle.done():
+                    handle.set_error(copy.copy(self._submissions.failure))
             else:  # the peers are not there yet: poll for their wake-ups, backing off
                 now = time.monotonic()
                 idle_since = idle_since or now
@@ -259,9 +263,9 @@ class Engine:
                     if self._progress(include_queue=self._submissions.async_waiting):
                         last_activity = time.monotonic()
                     self._watch.check()
-        except MPI.Exception as error:
-            self._lose_peers(error)
         except Exception as error:  # an engine bug must not leave callers waiting forever
+            if self._lose_peers(error):
+                return
             log.exception("hororing engine thread failed")
             self._halt(HorovodInternalError(f"hororing engine failed on rank {self.rank}: {error!r}"))
 
@@ -309,7 +313,8 @@ class Engine:
             self._halt(HorovodInternalError(str(ended)))
             return True
         except MPI.Exception as error:
-            self._lose_peers(error)
+            if not self._lose_peers(error):
+                raise
             return True
         if responses:
             self._submissions.quiet_since = time.monotonic()
@@ -341,15 +346,16 @@ class Engine:
             self.on_missed_error(name)
 
     def _lose_peers(self, error):
-        """An MPI operation failed: where a peer died (ULFM), revoke the job's communicators so
-        that every survivor's operations fail too, and fail every pending collective here with
-        ``RanksFailedError``; any other MPI error is an engine failure (raised on)."""
+        """An operation failed with ``error``: where it says a peer died (ULFM), revoke the
+        job's communicators so that every survivor's operations fail too, fail every pending
+        collective here with ``RanksFailedError`` and return True; else return False."""
         if not faults.peer_lost(error, self.comm):
-            raise error
+            return False
         self.peers_lost = True
         self._failed_job = True
         faults.revoke_all()
         self._halt(faults.error_for(error, self.comm, self.rank))
+        return True
 
     def _halt(self, error):
         """Stop for good: fail every pending handle with ``error``."""

@@ -366,6 +366,8 @@ class _DistributedOptimizer(WrappingOptimizer):
             parameter.grad = view
         if self._local:  # inside no_sync(): the gradient accumulates here, nothing starts
             return
+        if self._group.size == 1:  # the survivors of a failure are this rank alone
+            return
         ready = self._reducer.ready(parameter, parameter in self._handles)
         if ready is parameter:
             self._start(parameter)

@@ -319,3 +319,23 @@ def test_bench_optimizer_calls_counts_every_variant_and_checks_the_parameters():
     assert [row[0] for row in rows] == ["plain", "sharded1", "sharded2", "numpy"], job.stdout
     for variant, calls, wing, milliseconds, equal in rows:
         assert 0 < int(wing) <= int(calls) and float(milliseconds) > 0 and equal == "True"
+
+
+def run_chaos(mode, *args):
+    """bench_chaos.py on a short job: ranks are killed, and the run must lose nothing."""
+    job = subprocess.run([sys.executable, str(SCRIPTS / "bench_chaos.py"), "--modes", mode,
+                          "--steps", "120", "--step-ms", "20", "--commit-every", "5",
+                          "--every", "1", "--max-faults", "2", "--timeout", "300", *args],
+                         capture_output=True, text=True, timeout=900)
+    assert job.returncode == 0, job.stdout + job.stderr[-3000:]
+    row = [line for line in job.stdout.splitlines() if line.startswith(f"| {mode} |")]
+    assert len(row) == 1, job.stdout
+    cells = [cell.strip() for cell in row[0].strip("|").split("|")]
+    assert cells[-1] == "all steps, equal parameters, commits intact", row[0]
+    assert int(cells[1].split()[0]) >= 1, row[0]  # faults that were injected
+    return cells
+
+
+def test_bench_chaos_relaunches_killed_ranks_and_loses_nothing():
+    cells = run_chaos("relaunch-mpich", "--ranks", "2")
+    assert int(cells[8]) >= 1  # relaunches

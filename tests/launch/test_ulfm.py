@@ -9,6 +9,7 @@ its Open MPI environment); the refusal of ``--fault-recovery in-process`` runs u
 
 import json
 import os
+import pathlib
 import random
 import signal
 import subprocess
@@ -42,6 +43,10 @@ def bounded(command):
                                text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"no end within {TIMEOUT} s: {stderr[-4000:]}") from None
     except BaseException:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
@@ -102,6 +107,16 @@ def test_two_deaths_at_different_steps_shrink_twice(tmp_path, reference):
     same_training(result, reference)
 
 
+def test_a_job_shrunk_to_one_rank_trains_on_alone(tmp_path, reference):
+    found = ulfm_mpiexec()
+    finished, result = run(tmp_path, found, "-np", "2", "--min-np", "1",
+                           job_args=["--kill", "0:0:5"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert any("going on in process with 1 ranks" in line for line in events(finished))
+    assert result["launch"] == 0 and result["size"] == 1 and result["step"] == 30
+    same_training(result, reference)
+
+
 def test_too_few_survivors_for_min_np_relaunch_the_job_from_its_commit(tmp_path, reference):
     found = ulfm_mpiexec()
     finished, result = run(tmp_path, found, "-np", "2", "--min-np", "2",
@@ -147,3 +162,16 @@ def test_in_process_recovery_is_refused_where_the_mpi_cannot_do_it(tmp_path):
     assert finished.returncode == 2
     assert "--fault-recovery in-process needs Open MPI built with ULFM" in finished.stderr
     assert "Use --fault-recovery relaunch" in finished.stderr
+
+
+def test_bench_chaos_in_process_loses_nothing(tmp_path):
+    ulfm_mpiexec()
+    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_chaos.py"
+    job = bounded([sys.executable, str(script), "--modes", "in-process", "--ranks", "3",
+                   "--steps", "120", "--step-ms", "20", "--commit-every", "5", "--every", "1",
+                   "--max-faults", "1", "--timeout", "150"])
+    assert job.returncode == 0, job.stdout + job.stderr[-3000:]
+    row = [line for line in job.stdout.splitlines() if line.startswith("| in-process |")]
+    cells = [cell.strip() for cell in row[0].strip("|").split("|")]
+    assert cells[-1] == "all steps, equal parameters, commits intact", row[0]
+    assert cells[1] == "1 (1)" and cells[9] == "1" and cells[10] == "2", row[0]
