@@ -67,11 +67,13 @@ class Context:
         self.group = Group(0, range(self.size), comm, self.engine)
         self.sets = Registry(comm, config, self.group)  # every process set, by id
 
-    def close(self, failure=None):
+    def close(self, failure=None, lost=False):
         """Leave the job: tell the peers (shutdown, or ``failure``, a message) and free MPI state.
 
-        After a peer died (ULFM) the communicators are revoked: nothing is told or freed."""
-        if self.engine.peers_lost:
+        After a peer died (ULFM; ``lost``, or this engine saw it) every communicator is revoked:
+        nothing is told or freed."""
+        lost = lost or self.engine.peers_lost
+        if lost:
             faults.revoke_all()  # a process set's engine may not have seen it yet
         self.sets.close(failure)
         stop_engine(self.engine, failure)
@@ -80,7 +82,7 @@ class Context:
         self.engine.close()
         if self.watchdog is not None:
             self.watchdog.stop()
-        if not self.engine.peers_lost:
+        if not lost:
             for comm in (self.local_comm, self.cross_comm, self.comm):
                 comm.Free()
         faults.forget_all()
@@ -178,8 +180,7 @@ def continue_with_survivors():
                                + ("PS mode's servers are not recovered" if old.origin is None
                                   else "this MPI has no ULFM extension"))
         _State.context = None
-    faults.revoke_all()
-    old.close()
+    old.close(lost=True)
     survivors = old.origin.Shrink()
     context = Context(survivors.Dup(), old.config, origin=survivors)
     with _State.lock:

@@ -17,6 +17,7 @@ itself when a process dies; nothing here applies to it.
 import threading
 
 from ._mpi import MPI
+from .errors import RanksFailedError
 
 
 class _Tracked:
@@ -115,8 +116,6 @@ def revoke_all():
 def error_for(error, comm, rank):
     """The ``RanksFailedError`` the survivors' collectives fail with, for the MPI ``error``
     this rank saw (``comm``: the job's communicator, ``rank``: this rank in it)."""
-    from .errors import RanksFailedError
-
     ranks = failed_ranks(comm)
     which = (f"rank(s) {', '.join(map(str, ranks))} of {comm.Get_size()}" if ranks else
              "a peer rank (another survivor saw it first and revoked the job)")

@@ -38,6 +38,31 @@ def bucket_views(parameters, bucket_bytes):
     return views, buckets
 
 
+def laid_out_again(reducer, parameters, whole_bytes):
+    """Yield (views, buckets) anew for the ``parameters`` (those with views now), in the order
+    the engine runs their allreduces; each is to be taken before the next is made. Buckets that
+    start whole keep their order (reverse parameter order: the engine reduces each as one
+    tensor) and are laid out again only where their size has changed (the autotuner moved the
+    fusion threshold; ``whole_bytes()``: their size now)."""
+    reducer.laid_out()
+    alone = [parameter for parameter in parameters if reducer.bucket_of(parameter) is None]
+    if alone:
+        yield bucket_views(reducer.order(alone), reducer.fusion_threshold())
+    whole = [parameter for parameter in parameters if reducer.bucket_of(parameter) is not None]
+    if whole and whole_bytes() != reducer.whole_bytes:
+        reducer.forget(whole)
+        yield bucket_views(whole, whole_bytes())
+
+
+def move_gradients(views):
+    """Each parameter's dense gradient copied into its new view, which becomes its ``.grad``."""
+    for parameter, view in views.items():
+        grad = parameter.grad
+        if grad is not None and grad.layout == torch.strided:
+            view.copy_(grad)
+            parameter.grad = view
+
+
 def parameter_names(optimizer, named_parameters):
     if named_parameters is None:
         return generated_names(optimizer)

@@ -33,7 +33,8 @@ from .amp import scaled_step
 from .bridge import as_numpy
 from .compression import Compression
 from .functions import refuse_uninitialized
-from .layout import bucket_views, dense_local, generated_names, parameter_names
+from .layout import (bucket_views, dense_local, generated_names, laid_out_again, move_gradients,
+                     parameter_names)
 from .sharded import ShardedOptimizer
 from .wrapping import WrappingOptimizer
 
@@ -298,28 +299,11 @@ class _DistributedOptimizer(WrappingOptimizer):
 
     def _lay_out_again(self):
         """New buckets in the order the engine runs the gradients' allreduces, each gradient
-        kept: moved into its new view. Buckets that start whole keep their order (reverse
-        parameter order: the engine reduces each as one tensor) and are laid out again only
-        where their size has changed (the autotuner moved the fusion threshold)."""
-        reducer = self._reducer
-        reducer.laid_out()
-        alone = [parameter for parameter in self._views if reducer.bucket_of(parameter) is None]
-        if alone:
-            self._move_into(*bucket_views(reducer.order(alone), reducer.fusion_threshold()))
-        whole = [parameter for parameter in self._views
-                 if reducer.bucket_of(parameter) is not None]
-        if whole and self._bucket_bytes() != reducer.whole_bytes:
-            reducer.forget(whole)
-            self._move_into(*bucket_views(whole, self._bucket_bytes()))
-
-    def _move_into(self, views, buckets):
-        """Take new ``views`` and ``buckets``, each gradient moved into its new view."""
-        for parameter, view in views.items():
-            grad = parameter.grad
-            if grad is not None and grad.layout == torch.strided:
-                view.copy_(grad)
-                parameter.grad = view
-        self._set_buckets(views, buckets, update=True)
+        moved into its new view (``layout.laid_out_again``)."""
+        for views, buckets in laid_out_again(self._reducer, list(self._views),
+                                             self._bucket_bytes):
+            move_gradients(views)
+            self._set_buckets(views, buckets, update=True)
 
     def _set_buckets(self, views, buckets, update=False):
         """Take the gradient ``views`` and their ``buckets`` (``layout.bucket_views``)."""
