@@ -8,10 +8,8 @@ its Open MPI environment); the refusal of ``--fault-recovery in-process`` runs u
 """
 
 import json
-import os
 import pathlib
 import random
-import signal
 import subprocess
 import sys
 
@@ -20,6 +18,9 @@ import pytest
 
 from conftest import JOBS, mpiexec
 from hororing.runner.mpiexec import OPEN_MPI, mpi_flavor, ulfm_support
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+from process_tree import end_job  # noqa: E402
 
 JOB = [sys.executable, str(JOBS / "elastic_train.py")]
 TIMEOUT = 180
@@ -44,11 +45,11 @@ def bounded(command):
     try:
         stdout, stderr = process.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        end_job(process)
         stdout, stderr = process.communicate()
         raise AssertionError(f"no end within {TIMEOUT} s: {stderr[-4000:]}") from None
     except BaseException:
-        os.killpg(process.pid, signal.SIGKILL)
+        end_job(process)
         process.communicate()
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
