@@ -118,7 +118,20 @@ def _elastic_driver(args, mpiexec, within):
     return ElasticDriver(command_for, args.command, discover, min_np, args.max_np,
                          args.elastic_timeout, args.reset_limit, args.elastic_dir,
                          job_environment(args), args.discovery_interval, args.verbose,
-                         in_process=in_process, cooldown=args.blacklist_cooldown_range)
+                         in_process=in_process, cooldown=args.blacklist_cooldown_range,
+                         warm=_warm_modules(args.warm_start, args.command))
+
+
+def _warm_modules(choice, command):
+    """The modules a warm process imports ahead for relaunched ranks (``--warm-start``);
+    empty: no warm starts (off, or a command that is not ``PYTHON script|-m module``)."""
+    from .runner import warm
+
+    if choice == "off" or not warm.is_python(command):
+        return []
+    if choice == "auto":
+        return warm.auto_modules(command)
+    return [name.strip() for name in choice.split(",") if name.strip()]
 
 
 def _in_process_recovery(choice, mpiexec, flavor):
@@ -251,6 +264,11 @@ def _parser():
                               "not used again after the rank died and the survivors went on "
                               "in process (default: not for the rest of the job, unless "
                               "--min-np needs it)")
+    elastic.add_argument("--warm-start", default="auto", metavar="auto|off|MODULES",
+                         help="relaunched ranks on this host are forked from a process that "
+                              "has imported MODULES (comma-separated) already, instead of "
+                              "each importing them again; auto: the heavy ones (torch, numpy, "
+                              "hororing) the script imports; off: none")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 

@@ -41,6 +41,7 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -48,6 +49,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from process_tree import end_job
 
 HERE = pathlib.Path(__file__).resolve()
 ROOT = HERE.parents[1]
@@ -70,6 +73,8 @@ def parse():
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--cooldown", type=float, default=None,
                         help="in-process: seconds a dead rank's slot is held out")
+    parser.add_argument("--warm-start", default="auto",
+                        help="hororun's --warm-start: auto, off, or the modules")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--logs", help="a directory to keep each run's hororun output in")
@@ -98,13 +103,23 @@ class Fuse:
         return (Fuse, ())
 
 
+def started_at():
+    """This process's start, wall-clock (from /proc: to a clock tick)."""
+    ticks = int(pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def job(args):
+    began = started_at()
     import torch
 
     import hororing.torch as hvd
 
+    imported = time.time()
     hvd.init()
     work = pathlib.Path(args.dir)
+    initialized = time.time()
     launch = int(os.environ.get("HORORING_ELASTIC_LAUNCH", "0"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
@@ -125,9 +140,14 @@ def job(args):
     announce()
     state.register_reset_callbacks([announce])
     log = open(work / "progress", "a")  # rank 0 appends a line per step, whoever it is now
+    built = time.time()
+    (work / "phases").mkdir(exist_ok=True)
 
     @hvd.elastic.run
     def train(state):
+        if not (work / "phases" / str(os.getpid())).exists():  # restored and synced
+            (work / "phases" / str(os.getpid())).write_text(
+                f"{launch} {began} {imported} {initialized} {built} {time.time()}\n")
         while state.step < args.steps:
             generator = torch.Generator().manual_seed(state.step)
             x = torch.randn(GLOBAL_BATCH, 64, generator=generator)
@@ -239,6 +259,7 @@ def run_mode(args, mode, faults):
                    "-np", str(args.ranks), "--min-np", str(args.min_np), "-H", hosts,
                    "--elastic-dir", str(work / "commits"), "--fault-recovery",
                    "relaunch" if mode.startswith("relaunch") else "in-process"]
+        command += ["--warm-start", args.warm_start]
         if args.cooldown is not None and mode == "in-process":
             command += ["--blacklist-cooldown-range", str(args.cooldown), str(args.cooldown)]
         command += [python, str(HERE), "--role", "job", "--dir", str(work), "--ranks",
@@ -256,10 +277,11 @@ def run_mode(args, mode, faults):
         try:
             stdout, stderr = process.communicate(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            for pid in live_ranks(work):  # their stacks (PYTHONFAULTHANDLER) into the log
+            ranks = live_ranks(work)
+            for pid in ranks:  # their stacks (PYTHONFAULTHANDLER) into the log
                 os.kill(pid, signal.SIGABRT)
             time.sleep(2)
-            os.killpg(process.pid, signal.SIGKILL)
+            end_job(process, also=ranks)
             stdout, stderr = process.communicate()
         finally:
             stop.set()
@@ -268,6 +290,10 @@ def run_mode(args, mode, faults):
             os.makedirs(args.logs, exist_ok=True)
             name = f"{mode}-{args.scenario}-{'faults' if faults else 'clean'}.log"
             pathlib.Path(args.logs, name).write_text(stderr)
+            if (work / "progress").exists():  # launch, size, step, time: a line per step
+                shutil.copy(work / "progress", pathlib.Path(args.logs, name[:-4] + ".progress"))
+            pathlib.Path(args.logs, name[:-4] + ".kills").write_text(
+                "".join(f"{at:.4f} {count}\n" for at, count in kills))
         return summarize(work, process.returncode, elapsed, kills, stderr)
 
 
@@ -288,6 +314,7 @@ def summarize(work, status, elapsed, kills, stderr):
         except Exception as error:  # a torn commit: named in the table
             problems.append(f"commit {seq}: {error}")
     return {"status": status, "elapsed": elapsed, "faults": len(kills),
+            "phases": relaunch_phases(work, kills, progress_by_launch(lines)),
             "back": [pause_after(progress, at, until) for (at, _), until in
                      zip(kills, [at for at, _ in kills[1:]] + [float("inf")])],
             "killed": sum(count for _, count in kills), "result": result,
@@ -295,6 +322,41 @@ def summarize(work, status, elapsed, kills, stderr):
             "relaunches": len(re.findall(r"launch \d+: \d+ ranks on", stderr)) - 1,
             "in_process": stderr.count("going on in process with"),
             "tail": stderr[-2000:]}
+
+
+def progress_by_launch(lines):
+    """{launch: the time of its first step}."""
+    first = {}
+    for line in lines:
+        if line.strip():
+            launch, _, _, at = line.split()
+            first.setdefault(int(launch), float(at))
+    return first
+
+
+def relaunch_phases(work, kills, first_step):
+    """Where each relaunch's time went, [(from the kill to the new ranks' start, their
+    imports (torch, hororing), hvd.init, model and optimizer and elastic state made, the commit
+    read and synced (hvd.elastic.run's entry), the first step)], from the ranks' phase files:
+    the slowest rank of each phase."""
+    launches = {}
+    for path in (work / "phases").glob("*"):
+        try:
+            launch, *times = path.read_text().split()
+            launches.setdefault(int(launch), []).append(tuple(map(float, times)))
+        except (ValueError, OSError):
+            continue
+    phases = []
+    for launch, ranks in sorted(launches.items()):
+        began = min(rank[0] for rank in ranks)
+        before = [at for at, _ in kills if at < began]
+        if launch == 0 or not before or launch not in first_step:
+            continue
+        imported, initialized, built, entered = (max(r[i] for r in ranks) for i in (1, 2, 3, 4))
+        phases.append((began - before[-1], imported - began, initialized - imported,
+                       built - initialized, entered - built,
+                       first_step[launch] - entered))
+    return phases
 
 
 def pause_after(progress, killed_at, until):
@@ -320,7 +382,7 @@ def driver(args):
           "s lost per fault | pause after a fault, median (max) s | steps run again | "
           "relaunches | in-process recoveries | final size | checks |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    failed = False
+    failed, phases = False, []
     for mode in args.modes.split(","):
         clean = run_mode(args, mode, faults=False)
         faulty = run_mode(args, mode, faults=True)
@@ -354,6 +416,17 @@ def driver(args):
               f"{faulty['relaunches']} | "
               f"{faulty['in_process']} | {final} | "
               f"{tail or 'all steps, equal parameters, commits intact'} |", flush=True)
+        phases.append((mode, faulty["phases"]))
+    if any(found for _, found in phases):
+        print("\nWhere a relaunch's time goes (s, median over the relaunches; the slowest "
+              "rank of each phase):\n")
+        print("| mode | relaunches | kill to the new ranks' start | imports | hvd.init | "
+              "model, optimizer, state | commit read and sync | the first step |")
+        print("|---|---|---|---|---|---|---|---|")
+        for mode, found in phases:
+            if found:
+                cells = " | ".join(f"{statistics.median(column):.2f}" for column in zip(*found))
+                print(f"| {mode} | {len(found)} | {cells} |")
     return 1 if failed else 0
 
 

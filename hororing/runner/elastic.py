@@ -47,7 +47,7 @@ import threading
 import time
 
 from ..elastic import commits, job
-from . import discovery
+from . import discovery, warm
 from .output import copy_lines
 
 _IGNORE_NOTICES = 'trap "" USR1; exec "$@"'
@@ -87,7 +87,8 @@ class ElasticDriver:
 
     def __init__(self, command_for, command, discover, min_np, max_np=None,
                  elastic_timeout=600.0, reset_limit=None, directory=None, env=None,
-                 interval=1.0, verbose=False, start=None, in_process=False, cooldown=None):
+                 interval=1.0, verbose=False, start=None, in_process=False, cooldown=None,
+                 warm=()):
         self.command_for = command_for
         self.command = list(command)
         self.discover = discover
@@ -107,6 +108,8 @@ class ElasticDriver:
         self._running = None  # the running launch's size (smaller after an in-process shrink)
         self._in_run = False  # rank 0 is inside hvd.elastic.run (job.ENTERED, job.RETURNED)
         self._held_out = []  # when each dead rank's slot may be used again (inf: never)
+        self.warm = list(warm)  # the modules relaunched ranks find imported (warm.py)
+        self._warm = None  # (the warm process, its socket) while the job runs
 
     def run(self):
         """Return the job's exit status: 0 when it finished, else why it stopped."""
@@ -117,7 +120,10 @@ class ElasticDriver:
         directory = self.directory or tempfile.mkdtemp(prefix="hororun-elastic-")
         try:
             with tempfile.TemporaryDirectory(prefix="hororun-") as scratch:
-                return self._supervise(pathlib.Path(directory), scratch)
+                try:
+                    return self._supervise(pathlib.Path(directory), scratch)
+                finally:
+                    self._stop_warm()
         finally:
             if owned:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -221,7 +227,7 @@ class ElasticDriver:
         self._running = size
         self._in_run = False
         command = self.command_for(size, placed, scratch, env) + \
-            ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self.command
+            ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self._rank_command(scratch)
         log(f"launch {launch}: {size} ranks on " +
             ",".join(f"{host}:{slots}" for host, slots in placed))
         if self.verbose:
@@ -261,6 +267,30 @@ class ElasticDriver:
         except BaseException:
             self._end(process)
             raise
+
+    def _rank_command(self, scratch):
+        """What each rank runs: the command, through the warm start's shim where there are
+        modules to import ahead (the first launch's ranks start fresh and have the warm
+        processes for their keys made, ``warm.py``)."""
+        if not self.warm:
+            return self.command
+        if self._warm is None:
+            path = os.path.join(scratch, "warm.sock")
+            process = subprocess.Popen(
+                [self.command[0], "-m", "hororing.runner.warm", path, ",".join(self.warm)],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True)
+            self._warm = (process, path)
+            deadline = time.monotonic() + 10.0  # the first ranks ask it for warm processes
+            while not os.path.exists(path) and process.poll() is None and \
+                    time.monotonic() < deadline:
+                time.sleep(0.02)
+        return warm.wrap(self.command[0], self._warm[1], self.command)
+
+    def _stop_warm(self):
+        if self._warm is not None:
+            self._end(self._warm[0])  # its ranks die with it
+            self._warm = None
 
     @staticmethod
     def _end(process):
