@@ -45,8 +45,8 @@ from ..environment import torch_huge_pages
 from .warm_shim import cgroup, key_name, receive, send
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_shim.py")
-# what ``--warm-start auto`` imports ahead, of those the script imports:
-# heavy, and safe to fork after (no threads, no device context at import)
+# what ``--warm-start auto`` imports ahead, of those the script imports: heavy, and safe to fork
+# after (no device context at import; numpy's BLAS remakes its threads in a forked child)
 AUTO = ("torch", "torchvision", "numpy", "hororing")
 # what those import on first use, when a rank builds its model: torch.optim's first optimizer
 # imports torch._dynamo (1.5 s here), hororing's first collective numba (its compiled steps)
@@ -109,7 +109,7 @@ class Server:
         self.path = path
         self.modules = modules
         self.selector = None  # a warm process's own (never one shared through a fork)
-        self.ranks = {}  # connection -> pid; pidfd -> (pid, connection or None)
+        self.ranks = {}  # a shim's connection -> its rank's pid, while both live
         self.fixed = None  # the variables read once, as the warm process has them
         self.net = os.readlink("/proc/self/ns/net")
         self.python = os.path.abspath(sys.executable)
@@ -135,6 +135,12 @@ class Server:
     def _warm(self, path):
         """In a child: import the modules, then fork ranks on request at ``path``."""
         _die_with_parent()
+        try:  # a rank's end is watched through a pidfd (Linux 5.3): without, start none warm
+            os.close(os.pidfd_open(os.getpid()))
+        except (AttributeError, OSError) as error:
+            sys.stderr.write(f"hororun: --warm-start needs pidfd_open (Linux 5.3 or later): "
+                             f"{error}; the ranks start fresh\n")
+            os._exit(0)
         self.fixed = {name: value for name, value in os.environ.items()
                       if name.startswith(_FIXED_PREFIXES)}
         for name in self.modules:
