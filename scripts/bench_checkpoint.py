@@ -16,6 +16,9 @@ An MLP of --params float32 parameters (square layers of --width) trains under
   training steps run while the second writes, each against the median of the quiet steps
   taken before the saves and after the write (``--quiet-steps`` on each side).
   ``--rounds N`` repeats the later save and its steps N times (the median call is shown).
+  The steps during the writes are compared with the quiet ones twice: median against
+  median, 90th percentile against 90th percentile; the first step after each call (which
+  waits for the copy of the parameters and the optimizer's state) is shown apart.
 - ``load``: ``hvd.checkpoint.load`` into a fresh model and optimizer.
 
 Peak memory is the resident set size sampled every millisecond by a thread while the call
@@ -41,6 +44,15 @@ from benchinfo import machine_info, machine_line
 
 COMM = MPI.COMM_WORLD
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def percentile(values, percent):
+    """The ``percent``-th percentile of ``values``, interpolated between the nearest two."""
+    ordered = sorted(values)
+    place = (len(ordered) - 1) * percent / 100
+    low = int(place)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (place - low)
 
 
 def resident():
@@ -139,6 +151,7 @@ def main():
         os.path.join(args.dir, "dcp-async"), model, optimizer, step=2)))
     handle.pop().wait()
     during, calls, writes = [], [], []
+    firsts = []  # per step during a write: whether it is the first after the call
     for _ in range(args.rounds):  # a later save, steps while it writes, quiet steps again
         calls.append(timed(lambda: handle.append(hvd.checkpoint.async_save(
             os.path.join(args.dir, "dcp-async"), model, optimizer, step=2))))
@@ -151,6 +164,7 @@ def main():
             start = time.perf_counter()
             step(model, optimizer, data)
             during.append(time.perf_counter() - start)
+            firsts.append(stepped == 0)
             stepped += 1
         handle.pop().wait()
         writes.append(time.perf_counter() - write_start)
@@ -183,11 +197,17 @@ def main():
     quiet_steps = [max(values) for values in zip(*(rank[0] for rank in steps))]
     quiet_step = statistics.median(quiet_steps)
     during_steps = [max(values) for values in zip(*(rank[1] for rank in steps))]
+    compared = {"median": (statistics.median(during_steps) / quiet_step),
+                "p90": percentile(during_steps, 90) / percentile(quiet_steps, 90)}
+    # the first step after each call waits for the copy of the parameters and the state
+    first_steps = [value for value, first in zip(during_steps, firsts) if first]
+    later_steps = [value for value, first in zip(during_steps, firsts) if not first]
     total = sum(size for _, size in files)
     if args.json:
         print(json.dumps({"rows": table, "quiet_step": quiet_step, "quiet_steps": quiet_steps,
                           "steps_during_async":
                           during_steps, "async_write_seconds": write_seconds,
+                          "during_over_quiet": compared, "first_steps": first_steps,
                           "files": files}))
         return
     print(machine_line(machine_info()))
@@ -205,6 +225,15 @@ def main():
           f"{max(quiet_steps) / quiet_step:.2f}x of it); steps during the write: "
           + ", ".join(f"{value:.3f} ({value / quiet_step:.2f}x)" for value in during_steps)
           + f"; their median {statistics.median(during_steps) / quiet_step:.2f}x")
+    print(f"during the write / quiet, {len(during_steps)} against {len(quiet_steps)} steps: "
+          f"median {compared['median']:.2f}x, 90th percentile {compared['p90']:.2f}x "
+          f"({percentile(during_steps, 90):.3f} against {percentile(quiet_steps, 90):.3f} s)")
+    if later_steps:
+        print(f"the first step after each call (it waits for the copy): "
+              + ", ".join(f"{value / quiet_step:.2f}x" for value in first_steps)
+              + f"; the later steps: median {statistics.median(later_steps) / quiet_step:.2f}x, "
+              f"90th percentile {percentile(later_steps, 90) / percentile(quiet_steps, 90):.2f}x"
+              f" of the quiet ones'")
     print(f"files: " + ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in files)
           + f"; largest {max(size for _, size in files) / total:.0%} of {total / 2**20:.0f} MiB")
 

@@ -290,6 +290,10 @@ def test_bench_checkpoint_times_each_way_to_save_and_writes_one_file_per_rank(tm
     assert all(row["seconds"] > 0 and len(row["peak_added_mb_per_rank"]) == 3
                for row in report["rows"])
     assert report["steps_during_async"] and report["quiet_step"] > 0
+    # one round: one first step after the call, and both comparisons made from the steps
+    assert len(report["first_steps"]) == 1
+    assert report["first_steps"][0] in report["steps_during_async"]
+    assert report["during_over_quiet"]["median"] > 0 and report["during_over_quiet"]["p90"] > 0
     names = [name for name, _ in report["files"]]
     assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
 
