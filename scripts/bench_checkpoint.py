@@ -93,6 +93,18 @@ def step(model, optimizer, data):
     optimizer.step()
 
 
+def steps_apart(model, optimizer, data, count):
+    """``count`` steps' times, taken as the steps during a write are: each after the ranks
+    meet (there, to ask whether every write is done), with nothing sampling beside them."""
+    times = []
+    for _ in range(count):
+        COMM.Barrier()
+        start = time.perf_counter()
+        step(model, optimizer, data)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def timed(action):
     COMM.Barrier()
     with Peak() as peak:
@@ -141,9 +153,7 @@ def main():
     rows["gather"] = timed(gather)
     rows["save"] = timed(lambda: hvd.checkpoint.save(os.path.join(args.dir, "dcp"), model,
                                                      optimizer, step=1))
-    quiet = []
-    for _ in range(args.quiet_steps):
-        quiet.append(timed(lambda: step(model, optimizer, data))[0])
+    quiet = steps_apart(model, optimizer, data, args.quiet_steps)
     handle = []
     # the first async save allocates its staging memory; later ones (a training run's every
     # save after its first) copy into it
@@ -168,8 +178,8 @@ def main():
             stepped += 1
         handle.pop().wait()
         writes.append(time.perf_counter() - write_start)
-        for _ in range(args.quiet_steps):  # the machine's own drift, on both sides
-            quiet.append(timed(lambda: step(model, optimizer, data))[0])
+        # the machine's own drift, on both sides
+        quiet += steps_apart(model, optimizer, data, args.quiet_steps)
     # the median round's call (its seconds, and the most memory any round's call added)
     rows["async"] = (statistics.median(call[0] for call in calls), max(call[1] for call in calls))
     write_seconds = statistics.median(writes)
