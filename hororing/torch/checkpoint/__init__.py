@@ -28,7 +28,7 @@ import numpy as np
 
 import torch
 
-from . import files, states
+from . import direct, files, states
 from .boxes import Boxes
 
 __all__ = ["save", "load", "async_save", "AsyncSave", "save_optimizer", "load_optimizer"]
@@ -128,7 +128,7 @@ def _write(state, path, group, problems=()):
             f"cannot save a checkpoint at {path}")
     _agreed(group, _on_rank0(group, lambda: files.begin(path)),
             f"cannot save a checkpoint at {path}")
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(files.saving(path)),
+    dcp.save(state, storage_writer=direct.writer(files.saving(path)),
              planner=SavePlanner(), process_group=group)
     _agreed(group, _on_rank0(group, lambda: files.publish(path)),
             f"cannot publish the checkpoint at {path}")
@@ -260,8 +260,9 @@ class _Staging:
         appended to ``later`` for ``_copy_later``."""
         buffer = self.buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                                 pin_memory=tensor.is_cuda)
+            buffer = (torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
+                                  pin_memory=True) if tensor.is_cuda else
+                      direct.aligned_empty(tensor.shape, tensor.dtype))  # (written as it is)
             self.buffers[key] = buffer
         source = tensor.detach()
         if not source.is_cuda and source.is_contiguous() and source.layout == torch.strided:
