@@ -27,9 +27,9 @@ def _state():
     return {
         # page-aligned staging memory, sizes that are and are not whole blocks
         "aligned_odd": aligned((1_100_003,)),
-        "aligned_blocks": aligned((4 * direct.BLOCK,)),
-        "aligned_bf16": aligned((5000, 3), torch.bfloat16),
-        "aligned_small": aligned((3,)),
+        "aligned_blocks": aligned((64 * direct.BLOCK,)),
+        "aligned_bf16": aligned((50_000, 3), torch.bfloat16),
+        "aligned_small": aligned((3,)),  # (from torch's allocator: too small for a mapping)
         # memory anywhere: through the bounce buffer
         "loose": torch.randn(1_234_567, generator=generator),
         "view": big[1:],  # a view of a larger storage: written as its own tensor
@@ -105,11 +105,13 @@ def test_aligned_data_starts_on_a_block_and_the_file_ends_at_its_last_byte(tmp_p
     ends, checked = [], 0
     for index, info in metadata.storage_data.items():
         ends.append(info.offset + info.length)
-        if index.fqn.startswith("aligned") and state[index.fqn].nbytes >= direct.BLOCK:
-            head, _ = direct._framed(state[index.fqn])
+        value = state.get(index.fqn)
+        if torch.is_tensor(value) and value.data_ptr() % direct.BLOCK == 0 and \
+                value.nbytes >= direct.BLOCK:
+            head, _ = direct._framed(value)
             assert (info.offset + len(head)) % direct.BLOCK == 0, index.fqn
             checked += 1
-    assert checked == 3
+    assert checked >= 3  # the three aligned ones at least (torch's allocator may align more)
     assert os.path.getsize(tmp_path / "ckpt" / files.pop()) == max(ends)
 
 
@@ -153,7 +155,8 @@ def test_a_layout_it_cannot_split_is_written_whole(tmp_path, monkeypatch):
 
 def test_the_file_buffer_writes_whole_blocks_and_keeps_order(tmp_path):
     data = np.random.default_rng(1).integers(0, 255, 5 * 2**20 + 3, dtype=np.uint8)
-    aligned = direct.aligned_empty((3 * direct.BLOCK + 11,), torch.uint8)
+    aligned = direct.aligned_empty((direct.ALIGNED_FROM + 11,), torch.uint8)
+    assert aligned.data_ptr() % direct.BLOCK == 0
     aligned.copy_(torch.arange(aligned.numel()) % 251)
     with direct._File(str(tmp_path / "f"), True) as out:
         out.put(b"head")
@@ -179,8 +182,9 @@ def test_a_wrong_writer_name_says_which_names_there_are(monkeypatch):
 
 
 def test_aligned_empty_starts_on_a_page_and_holds_its_shape():
-    tensor = direct.aligned_empty((1000, 3), torch.float16)
+    shape = (direct.ALIGNED_FROM // 6 + 1, 3)
+    tensor = direct.aligned_empty(shape, torch.float16)
     assert tensor.data_ptr() % direct.BLOCK == 0
-    assert tensor.shape == (1000, 3) and tensor.dtype == torch.float16
+    assert tensor.shape == shape and tensor.dtype == torch.float16
     assert tensor.untyped_storage().nbytes() == tensor.nbytes
     assert direct.aligned_empty((0, 5), torch.float32).shape == (0, 5)

@@ -29,6 +29,7 @@ import os
 import torch
 
 BLOCK = 4096  # what O_DIRECT asks of offsets, lengths and addresses (512 on most disks)
+ALIGNED_FROM = 256 << 10  # staging memory from this size on gets its own mapping
 _BOUNCE = 4 << 20  # the bounce buffer: zip records, small and unaligned tensors
 _CHUNK = 64 << 20  # the most bytes one write() is given
 
@@ -44,10 +45,11 @@ def usable():
 
 
 def aligned_empty(shape, dtype):
-    """An uninitialized CPU tensor whose memory starts on a page (an anonymous mapping of its
-    own), which this writer hands to the disk without a copy."""
+    """An uninitialized CPU tensor which this writer hands to the disk without a copy: from
+    ``ALIGNED_FROM`` bytes on, its memory starts on a page (an anonymous mapping of its own;
+    smaller ones, not worth a mapping each, come from torch's allocator)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:
+    if nbytes < ALIGNED_FROM:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).reshape(
         shape)
