@@ -5,11 +5,11 @@
         [--commit-every 10] [--every 15] [--scenario random] [--modes MODE,...]
         [--cooldown S] [--seed 0]
 
-A job under ``hororun --min-np`` trains an MLP with DistributedOptimizer and commits every
---commit-every steps. Each step's compute is emulated: --step-ms at the starting size, scaled by
-starting size / size (the same global batch, split among fewer ranks, takes longer), beside
-one real forward, backward and gradient allreduce. From the first step on, every --every
-seconds the driver kills, by --scenario:
+A job under ``hororun --min-np`` (scripts/chaos_job.py) trains an MLP with
+DistributedOptimizer and commits every --commit-every steps. Each step's compute is emulated:
+--step-ms at the starting size, scaled by starting size / size (the same global batch, split
+among fewer ranks, takes longer), beside one real forward, backward and gradient allreduce.
+From the first step on, every --every seconds this driver kills, by --scenario:
 
 random      a random live rank       rank0   the process that is rank 0 now
 two         two random ranks at once  host    every rank of one host (the ranks are placed on
@@ -56,7 +56,6 @@ HERE = pathlib.Path(__file__).resolve()
 ROOT = HERE.parents[1]
 MODES = ("relaunch-mpich", "relaunch-openmpi", "in-process")
 SCENARIOS = ("random", "rank0", "two", "host", "commit", "collective")
-GLOBAL_BATCH = 48
 
 
 def parse():
@@ -81,104 +80,11 @@ def parse():
                              "against the one fault-free run; a summary per mode follows")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--logs", help="a directory to keep each run's hororun output in")
-    parser.add_argument("--role", choices=["driver", "job"], default="driver")
-    parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     unknown = sorted(set(args.modes.split(",")) - set(MODES))
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; the modes are {', '.join(MODES)}")
     return args
-
-
-# ---- the job ------------------------------------------------------------------------------
-
-class Fuse:
-    """Part of the state: once armed (SIGUSR2), the commit writer pickling it dies there."""
-
-    armed = False
-
-    def __deepcopy__(self, memo):  # the commit's save copies it; only the write pickles it
-        return self
-
-    def __reduce__(self):
-        if Fuse.armed:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return (Fuse, ())
-
-
-def started_at():
-    """This process's start, wall-clock (from /proc: to a clock tick)."""
-    ticks = int(pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
-
-
-def job(args):
-    began = started_at()
-    import torch
-
-    import hororing.torch as hvd
-
-    imported = time.time()
-    hvd.init()
-    work = pathlib.Path(args.dir)
-    initialized = time.time()
-    launch = int(os.environ.get("HORORING_ELASTIC_LAUNCH", "0"))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 8))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02,
-                                                         momentum=0.9),
-                                         named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model, optimizer, step=0, fuse=Fuse())
-    signal.signal(signal.SIGUSR2, lambda *_: setattr(Fuse, "armed", True))
-    heavy = torch.zeros(4 << 20) if args.scenario == "collective" else None
-    teacher = torch.nn.Linear(64, 8)
-    torch.nn.init.normal_(teacher.weight, generator=torch.Generator().manual_seed(1))
-    pid_file = work / "pids" / str(os.getpid())
-
-    def announce():  # the driver picks its victims from these: pid -> (launch, rank, size)
-        pid_file.write_text(f"{launch} {hvd.rank()} {hvd.size()} {hvd.local_rank()}\n")
-    announce()
-    state.register_reset_callbacks([announce])
-    log = open(work / "progress", "a")  # rank 0 appends a line per step, whoever it is now
-    built = time.time()
-    (work / "phases").mkdir(exist_ok=True)
-
-    @hvd.elastic.run
-    def train(state):
-        if not (work / "phases" / str(os.getpid())).exists():  # restored and synced
-            (work / "phases" / str(os.getpid())).write_text(
-                f"{launch} {began} {imported} {initialized} {built} {time.time()}\n")
-        while state.step < args.steps:
-            generator = torch.Generator().manual_seed(state.step)
-            x = torch.randn(GLOBAL_BATCH, 64, generator=generator)
-            y = teacher(x).detach()
-            mine = slice(hvd.rank(), GLOBAL_BATCH, hvd.size())
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-            optimizer.step()
-            if heavy is not None:
-                hvd.allreduce_(heavy, name="chaos.heavy")
-            else:
-                time.sleep(args.step_ms / 1e3 * args.ranks / hvd.size())
-            state.step += 1
-            if hvd.rank() == 0:
-                log.write(f"{launch} {hvd.size()} {state.step} {time.time():.4f}\n")
-                log.flush()
-            if state.step % args.commit_every == 0 or state.step == args.steps:
-                state.commit()
-        return hvd.size()
-
-    size = train(state)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = hvd.allgather(flat.unsqueeze(0))
-    equal = all(torch.equal(gathered[0], row) for row in gathered)
-    if hvd.rank() == 0:
-        (work / "result.json").write_text(json.dumps({
-            "step": state.step, "size": size, "launch": launch, "equal": equal,
-            "params": flat.tolist()}))
 
 
 # ---- the driver ---------------------------------------------------------------------------
@@ -265,7 +171,7 @@ def run_mode(args, mode, faults, seed=0):
         command += ["--warm-start", args.warm_start]
         if args.cooldown is not None and mode == "in-process":
             command += ["--blacklist-cooldown-range", str(args.cooldown), str(args.cooldown)]
-        command += [python, str(HERE), "--role", "job", "--dir", str(work), "--ranks",
+        command += [python, str(HERE.parent / "chaos_job.py"), "--dir", str(work), "--ranks",
                     str(args.ranks), "--steps", str(args.steps), "--step-ms", str(args.step_ms),
                     "--commit-every", str(args.commit_every), "--scenario", args.scenario]
         env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -286,6 +192,9 @@ def run_mode(args, mode, faults, seed=0):
             time.sleep(2)
             end_job(process, also=ranks)
             stdout, stderr = process.communicate()
+        except BaseException:  # interrupted (Ctrl-C, or SIGTERM from a timeout around this):
+            end_job(process, also=live_ranks(work))  # the job's own session goes too
+            raise
         finally:
             stop.set()
         elapsed = time.time() - began
@@ -306,8 +215,7 @@ def summarize(work, status, elapsed, kills, stderr):
 
     result = json.loads((work / "result.json").read_text()) if \
         (work / "result.json").exists() else None
-    lines = (work / "progress").read_text().split("\n") if (work / "progress").exists() else []
-    progress = [(int(line.split()[2]), float(line.split()[3])) for line in lines if line.strip()]
+    progress = read_progress(work)  # (launch, size, step, time) a step
     steps_run = len(progress)
     intact, problems = 0, []
     for seq in commits.sequences(work / "commits"):
@@ -317,7 +225,7 @@ def summarize(work, status, elapsed, kills, stderr):
         except Exception as error:  # a torn commit: named in the table
             problems.append(f"commit {seq}: {error}")
     return {"status": status, "elapsed": elapsed, "faults": len(kills),
-            "phases": relaunch_phases(work, kills, progress_by_launch(lines)),
+            "phases": relaunch_phases(work, kills, first_steps(progress)),
             "back": [pause_after(progress, at, until) for (at, _), until in
                      zip(kills, [at for at, _ in kills[1:]] + [float("inf")])],
             "killed": sum(count for _, count in kills), "result": result,
@@ -327,13 +235,20 @@ def summarize(work, status, elapsed, kills, stderr):
             "tail": stderr[-2000:]}
 
 
-def progress_by_launch(lines):
+def read_progress(work):
+    """The job's progress file: (launch, size, step, time) for each step taken."""
+    path = work / "progress"
+    if not path.exists():
+        return []
+    return [(int(launch), int(size), int(step), float(at)) for launch, size, step, at in
+            (line.split() for line in path.read_text().splitlines() if line.strip())]
+
+
+def first_steps(progress):
     """{launch: the time of its first step}."""
     first = {}
-    for line in lines:
-        if line.strip():
-            launch, _, _, at = line.split()
-            first.setdefault(int(launch), float(at))
+    for launch, _, _, at in progress:
+        first.setdefault(launch, at)
     return first
 
 
@@ -365,7 +280,7 @@ def relaunch_phases(work, kills, first_step):
 def pause_after(progress, killed_at, until):
     """The longest time without a step from ``killed_at`` up to ``until`` (the next fault):
     the recovery, whether in process or by a relaunch; None if no step came after."""
-    times = [at for _, at in progress if killed_at < at <= until]
+    times = [at for *_, at in progress if killed_at < at <= until]
     if not times:
         return None
     return max(b - a for a, b in zip([killed_at] + times, times))
@@ -453,9 +368,15 @@ def driver(args):
     return 1 if failed else 0
 
 
+def _interrupted(number, _):
+    raise KeyboardInterrupt(f"signal {number}")
+
+
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.role == "job":
-        job(arguments)
-    else:
-        sys.exit(driver(arguments))
+    signal.signal(signal.SIGTERM, _interrupted)  # the running job is ended, not left behind
+    try:
+        sys.exit(driver(parse()))
+    except KeyboardInterrupt as stopped:
+        sys.stderr.write(f"bench_chaos: stopped ({stopped or 'interrupted'}); the job it was "
+                         f"running was ended\n")
+        sys.exit(130)

@@ -31,13 +31,11 @@ import ctypes
 import importlib
 import importlib.machinery
 import importlib.util
-import json
 import os
 import runpy
 import selectors
 import signal
 import socket
-import struct
 import sys
 import types
 
@@ -167,7 +165,7 @@ class Server:
         except OSError:
             conn.close()
             return
-        request = _whole(conn, data)
+        request = receive(conn, data)
         reason = None if request is None else self.declined(request)
         if reason is not None or len(fds) != len(request["fds"]):
             for fd in fds:
@@ -293,16 +291,6 @@ def _listen(path):
     listener.listen(64)
     os.rename(path + ".binding", path)
     return listener
-
-
-def _whole(conn, data):
-    """The request whose first bytes are ``data`` (one length-prefixed JSON message)."""
-    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
-        chunk = conn.recv(1 << 20)
-        if not chunk:
-            return None
-        data += chunk
-    return json.loads(data[4:4 + struct.unpack("!I", data[:4])[0]])
 
 
 def _reply(conn, message):

@@ -42,13 +42,15 @@ def send(sock, message, fds=()):
         sock.sendall(data)
 
 
-def receive(sock):
-    """The next message, or None once the peer is gone."""
-    header = _exactly(sock, 4)
-    if header is None:
+def receive(sock, start=b""):
+    """The next message (``start``: its first bytes, read already, as with descriptors by
+    ``socket.recv_fds``), or None once the peer is gone."""
+    data = start + (_exactly(sock, max(0, 4 - len(start))) or b"")
+    if len(data) < 4:
         return None
-    data = _exactly(sock, struct.unpack("!I", header)[0])
-    return None if data is None else json.loads(data)
+    size = struct.unpack("!I", data[:4])[0]
+    rest = _exactly(sock, max(0, 4 + size - len(data)))
+    return None if rest is None else json.loads((data + rest)[4:4 + size])
 
 
 def _exactly(sock, count):
