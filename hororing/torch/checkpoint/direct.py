@@ -21,6 +21,7 @@ are written through the page cache. ``HORORING_CHECKPOINT_WRITER=filesystem`` us
 writer instead.
 """
 
+import errno
 import io
 import math
 import mmap
@@ -32,6 +33,7 @@ BLOCK = 4096  # what O_DIRECT asks of offsets, lengths and addresses (512 on mos
 ALIGNED_FROM = 256 << 10  # staging memory from this size on gets its own mapping
 _BOUNCE = 4 << 20  # the bounce buffer: zip records, small and unaligned tensors
 _CHUNK = 64 << 20  # the most bytes one write() is given
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # (Linux; elsewhere the page cache it is)
 
 
 def usable():
@@ -185,9 +187,9 @@ class _File:
     def __init__(self, path, sync):
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         self.sync = sync
+        self.direct = bool(_O_DIRECT)
         try:
-            self.fd = os.open(path, flags | os.O_DIRECT, 0o644)
-            self.direct = True
+            self.fd = os.open(path, flags | _O_DIRECT, 0o644)
         except OSError:  # a file system without O_DIRECT
             self.fd = os.open(path, flags, 0o644)
             self.direct = False
@@ -240,7 +242,7 @@ class _File:
             try:
                 count = os.write(self.fd, view[:_CHUNK])
             except OSError as error:
-                if not (self.direct and error.errno == 22):  # EINVAL: O_DIRECT refused here
+                if not (self.direct and error.errno == errno.EINVAL):  # O_DIRECT refused
                     raise
                 self._buffered()
                 continue
@@ -248,7 +250,7 @@ class _File:
 
     def _buffered(self):
         import fcntl
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~_O_DIRECT)
         self.direct = False
 
     def __enter__(self):
@@ -256,11 +258,12 @@ class _File:
 
     def __exit__(self, *failed):
         try:
-            length = self.position
-            self._flush(pad=True)
-            os.ftruncate(self.fd, length)  # (the last block's zeros beyond the end)
-            if self.sync and not failed[0]:
-                os.fsync(self.fd)
+            if failed[0] is None:  # (a failed write leaves the file as it is: never published)
+                length = self.position
+                self._flush(pad=True)
+                os.ftruncate(self.fd, length)  # (the last block's zeros beyond the end)
+                if self.sync:
+                    os.fsync(self.fd)
         finally:
             os.close(self.fd)
             self.bounce.close()
