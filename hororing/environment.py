@@ -35,6 +35,22 @@ def reserve_tf_inter_op_threads(environ=None):
     return threads
 
 
+def checkpoint_writer(environ=None):
+    """How ``hvd.checkpoint`` writes each rank's file: HORORING_CHECKPOINT_WRITER, ``direct``
+    (the default: around the page cache, torch/checkpoint/direct.py) or ``filesystem`` (DCP's
+    own FileSystemWriter).
+
+    Raises:
+        ValueError: any other value.
+    """
+    env = os.environ if environ is None else environ
+    chosen = env.get("HORORING_CHECKPOINT_WRITER", "").strip() or "direct"
+    if chosen not in ("direct", "filesystem"):
+        raise ValueError(f"HORORING_CHECKPOINT_WRITER={chosen!r}: use 'direct' (the default) "
+                         f"or 'filesystem' (DCP's FileSystemWriter)")
+    return chosen
+
+
 def torch_huge_pages(environ=None):
     """Set THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator then asks the kernel for transparent
     huge pages for allocations of 2 MiB and more) unless the user set it or

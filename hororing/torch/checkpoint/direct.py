@@ -29,6 +29,8 @@ import os
 
 import torch
 
+from ...environment import checkpoint_writer
+
 BLOCK = 4096  # what O_DIRECT asks of offsets, lengths and addresses (512 on most disks)
 ALIGNED_FROM = 256 << 10  # staging memory from this size on gets its own mapping
 _BOUNCE = 4 << 20  # the bounce buffer: zip records, small and unaligned tensors
@@ -39,11 +41,7 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)  # (Linux; elsewhere the page cache it is
 def usable():
     """Whether this writer can run here (``torch.serialization.skip_data``: torch 2.5 on)
     and is not turned off."""
-    chosen = os.environ.get("HORORING_CHECKPOINT_WRITER", "direct")
-    if chosen not in ("direct", "filesystem"):
-        raise ValueError(f"HORORING_CHECKPOINT_WRITER={chosen!r}: use 'direct' (the default) "
-                         f"or 'filesystem' (DCP's FileSystemWriter)")
-    return chosen == "direct" and hasattr(torch.serialization, "skip_data")
+    return checkpoint_writer() == "direct" and hasattr(torch.serialization, "skip_data")
 
 
 def aligned_empty(shape, dtype):
