@@ -150,13 +150,21 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, "listener")
         while True:
-            for key, _ in self.selector.select():
-                if key.data == "listener":
-                    self._accept(listener)
-                elif key.data == "rank":
-                    self._from_shim(key.fileobj)
-                else:
-                    self._ended(key.fileobj, *key.data)
+            self._dispatch(self.selector.select(), listener)
+
+    def _dispatch(self, events, listener):
+        """Handle one ``select()``'s events. A rank's end and its shim's connection can be
+        ready together, and handling the first closes the second: an event whose object is
+        no longer registered (under that key) is skipped."""
+        for key, _ in events:
+            if self.selector.get_map().get(key.fd) is not key:
+                continue
+            if key.data == "listener":
+                self._accept(listener)
+            elif key.data == "rank":
+                self._from_shim(key.fileobj)
+            else:
+                self._ended(key.fileobj, *key.data)
 
     def _accept(self, listener):
         conn, _ = listener.accept()

@@ -233,3 +233,32 @@ def test_auto_takes_the_heavy_modules_the_script_imports(tmp_path):
     assert warm.auto_modules(["python", "-c", "import torch"]) == []
     assert not warm.is_python(["sh", "-c", "python x.py"])
     assert warm.is_python(["python3", "x.py"]) and warm.is_python(["python", "-m", "pkg"])
+
+
+def test_a_ranks_end_and_its_shims_connection_ready_together_are_both_handled(tmp_path):
+    # handling the rank's end closes the shim's connection; the connection's own event in
+    # the same select() must then be skipped, not read from a closed socket (which ended the
+    # warm process, and every later rank of its key started fresh)
+    import selectors
+    import socket
+
+    server = warm.Server(str(tmp_path / "warm.sock"), [])
+    server.selector = selectors.DefaultSelector()
+    conn, shim_end = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    pidfd = os.pidfd_open(pid)
+    server.ranks[conn] = pid
+    server.selector.register(conn, selectors.EVENT_READ, "rank")
+    server.selector.register(pidfd, selectors.EVENT_READ, (pid, conn))
+    shim_end.shutdown(socket.SHUT_WR)  # the shim exits: its connection reads as ended too
+    events = []
+    while len(events) < 2:
+        events = server.selector.select(timeout=10)
+        assert events, "neither event came"
+    events.sort(key=lambda event: event[0].fd != pidfd)  # the rank's end first
+    server._dispatch(events, listener=None)
+    assert server.ranks == {} and not server.selector.get_map()
+    assert warm_shim.receive(shim_end) == {"exit": 3}
+    shim_end.close()
