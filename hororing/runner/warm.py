@@ -146,6 +146,8 @@ class Server:
                 importlib.import_module(name)
             except Exception as error:  # the rank imports it itself, and says what is wrong
                 sys.stderr.write(f"hororun: --warm-start could not import {name}: {error}\n")
+        if any(name.split(".")[0] == "hororing" for name in self.modules):
+            _preload_compiled_steps()
         listener = _listen(path)
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, "listener")
@@ -290,6 +292,19 @@ def _run(command):
     with open(script, "rb") as handle:
         code = compile(handle.read(), script, "exec")
     exec(code, main.__dict__)
+
+
+def _preload_compiled_steps():
+    """The ring's compiled steps, loaded here for every rank forked from this process (each
+    would otherwise load them beside its first steps, a second of CPU, more on shared
+    cores); MPI stays uninitialised (``compiled.preload``)."""
+    try:
+        from ..algorithms import compiled
+        from ..config import Config
+
+        compiled.preload(Config.from_environ().compiled_steps)
+    except Exception as error:  # the ranks load them themselves, as fresh ones do
+        sys.stderr.write(f"hororun: --warm-start could not load the compiled steps: {error}\n")
 
 
 def _listen(path):

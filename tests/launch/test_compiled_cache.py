@@ -7,6 +7,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -64,3 +65,58 @@ def test_a_read_only_install_runs_the_compiled_ring_and_caches_it_in_the_users_c
         assert list((cache / "numba").rglob("native.ring-*.nbi")), list(cache.rglob("*"))
     finally:
         subprocess.run(["umount", str(package)], capture_output=True)
+
+
+FORKED_JOB = """
+import sys
+forked = "numba" in sys.modules  # imported by the warm process; a fresh rank has not
+from hororing.algorithms import compiled
+before = compiled.status()  # before MPI: the warm process loaded the steps uninitialised
+mpi_before = "mpi4py.MPI" in sys.modules
+import numpy as np
+import hororing as hvd
+hvd.init()
+values = np.arange(300_000, dtype=np.float32) * (hvd.rank() + 1)
+result = hvd.allreduce(values, op=hvd.Sum, name="forked")
+assert np.array_equal(result, np.arange(300_000, dtype=np.float32) * 3), result[:4]
+seen = hvd.allgather_object(" ".join(["forked" if forked else "fresh", before,
+                                       "mpi" if mpi_before else "no-mpi"]))
+if hvd.rank() == 0:
+    print("\\n".join(seen), flush=True)
+"""
+
+
+def test_ranks_forked_from_a_warm_process_run_compiled_from_their_first_ring(tmp_path):
+    # hororun's relaunches fork ranks from a warm process (runner/warm.py), which loads the
+    # compiled steps ahead without initialising MPI; the first launch's ranks start fresh
+    pytest.importorskip("numba")
+    from hororing.runner import warm
+
+    script = tmp_path / "job.py"
+    script.write_text(FORKED_JOB)
+    path = tmp_path / "warm.sock"
+    server = subprocess.Popen([sys.executable, "-m", "hororing.runner.warm", str(path),
+                               "numpy,hororing,numba"], stdin=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        command = [mpiexec(), "-n", "2"] + warm.wrap(sys.executable, str(path),
+                                                      [sys.executable, str(script)])
+        runs = []
+        for listening in (lambda: path.exists(),
+                          # the first launch's ranks asked for a warm process of their key;
+                          # it listens once it has imported and loaded
+                          lambda: list(tmp_path.glob("warm.sock.*"))):
+            for _ in range(3000):
+                if listening() or server.poll() is not None:
+                    break
+                time.sleep(0.05)
+            assert listening(), "nothing listens"
+            job = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                                 cwd=tmp_path)
+            assert job.returncode == 0, job.stderr[-3000:]
+            runs.append(job.stdout.splitlines())
+    finally:
+        server.kill()
+        server.wait()
+    assert [line.split()[0] for line in runs[0]] == ["fresh", "fresh"], runs
+    assert runs[1] == ["forked compiled no-mpi"] * 2, runs

@@ -103,6 +103,57 @@ def ring_entry(dtype, read_only=False):
     return None
 
 
+# what a warm process loads ahead for the ranks it forks (``preload``): gradients' dtypes
+PRELOADED = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+
+
+def preload(mode):
+    """Load the compiled steps for ``PRELOADED`` in a process that forks ranks before they
+    initialise MPI (hororun's warm process, ``runner/warm.py``), so that a forked rank's
+    rings run compiled from the first, instead of beside a loader taking the CPU for a second.
+
+    The MPI library is mapped by loading mpi4py's extension without importing it (``dlopen``
+    only: MPI stays uninitialised, and the rank's ``import mpi4py.MPI`` finds the same
+    library); nothing is done where that does not map it. Returns what was loaded, or why
+    nothing was.
+    """
+    if mode == "off" or not expected(mode):
+        return "nothing: the compiled steps are off, or numba is not installed"
+    import ctypes
+    import importlib.util
+    import sys
+
+    if "mpi4py.MPI" in sys.modules:
+        return "nothing: MPI is imported already"
+    try:
+        ctypes.CDLL(importlib.util.find_spec("mpi4py.MPI").origin, mode=ctypes.RTLD_GLOBAL)
+    except (AttributeError, ImportError, OSError) as error:
+        return f"nothing: mpi4py's extension could not be loaded ({error})"
+    if mapped_library() is None:  # else native would import mpi4py.MPI, initialising MPI
+        return "nothing: no MPI library was mapped with mpi4py's extension"
+    with _Loader.compiling:
+        for dtype in PRELOADED:
+            _compile((dtype, False))
+    if _Loader.error is not None:
+        return f"nothing: {_Loader.error}"
+    return "the compiled steps for " + ", ".join(str(dtype) for dtype in PRELOADED)
+
+
+def mapped_library():
+    """The MPI library mapped into this process (a path), or None."""
+    import os
+
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            name = os.path.basename(path)
+            if name.startswith(("libmpi.so", "libmpich.so")) or \
+                    (name.startswith("libmpi") and ".so" in name and "cxx" not in name
+                     and "fort" not in name):
+                return path
+    return None
+
+
 def module():
     """``native``, loaded (waits for the loader); None where it cannot be loaded."""
     if _Loader.native is not None:

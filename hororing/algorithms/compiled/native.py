@@ -22,8 +22,6 @@ so a compiled rank and a Python rank can share one ring, and the reductions comb
 values in the same order, so both give the same bits.
 """
 
-import os
-
 import llvmlite.binding as llvm
 import numba
 from numba import types
@@ -32,6 +30,7 @@ from llvmlite import ir
 from numba.extending import intrinsic, overload
 
 from ..._mpi import MPI
+from . import mapped_library
 
 from .codes import (DONE, FINALIZE, FIN_START, FIN_STOP, ERROR, INDEX, PC, POSTED, P_BYTE,
                     P_COMM, P_FINALIZE, P_IN_PLACE, P_LARGEST, P_LEFT, P_OP, P_RIGHT,
@@ -40,17 +39,17 @@ from .codes import (DONE, FINALIZE, FIN_START, FIN_STOP, ERROR, INDEX, PC, POSTE
 
 
 def library_path():
-    """The MPI library this process loaded (through mpi4py), by its mapped file."""
-    MPI.Get_version()  # mpi4py's MPI imported: its library mapped
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            name = os.path.basename(path)
-            if name.startswith(("libmpi.so", "libmpich.so")) or \
-                    (name.startswith("libmpi") and ".so" in name and "cxx" not in name
-                     and "fort" not in name):
-                return path
-    raise OSError("no MPI library is mapped into this process (is mpi4py's MPI imported?)")
+    """The MPI library this process loaded (through mpi4py), by its mapped file: mapped
+    already where mpi4py's extension was loaded without being imported (a warm process,
+    ``compiled.preload``; MPI not initialised), else once mpi4py's MPI is imported."""
+    path = mapped_library()
+    if path is None:
+        MPI.Get_version()  # mpi4py's MPI imported: its library mapped
+        path = mapped_library()
+    if path is None:
+        raise OSError("no MPI library is mapped into this process (is mpi4py's MPI "
+                      "imported?)")
+    return path
 
 
 llvm.load_library_permanently(library_path())
