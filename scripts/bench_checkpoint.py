@@ -93,12 +93,13 @@ def step(model, optimizer, data):
     optimizer.step()
 
 
-def steps_apart(model, optimizer, data, count):
-    """``count`` steps' times, taken as the steps during a write are: each after the ranks
-    meet (there, to ask whether every write is done), with nothing sampling beside them."""
+def steps_until(model, optimizer, data, done):
+    """The times of the steps run until ``done(steps so far)`` holds on every rank. The ranks
+    meet before each step to ask (an allreduce), as they must during a write to know whether
+    every rank's write has ended; quiet steps are timed the same way, with nothing sampling
+    beside them, so that the two compare."""
     times = []
-    for _ in range(count):
-        COMM.Barrier()
+    while COMM.allreduce(0 if done(len(times)) else 1):
         start = time.perf_counter()
         step(model, optimizer, data)
         times.append(time.perf_counter() - start)
@@ -153,7 +154,7 @@ def main():
     rows["gather"] = timed(gather)
     rows["save"] = timed(lambda: hvd.checkpoint.save(os.path.join(args.dir, "dcp"), model,
                                                      optimizer, step=1))
-    quiet = steps_apart(model, optimizer, data, args.quiet_steps)
+    quiet = steps_until(model, optimizer, data, lambda stepped: stepped >= args.quiet_steps)
     handle = []
     # the first async save allocates its staging memory; later ones (a training run's every
     # save after its first) copy into it
@@ -166,20 +167,16 @@ def main():
         calls.append(timed(lambda: handle.append(hvd.checkpoint.async_save(
             os.path.join(args.dir, "dcp-async"), model, optimizer, step=2))))
         write_start = time.perf_counter()
-        stepped = 0
-        while True:  # every rank steps until every rank's write is done
-            busy = COMM.allreduce(0 if handle[0].done() else 1)
-            if not busy and stepped:
-                break
-            start = time.perf_counter()
-            step(model, optimizer, data)
-            during.append(time.perf_counter() - start)
-            firsts.append(stepped == 0)
-            stepped += 1
+        # every rank steps (once at least) until every rank's write is done
+        times = steps_until(model, optimizer, data,
+                            lambda stepped: stepped > 0 and handle[0].done())
+        during += times
+        firsts += [index == 0 for index in range(len(times))]
         handle.pop().wait()
         writes.append(time.perf_counter() - write_start)
         # the machine's own drift, on both sides
-        quiet += steps_apart(model, optimizer, data, args.quiet_steps)
+        quiet += steps_until(model, optimizer, data,
+                             lambda stepped: stepped >= args.quiet_steps)
     # the median round's call (its seconds, and the most memory any round's call added)
     rows["async"] = (statistics.median(call[0] for call in calls), max(call[1] for call in calls))
     write_seconds = statistics.median(writes)

@@ -22,6 +22,7 @@ writer instead.
 """
 
 import errno
+import functools
 import io
 import math
 import mmap
@@ -64,12 +65,10 @@ def writer(path):
     return _writer_class()(path)
 
 
-_CLASS = []
-
-
+@functools.cache
 def _writer_class():
-    if _CLASS:
-        return _CLASS[0]
+    """The writer's class, made on first use (torch.distributed.checkpoint is imported
+    then, not with this module)."""
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
     from torch.distributed.checkpoint.planner import WriteItemType
@@ -97,7 +96,6 @@ def _writer_class():
             future.set_result(results)
             return future
 
-    _CLASS.append(DirectWriter)
     return DirectWriter
 
 
