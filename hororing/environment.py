@@ -123,6 +123,7 @@ class Launch:
     elastic_dir: str = ""               # HORORING_ELASTIC_DIR: where commits are kept
     elastic_launch: int = 0             # HORORING_ELASTIC_LAUNCH: 0, then one per relaunch
     elastic_min_np: int = 0             # HORORING_ELASTIC_MIN_NP: the fewest ranks to go on with
+    elastic_handover: bool = False      # HORORING_ELASTIC_HANDOVER=1: wait to take over
     elastic_timeout_s: float = 600.0    # HOROVOD_ELASTIC_TIMEOUT: hororun's default
 
     @property
@@ -178,6 +179,7 @@ def launch_environment(environ=None):
         elastic_dir=env.get("HORORING_ELASTIC_DIR", ""),
         elastic_launch=number("HORORING_ELASTIC_LAUNCH") or 0,
         elastic_min_np=number("HORORING_ELASTIC_MIN_NP") or 0,
+        elastic_handover=env.get("HORORING_ELASTIC_HANDOVER", "") == "1",
         elastic_timeout_s=_parse("elastic_timeout", ("HOROVOD_ELASTIC_TIMEOUT",),
                                  env.get("HOROVOD_ELASTIC_TIMEOUT", "600"), float),
     )

@@ -119,7 +119,9 @@ def _elastic_driver(args, mpiexec, within):
                          args.elastic_timeout, args.reset_limit, args.elastic_dir,
                          job_environment(args), args.discovery_interval, args.verbose,
                          in_process=in_process, cooldown=args.blacklist_cooldown_range,
-                         warm=_warm_modules(args.warm_start, args.command))
+                         warm=_warm_modules(args.warm_start, args.command),
+                         handover=args.handover == "auto" and
+                         not (within is not None and within.managed))
 
 
 def _warm_modules(choice, command):
@@ -269,6 +271,13 @@ def _parser():
                               "has imported MODULES (comma-separated) already, instead of "
                               "each importing them again; auto: the heavy ones (torch, numpy, "
                               "hororing) the script imports; off: none")
+    elastic.add_argument("--handover", choices=["auto", "off"], default="auto",
+                         help="when the hosts offer more slots, the bigger launch starts "
+                              "beside the running job (its ranks import and build their model "
+                              "meanwhile, on the same hosts, GPUs included) and takes over at "
+                              "the job's next commit; off: the job stops first, then the "
+                              "bigger launch starts; auto: ahead, except inside a Slurm "
+                              "allocation (a job step waits for the running step's resources)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 

@@ -5,6 +5,12 @@ HORORING_ELASTIC_LAUNCH (0 for the first launch, then 1, 2, ... for each relaunc
 HORORING_ELASTIC_MIN_NP (--min-np). A rank started any other way (plain mpiexec) has none: its
 commits stay in memory, as Horovod's.
 
+A launch that grows the job is started ahead, while the job runs (HORORING_ELASTIC_HANDOVER=1):
+its ranks import, initialise and build their model, then wait in ``hvd.elastic.run``'s entry
+(``await_handover``): once every rank is there, rank 0 says so on stderr (``READY``); hororun
+then asks the running job to stop at its next commit and, once it has, sends SIGUSR1, on which
+the waiting ranks go on to read that commit.
+
 When ranks die and the survivors go on in process (ULFM, ``recovery.py``), the new rank 0
 tells hororun the job's size on stderr (``SHRUNK``), so that hororun knows the job has fewer
 ranks than the hosts offer.
@@ -24,6 +30,7 @@ from ..environment import launch_environment
 DIR_ENV = "HORORING_ELASTIC_DIR"
 LAUNCH_ENV = "HORORING_ELASTIC_LAUNCH"
 MIN_NP_ENV = "HORORING_ELASTIC_MIN_NP"
+HANDOVER_ENV = "HORORING_ELASTIC_HANDOVER"
 NOTICE_SIGNAL = signal.SIGUSR1
 # exit status of every rank when the job stops at a commit so that hororun relaunches it at the
 # size the hosts now allow (EX_TEMPFAIL)
@@ -38,13 +45,48 @@ SHRUNK = b"hororing.elastic: going on in process with"
 # status 0, and hororun tells it from one that finished by the second line
 ENTERED = b"hororing.elastic: run entered"
 RETURNED = b"hororing.elastic: run returned"
+# what rank 0 of a launch started ahead writes once every rank waits to take over
+READY = b"hororing.elastic: ready to take over"
+# what rank 0 writes once every host has written the commit the job stopped at (the launch
+# started ahead may read it while this one exits)
+STOPPED = b"hororing.elastic: commit written on every host"
 
 
 def mark(line):
-    """Write ``line`` (ENTERED or RETURNED) for hororun, from rank 0 of a supervised job."""
+    """Write ``line`` (ENTERED, RETURNED or STOPPED) for hororun, from rank 0 of a supervised
+    job."""
     if supervised():
         sys.stderr.write(line.decode() + "\n")
         sys.stderr.flush()
+
+
+class _Handover:
+    done = False
+
+
+def await_handover(barrier, rank):
+    """In a launch started ahead, wait until hororun says the job it replaces has stopped.
+
+    Every rank waits for SIGUSR1, sleeping (a rank waiting in an MPI call would spin, taking a
+    core from the job still running); ``barrier()`` first makes sure every rank takes the
+    signal before rank 0 says READY. A no-op in any other launch.
+    """
+    if not launch_environment().elastic_handover or _Handover.done:
+        return
+    _Handover.done = True  # once per process: a second hvd.elastic.run runs at once
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("hvd.elastic.run must be called from the main thread in a launch "
+                           "that hororun started ahead (HORORING_ELASTIC_HANDOVER=1): the "
+                           "signal to take over reaches the main thread only")
+    go = threading.Event()
+    signal.signal(NOTICE_SIGNAL, lambda signum, frame: go.set())
+    barrier()
+    if rank == 0:
+        sys.stderr.write(READY.decode() + "\n")
+        sys.stderr.flush()
+    while not go.wait(0.05):
+        pass
+    signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
 
 
 def directory():

@@ -3,6 +3,8 @@
 A dead rank is survived in process where the MPI has ULFM, else by a relaunch
 (docs/elastic.md):
 
+- In a launch that hororun started ahead to grow the job, every rank first waits there until
+  the job it replaces has stopped at a commit (``job.await_handover``).
 - On entry the wrapped function's state is synced: from rank 0 on a fresh job, or, in a job
   that hororun relaunched, from the newest commit that any host kept (then the reset
   callbacks run, since the job may have a new size).
@@ -32,6 +34,7 @@ def run_fn(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        job.await_handover(collectives.barrier, context.rank())
         job.listen()
         if context.rank() == 0:
             job.mark(job.ENTERED)
@@ -90,4 +93,6 @@ def _stop_for_relaunch(state):
         sys.stderr.flush()
     state._persist()
     collectives.barrier()  # every host has written before any rank's exit ends the job
+    if context.rank() == 0:
+        job.mark(job.STOPPED)
     raise SystemExit(job.RESCALE_STATUS)

@@ -25,11 +25,19 @@ few survivors, and for failures that are not a dead rank:
    kept. Status 0 ends the driver. ``--reset-limit`` bounds the relaunches; where ranks run on
    this machine, three failed launches in a row with no new commit on its disk end the job as
    well, since relaunching a job that fails before its first commit would loop forever.
-4. In process (ULFM), the new rank 0 reports the survivors' size on stderr (``job.SHRUNK``).
+4. A job that grows (more slots than it has, no host in use gone) is relaunched ahead
+   (``handover``): once rank 0 of the running launch has entered ``hvd.elastic.run``, the
+   next launch starts beside it with HORORING_ELASTIC_HANDOVER=1; its ranks import, initialise
+   and build their model while the job trains, and wait in ``hvd.elastic.run`` until rank 0
+   reports them all there (``job.READY``). Only then is the running job asked to stop at its
+   next commit; when it has, SIGUSR1 tells the waiting ranks to read that commit and go on.
+   The job pauses for one commit's write and read instead of a launch. A launch started ahead
+   that ends, or no longer fits the hosts, is ended and the job relaunched as in 2-3.
+5. In process (ULFM), the new rank 0 reports the survivors' size on stderr (``job.SHRUNK``).
    The dead ranks' slots are held out, as Horovod blacklists a failed worker's host: for a
    time drawn from ``--blacklist-cooldown-range``, else for the rest of the job (unless
-   ``--min-np`` needs them). The job grows back, stopping at a commit and relaunched, when
-   the hosts offer more slots than it has beside those held out.
+   ``--min-np`` needs them). The job grows back (4.) when the hosts offer more slots than
+   it has beside those held out; the driver looks again as a held-out slot comes back.
 """
 
 import functools
@@ -39,16 +47,16 @@ import pathlib
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from ..elastic import commits, job
+from ..elastic import job
 from . import discovery, warm
-from .output import copy_lines
+from .launches import REFUSALS, Launch, is_local, newest_local_commit, short, \
+    start_copying_stderr
 
 _IGNORE_NOTICES = 'trap "" USR1; exec "$@"'
 NO_PROGRESS_LIMIT = 3
@@ -83,12 +91,15 @@ class ElasticDriver:
         in_process: the job runs ``--with-ft ulfm``: survivors of a dead rank go on in it.
         cooldown: (min, max) seconds a dead rank's slot is held out after the survivors went
             on in process (None: for the rest of the job).
+        warm: the modules relaunched ranks find imported (``warm.py``; empty: none).
+        handover: a launch that grows the job starts ahead, beside the running one, and takes
+            over at its next commit (4. above).
     """
 
     def __init__(self, command_for, command, discover, min_np, max_np=None,
                  elastic_timeout=600.0, reset_limit=None, directory=None, env=None,
                  interval=1.0, verbose=False, start=None, in_process=False, cooldown=None,
-                 warm=()):
+                 warm=(), handover=False):
         self.command_for = command_for
         self.command = list(command)
         self.discover = discover
@@ -110,6 +121,9 @@ class ElasticDriver:
         self._held_out = []  # when each dead rank's slot may be used again (inf: never)
         self.warm = list(warm)  # the modules relaunched ranks find imported (warm.py)
         self._warm = None  # (the warm process, its socket) while the job runs
+        self.handover = handover
+        self._ahead = None  # the launch started ahead, waiting to take over
+        self._going = threading.Lock()  # told to go once, from the main or the stderr thread
 
     def run(self):
         """Return the job's exit status: 0 when it finished, else why it stopped."""
@@ -129,19 +143,31 @@ class ElasticDriver:
                 shutil.rmtree(directory, ignore_errors=True)
 
     def _supervise(self, directory, scratch):
+        try:
+            return self._relaunching(directory, scratch)
+        finally:
+            if self._ahead is not None:
+                self._end(self._ahead.process)
+                self._ahead = None
+
+    def _relaunching(self, directory, scratch):
         launch, resets, fruitless, refusals = 0, 0, 0, 0
         while True:
-            hosts = self._wait_for_hosts()
-            if hosts is None:
-                return 1
-            size = self._size(hosts)
-            placed = discovery.assign(hosts, size)
-            before = _newest_local_commit(directory)
-            status = self._launch(launch, size, placed, directory, scratch)
+            before = newest_local_commit(directory)
+            current = self._take_over(directory)
+            if current is None:
+                hosts = self._wait_for_hosts()
+                if hosts is None:
+                    return 1
+                size = self._size(hosts)
+                current = self._start(launch, size, discovery.assign(hosts, size), directory,
+                                      scratch)
+            placed = current.placed
+            status = self._watch(current, directory, scratch)
             if status == 0:
                 log(f"launch {launch} finished")
                 return 0
-            after = _newest_local_commit(directory)
+            after = newest_local_commit(directory)
             refusals = refusals + 1 if self._refused.is_set() else 0
             if refusals >= NO_PROGRESS_LIMIT:
                 log(f"Slurm refused {refusals} launches in a row on "
@@ -156,7 +182,7 @@ class ElasticDriver:
             else:
                 log(f"launch {launch} failed with exit status {status} (a rank died or raised;"
                     f" the newest commit on this machine is {after})")
-                counted = any(_is_local(host) for host, _ in placed)
+                counted = any(is_local(host) for host, _ in placed)
                 fruitless = fruitless + 1 if counted and after == before else 0
                 if fruitless >= NO_PROGRESS_LIMIT:
                     log(f"{fruitless} launches in a row failed without a new commit; stopping")
@@ -179,8 +205,34 @@ class ElasticDriver:
         self._held_out = [until for until in self._held_out if until > now]
         return len(self._held_out)
 
+    def _until_next_poll(self):
+        """Seconds to the next look at the hosts: ``interval``, or sooner where a held-out
+        slot comes back sooner (the job grows as soon as it may)."""
+        now = time.monotonic()
+        soonest = min((until for until in self._held_out if until > now), default=math.inf)
+        return max(0.01, min(self.interval, soonest - now + 0.01))
+
     def _marked(self, line):
-        self._in_run = job.ENTERED in line
+        """A marker line from a launch's stderr (on the thread that reads it)."""
+        if job.READY in line:  # from the launch started ahead
+            if self._ahead is not None:
+                self._ahead.ready.set()
+        elif job.STOPPED in line:  # the running job's commit is on every host: go at once
+            ahead = self._ahead
+            if ahead is not None and ahead.ready.is_set() and ahead.process.poll() is None:
+                self._go(ahead)
+        else:
+            self._in_run = job.ENTERED in line
+
+    def _go(self, ahead):
+        """Tell the ready launch started ahead to read the newest commit and go on."""
+        with self._going:
+            if ahead.going:
+                return
+            ahead.going = True
+            self._running = ahead.size
+            self._in_run = False  # before its rank 0 can say it entered
+            ahead.process.send_signal(job.NOTICE_SIGNAL)
 
     def _shrunk(self, line):
         """The job's stderr says the survivors of a failure went on in process."""
@@ -219,28 +271,72 @@ class ElasticDriver:
                 return None
             time.sleep(self.interval)
 
-    def _launch(self, launch, size, placed, directory, scratch):
+    def _start(self, launch, size, placed, directory, scratch, ahead=False):
+        """Start launch number ``launch`` (``ahead``: beside the running one, its ranks
+        waiting to take over)."""
         env = dict(self.env)
         env[job.DIR_ENV] = str(directory)
         env[job.LAUNCH_ENV] = str(launch)
         env[job.MIN_NP_ENV] = str(self.min_np)
-        self._running = size
-        self._in_run = False
+        if ahead:
+            env[job.HANDOVER_ENV] = "1"
+        else:
+            self._running = size
+            self._in_run = False
         command = self.command_for(size, placed, scratch, env) + \
             ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self._rank_command(scratch)
         log(f"launch {launch}: {size} ranks on " +
-            ",".join(f"{host}:{slots}" for host, slots in placed))
+            ",".join(f"{host}:{slots}" for host, slots in placed) +
+            (", started ahead to take over at the running job's next commit" if ahead else ""))
         if self.verbose:
             log("command: " + " ".join(command))
         acknowledged = threading.Event()
-        self._refused.clear()
+        if not ahead:
+            self._refused.clear()
         process, drained = self.start(command, env, acknowledged)
-        noticed = False
+        return Launch(launch, size, placed, process, drained, acknowledged)
+
+    def _take_over(self, directory):
+        """Tell the launch started ahead, if any and ready, to go on from the newest commit;
+        that launch, or None (then it was ended, and the job is launched anew)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if not ahead.going:  # else told as soon as the commit was on every host
+            why = self._unfit(ahead)
+            if why is None and not ahead.ready.is_set():
+                why = "was not ready"
+            if why is not None:
+                log(f"launch {ahead.number}, started ahead, {why}; ending it")
+                self._end(ahead.process)
+                return None
+            self._go(ahead)
+        self._refused.clear()
+        log(f"launch {ahead.number} takes over from commit {newest_local_commit(directory)}")
+        return ahead
+
+    def _unfit(self, ahead, hosts=None):
+        """Why the launch started ahead cannot take over, or None."""
+        if ahead.process.poll() is not None:
+            return f"ended with exit status {ahead.process.returncode}"
+        if hosts is None:
+            try:
+                hosts = self.discover()
+            except discovery.DiscoveryError:
+                return None  # keep it: the discovery answers again at the next poll
+        if short(ahead.placed, hosts):
+            return "no longer fits the hosts (" + "; ".join(short(ahead.placed, hosts)) + ")"
+        return None
+
+    def _watch(self, current, directory, scratch):
+        """Supervise a running launch until it ends; its exit status."""
+        launch, process, placed = current.number, current.process, current.placed
+        noticed = declined = False  # declined: a launch started ahead failed; not again
         try:
             while True:
                 try:
-                    status = process.wait(timeout=self.interval)
-                    drained()
+                    status = process.wait(timeout=self._until_next_poll())
+                    current.drained()
                     if status == 0 and self.in_process and self._in_run:
                         # ULFM's mpiexec gives no status for killed ranks: every one was
                         log(f"launch {launch} ended inside hvd.elastic.run with no rank left "
@@ -255,9 +351,34 @@ class ElasticDriver:
                         + ",".join(host for host, _ in placed) + " (srun: " + REFUSALS[0]
                         + "): the allocation does not hold them now; ending this launch")
                     return self._end(process)
-                if acknowledged.is_set():
+                if current.acknowledged.is_set():
                     continue  # the ranks are stopping: a signal now could hit an exiting one
-                change = self._change(self._running, placed)
+                try:
+                    hosts = self.discover()
+                except discovery.DiscoveryError as error:
+                    log(f"discovery failed, keeping the hosts in use: {error}")
+                    continue
+                change = self._change(self._running, placed, hosts)
+                if self._ahead is not None:
+                    why = self._unfit(self._ahead, hosts)
+                    if why is not None or short(placed, hosts):
+                        log(f"launch {self._ahead.number}, started ahead, "
+                            f"{why or 'is not wanted: a host in use is gone'}; ending it")
+                        self._end(self._ahead.process)
+                        self._ahead, declined = None, True
+                    elif not self._ahead.ready.is_set():
+                        continue  # its ranks are starting; the job trains on meanwhile
+                    else:
+                        change = f"launch {self._ahead.number}, started ahead, is ready"
+                        if not noticed:
+                            log(f"{change}; asking launch {launch} to stop at its next commit")
+                            noticed = True
+                elif change and self.handover and self._in_run and not declined and \
+                        not short(placed, hosts):
+                    size = self._size(hosts)
+                    self._ahead = self._start(launch + 1, size, discovery.assign(hosts, size),
+                                              directory, scratch, ahead=True)
+                    continue
                 if change:
                     if not noticed:
                         log(f"hosts changed ({change}); asking launch {launch} to stop at its "
@@ -302,57 +423,19 @@ class ElasticDriver:
             process.kill()
             return process.wait()
 
-    def _change(self, size, placed):
-        """Why the running job should stop for the hosts discovered now, or None."""
-        try:
-            hosts = self.discover()
-        except discovery.DiscoveryError as error:
-            log(f"discovery failed, keeping the hosts in use: {error}")
-            return None
-        available = dict(hosts)
-        short = [f"{host} has {available.get(host, 0)} of the {used} slots in use"
-                 for host, used in placed if available.get(host, 0) < used]
-        if short:
-            return "; ".join(short)
+    def _change(self, size, placed, hosts=None):
+        """Why the running job should stop for ``hosts`` (default: those discovered now),
+        or None."""
+        if hosts is None:
+            try:
+                hosts = self.discover()
+            except discovery.DiscoveryError as error:
+                log(f"discovery failed, keeping the hosts in use: {error}")
+                return None
+        missing = short(placed, hosts)
+        if missing:
+            return "; ".join(missing)
         new_size = self._size(hosts)
         if new_size > size:
             return f"{new_size} slots usable, the job has {size}"
         return None
-
-
-# what srun prints when an allocation no longer holds a node a step asks for
-REFUSALS = ("Requested node configuration is not available", "Unable to create step")
-
-
-def start_copying_stderr(command, env, acknowledged, refused=None, shrunk=None, marked=None):
-    """Start ``command``; copy its stderr to ours, watching for the ranks' acknowledgement,
-    (``refused``, an event) for srun refusing to start mpiexec's daemons, (``shrunk``, called
-    with the line) for the survivors of a failure going on in process, and (``marked``, called
-    with the line, which is not copied) for rank 0 entering and leaving hvd.elastic.run."""
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-
-    def watch(line):
-        if refused is not None and any(text.encode() in line for text in REFUSALS):
-            refused.set()
-        if shrunk is not None and job.SHRUNK in line:
-            shrunk(line)
-        if job.ENTERED in line or job.RETURNED in line:
-            if marked is not None:
-                marked(line)
-            return True
-        return False
-    pump = threading.Thread(target=copy_lines,
-                            args=(process.stderr, sys.stderr, acknowledged, watch), daemon=True)
-    pump.start()
-    return process, pump.join
-
-
-def _is_local(host):
-    """Whether ``host`` is this machine, whose disk the driver can read commits from."""
-    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
-    return host in names
-
-
-def _newest_local_commit(directory):
-    found = commits.sequences(directory)
-    return found[0] if found else -1

@@ -110,7 +110,8 @@ def wait_for_progress(path, step, process, limit=TIMEOUT):
     raise AssertionError(f"the job did not reach step {step}")
 
 
-def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=()):
+def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=(),
+                            step_sleep=0.05):
     hosts, progress = tmp_path / "hosts", tmp_path / "progress"
     hosts.write_text(first_hosts)
     script = tmp_path / "discover.sh"
@@ -119,7 +120,7 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
     out = tmp_path / "result.json"
     command = hororun(*flags, "--host-discovery-script", str(script), "--discovery-interval",
                       "0.2", "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out", str(out),
-                      "--progress", str(progress), "--step-sleep", "0.05", *job_args)
+                      "--progress", str(progress), "--step-sleep", str(step_sleep), *job_args)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:
         try:
@@ -148,14 +149,27 @@ def test_a_host_dropped_from_discovery_stops_the_job_at_a_commit_and_it_goes_on_
                                np.concatenate(reference[3]), rtol=1e-5)
 
 
-def test_more_slots_discovered_grow_the_job_up_to_max_np(tmp_path, reference):
+@pytest.mark.parametrize("handover", ["off", "auto"])
+def test_more_slots_discovered_grow_the_job_up_to_max_np(tmp_path, reference, handover):
+    # auto: the bigger launch starts beside the job and takes over at its next commit; its
+    # ranks start while the job trains, so the job is slowed to outlast their start
     finished, result = run_with_changing_hosts(
         tmp_path, "localhost:2\n", "localhost:2\n127.0.0.1:4\n",
-        ["-np", "2", "--min-np", "2", "--max-np", "3"])
+        ["-np", "2", "--min-np", "2", "--max-np", "3", "--handover", handover],
+        step_sleep=0.05 if handover == "off" else 0.4)
     assert finished.returncode == 0, finished.stderr[-3000:]
     lines = events(finished)
-    assert any("3 slots usable, the job has 2" in line for line in lines), lines
-    assert result["size"] == 3 and result["launch"] == 1
+    if handover == "off":
+        assert any("3 slots usable, the job has 2" in line for line in lines), lines
+        assert not any("started ahead" in line for line in lines), lines
+    else:
+        assert any("launch 1: 3 ranks" in line and "started ahead" in line for line in lines), \
+            lines
+        assert any("launch 1, started ahead, is ready; asking launch 0 to stop" in line
+                   for line in lines), lines
+        assert any("launch 1 takes over from commit" in line for line in lines), lines
+        assert not any("failed" in line or "ending it" in line for line in lines), lines
+    assert result["size"] == 3 and result["launch"] == 1 and result["step"] == 30
     np.testing.assert_allclose(np.concatenate(result["params"]),
                                np.concatenate(reference[2]), rtol=1e-5)
 
@@ -169,8 +183,10 @@ def test_a_sharded_optimizer_state_is_laid_out_again_when_the_job_changes_size(
     # each rank holds its slice of the momentum and a commit writes only that (a checkpoint
     # beside the commit file, one file per rank); the launch at the new size reads its own
     # slices of it
+    # growing, the bigger launch starts ahead while the job trains: slowed to outlast its start
     finished, result = run_with_changing_hosts(tmp_path, before, after, flags,
-                                               job_args=["--sharded"])
+                                               job_args=["--sharded"],
+                                               step_sleep=0.4 if ranks == 3 else 0.05)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert any("stopped at commit" in line for line in events(finished)), events(finished)
     directory = tmp_path / "commits"

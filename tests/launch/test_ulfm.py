@@ -139,7 +139,9 @@ def test_a_dead_ranks_slot_comes_back_after_the_cooldown_and_the_job_grows(tmp_p
     assert finished.returncode == 0, finished.stderr[-3000:]
     lines = events(finished)
     assert any("going on in process with 2 ranks" in line for line in lines), lines
-    assert any("3 slots usable, the job has 2" in line for line in lines), lines
+    # the bigger launch starts beside the job and takes over at its next commit
+    assert any("launch 1: 3 ranks" in line and "started ahead" in line for line in lines), lines
+    assert any("launch 1 takes over from commit" in line for line in lines), lines
     assert result["launch"] == 1 and result["size"] == 3 and result["step"] == 30
     same_training(result, reference)
 
