@@ -74,6 +74,9 @@ def parse():
                         help="in-process: seconds a dead rank's slot is held out")
     parser.add_argument("--warm-start", default="auto",
                         help="hororun's --warm-start: auto, off, or the modules")
+    parser.add_argument("--handover", choices=["auto", "off"], default="auto",
+                        help="hororun's --handover: a growing job's bigger launch starts "
+                             "ahead and takes over at a commit (auto), or after it stops")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trials", type=int, default=1,
                         help="faulty runs per mode (seeds --seed, --seed+1, ...), each checked "
@@ -86,8 +89,6 @@ def parse():
         parser.error(f"unknown mode(s) {', '.join(unknown)}; the modes are {', '.join(MODES)}")
     return args
 
-
-# ---- the driver ---------------------------------------------------------------------------
 
 def live_ranks(work):
     """{pid: (launch, rank, size, local rank)} of the job's processes alive now."""
@@ -168,7 +169,7 @@ def run_mode(args, mode, faults, seed=0):
                    "-np", str(args.ranks), "--min-np", str(args.min_np), "-H", hosts,
                    "--elastic-dir", str(work / "commits"), "--fault-recovery",
                    "relaunch" if mode.startswith("relaunch") else "in-process"]
-        command += ["--warm-start", args.warm_start]
+        command += ["--warm-start", args.warm_start, "--handover", args.handover]
         if args.cooldown is not None and mode == "in-process":
             command += ["--blacklist-cooldown-range", str(args.cooldown), str(args.cooldown)]
         command += [python, str(HERE.parent / "chaos_job.py"), "--dir", str(work), "--ranks",

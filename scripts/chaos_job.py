@@ -85,7 +85,6 @@ def job(args):
 
     def announce():  # the driver picks its victims from these: pid -> (launch, rank, size)
         pid_file.write_text(f"{launch} {hvd.rank()} {hvd.size()} {hvd.local_rank()}\n")
-    announce()
     state.register_reset_callbacks([announce])
     log = open(work / "progress", "a")  # rank 0 appends a line per step, whoever it is now
     built = time.time()
@@ -93,6 +92,7 @@ def job(args):
 
     @hvd.elastic.run
     def train(state):
+        announce()  # once training (a launch started ahead waits until it takes over)
         if not (work / "phases" / str(os.getpid())).exists():  # restored and synced
             (work / "phases" / str(os.getpid())).write_text(
                 f"{launch} {began} {imported} {initialized} {built} {time.time()}\n")
