@@ -97,21 +97,25 @@ def test_a_kill_in_the_middle_of_writing_a_commit_leaves_the_previous_one(tmp_pa
     assert result["launch"] == 1 and result["params"] == reference[2]
 
 
-def wait_for_progress(path, step, process, limit=TIMEOUT):
+def wait_for_progress(path, step, process, limit=TIMEOUT, size=None):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            launch, size, done = (int(part) for part in path.read_text().split())
-            if done >= step:
-                return launch, size, done
+            launch, now, done = (int(part) for part in path.read_text().split())
+            if done >= step and (size is None or now == size):
+                return launch, now, done
         except (OSError, ValueError):
             pass
         time.sleep(0.05)
-    raise AssertionError(f"the job did not reach step {step}")
+    raise AssertionError(f"the job did not reach step {step}" +
+                         ("" if size is None else f" at {size} ranks"))
 
 
 def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=(),
-                            step_sleep=0.05):
+                            grown=None):
+    """Run the job, change its hosts at step 8; ``grown``: the size the job grows to, which
+    it is held back for (each step 1 s) until it has (the bigger launch starts while the job
+    trains, and must not find it finished)."""
     hosts, progress = tmp_path / "hosts", tmp_path / "progress"
     hosts.write_text(first_hosts)
     script = tmp_path / "discover.sh"
@@ -120,12 +124,18 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
     out = tmp_path / "result.json"
     command = hororun(*flags, "--host-discovery-script", str(script), "--discovery-interval",
                       "0.2", "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out", str(out),
-                      "--progress", str(progress), "--step-sleep", str(step_sleep), *job_args)
+                      "--progress", str(progress), "--step-sleep", "0.05", "--slow-file",
+                      str(tmp_path / "slow"), *job_args)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:
         try:
             wait_for_progress(progress, 8, process)
+            if grown is not None:
+                (tmp_path / "slow").touch()
             hosts.write_text(later_hosts)
+            if grown is not None:
+                wait_for_progress(progress, 0, process, size=grown)
+                (tmp_path / "slow").unlink()
             stdout, stderr = process.communicate(timeout=TIMEOUT)
         except BaseException:
             process.kill()
@@ -151,12 +161,10 @@ def test_a_host_dropped_from_discovery_stops_the_job_at_a_commit_and_it_goes_on_
 
 @pytest.mark.parametrize("handover", ["off", "auto"])
 def test_more_slots_discovered_grow_the_job_up_to_max_np(tmp_path, reference, handover):
-    # auto: the bigger launch starts beside the job and takes over at its next commit; its
-    # ranks start while the job trains, so the job is slowed to outlast their start
+    # auto: the bigger launch starts beside the job and takes over at its next commit
     finished, result = run_with_changing_hosts(
         tmp_path, "localhost:2\n", "localhost:2\n127.0.0.1:4\n",
-        ["-np", "2", "--min-np", "2", "--max-np", "3", "--handover", handover],
-        step_sleep=0.05 if handover == "off" else 0.4)
+        ["-np", "2", "--min-np", "2", "--max-np", "3", "--handover", handover], grown=3)
     assert finished.returncode == 0, finished.stderr[-3000:]
     lines = events(finished)
     if handover == "off":
@@ -183,10 +191,9 @@ def test_a_sharded_optimizer_state_is_laid_out_again_when_the_job_changes_size(
     # each rank holds its slice of the momentum and a commit writes only that (a checkpoint
     # beside the commit file, one file per rank); the launch at the new size reads its own
     # slices of it
-    # growing, the bigger launch starts ahead while the job trains: slowed to outlast its start
     finished, result = run_with_changing_hosts(tmp_path, before, after, flags,
                                                job_args=["--sharded"],
-                                               step_sleep=0.4 if ranks == 3 else 0.05)
+                                               grown=3 if ranks == 3 else None)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert any("stopped at commit" in line for line in events(finished)), events(finished)
     directory = tmp_path / "commits"

@@ -180,18 +180,20 @@ def test_elastic_hororun_follows_discover_hosts_as_a_worker_goes_and_comes_back(
     live = mpijob / "live-hosts"
     everyone = live.read_text()
     progress, out = tmp_path / "progress", tmp_path / "result.json"
+    slow = tmp_path / "slow"  # while it exists the job steps slowly, until it has grown back
     command = in_launcher(mpijob, *hororun(
         mpijob, "-np", "4", "--min-np", "2", "--max-np", "4",
         "--host-discovery-script", str(mpijob / "discover_hosts.sh"),
         "--discovery-interval", "0.2", "--elastic-dir", str(tmp_path / "commits"),
         sys.executable, str(JOBS / "elastic_train.py"), "--steps", "90", "--step-sleep", "0.05",
-        "--out", str(out), "--progress", str(progress)))
+        "--slow-file", str(slow), "--out", str(out), "--progress", str(progress)))
     try:
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as process:
             try:
                 wait_until(progress, process, lambda launch, size, step: step >= 8,
                            "step 8 on 4 ranks")
+                slow.touch()  # the bigger launch starts while the job trains: outlast it
                 live.write_text(everyone.splitlines()[0] + "\n")  # worker 1's pod is gone
                 shrunk = wait_until(progress, process, lambda launch, size, step: size == 2,
                                     "a launch on 2 ranks")
@@ -199,6 +201,7 @@ def test_elastic_hororun_follows_discover_hosts_as_a_worker_goes_and_comes_back(
                 wait_until(progress, process,
                            lambda launch, size, step: size == 4 and launch > shrunk[0],
                            "a launch on 4 ranks again")
+                slow.unlink()
                 stdout, stderr = process.communicate(timeout=TIMEOUT)
             except BaseException:
                 process.kill()

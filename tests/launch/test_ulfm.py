@@ -12,6 +12,8 @@ import pathlib
 import random
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -77,6 +79,20 @@ def reference(tmp_path_factory):
     return np.concatenate(json.loads(out.read_text())["params"])
 
 
+def release_once_grown(slow, progress, size):
+    """Remove ``slow`` once the job's progress shows a relaunch at ``size`` ranks (or once
+    ``slow`` is gone)."""
+    while slow.exists():
+        try:
+            launch, now, _ = (int(part) for part in progress.read_text().split())
+        except (OSError, ValueError):
+            launch = now = 0
+        if launch >= 1 and now == size:
+            slow.unlink(missing_ok=True)
+            return
+        time.sleep(0.05)
+
+
 def same_training(result, reference):
     np.testing.assert_allclose(np.concatenate(result["params"]), reference, rtol=1e-5)
 
@@ -133,9 +149,21 @@ def test_too_few_survivors_for_min_np_relaunch_the_job_from_its_commit(tmp_path,
 def test_a_dead_ranks_slot_comes_back_after_the_cooldown_and_the_job_grows(tmp_path,
                                                                             reference):
     found = ulfm_mpiexec()
-    finished, result = run(tmp_path, found, "-np", "3", "--min-np", "1",
-                           "--blacklist-cooldown-range", "1", "1", "--discovery-interval",
-                           "0.5", job_args=["--kill", "0:2:3", "--step-sleep", "0.3"])
+    # the bigger launch starts while the job trains: the job steps slowly (1 s) until it has
+    # grown back, so that it cannot finish first however slow the machine
+    slow, progress = tmp_path / "slow", tmp_path / "progress"
+    slow.touch()
+    watcher = threading.Thread(target=release_once_grown, args=(slow, progress, 3),
+                               daemon=True)
+    watcher.start()
+    try:
+        finished, result = run(tmp_path, found, "-np", "3", "--min-np", "1",
+                               "--blacklist-cooldown-range", "1", "1", "--discovery-interval",
+                               "0.5", job_args=["--kill", "0:2:3", "--slow-file", str(slow),
+                                                "--progress", str(progress)])
+    finally:
+        slow.unlink(missing_ok=True)  # the watcher ends with it
+        watcher.join(timeout=10)
     assert finished.returncode == 0, finished.stderr[-3000:]
     lines = events(finished)
     assert any("going on in process with 2 ranks" in line for line in lines), lines

@@ -22,6 +22,9 @@ import hororing.torch as hvd
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--step-sleep", type=float, default=0.0)
+parser.add_argument("--slow-file", default=None,
+                    help="while this file exists each step sleeps 1 s instead (a test holds "
+                         "the job back until a change it waits for has come)")
 parser.add_argument("--kill", action="append", default=[])
 parser.add_argument("--raise", dest="raise_at", default=None)
 parser.add_argument("--kill-in-write", default=None)
@@ -97,7 +100,9 @@ def train(state):
             os.kill(os.getpid(), signal.SIGKILL)
         if fail == (hvd.rank(), state.step):
             raise RuntimeError(f"injected failure at step {state.step}")
-        if args.step_sleep:
+        if args.slow_file and os.path.exists(args.slow_file):
+            time.sleep(1.0)
+        elif args.step_sleep:
             time.sleep(args.step_sleep)
         state.step += 1
         if bomb_at is not None and hvd.local_rank() == 0:
