@@ -283,7 +283,9 @@ class ElasticDriver:
         else:
             self._running = size
             self._in_run = False
-        command = self.command_for(size, placed, scratch, env) + \
+        own = os.path.join(scratch, f"launch-{launch}")  # its host file: two launches
+        os.makedirs(own, exist_ok=True)  # overlap when one is started ahead
+        command = self.command_for(size, placed, own, env) + \
             ["sh", "-c", _IGNORE_NOTICES, "hororun-rank"] + self._rank_command(scratch)
         log(f"launch {launch}: {size} ranks on " +
             ",".join(f"{host}:{slots}" for host, slots in placed) +
