@@ -326,9 +326,8 @@ class ElasticDriver:
                 hosts = self.discover()
             except discovery.DiscoveryError:
                 return None  # keep it: the discovery answers again at the next poll
-        if short(ahead.placed, hosts):
-            return "no longer fits the hosts (" + "; ".join(short(ahead.placed, hosts)) + ")"
-        return None
+        missing = short(ahead.placed, hosts)
+        return "no longer fits the hosts (" + "; ".join(missing) + ")" if missing else None
 
     def _watch(self, current, directory, scratch):
         """Supervise a running launch until it ends; its exit status."""
@@ -425,15 +424,8 @@ class ElasticDriver:
             process.kill()
             return process.wait()
 
-    def _change(self, size, placed, hosts=None):
-        """Why the running job should stop for ``hosts`` (default: those discovered now),
-        or None."""
-        if hosts is None:
-            try:
-                hosts = self.discover()
-            except discovery.DiscoveryError as error:
-                log(f"discovery failed, keeping the hosts in use: {error}")
-                return None
+    def _change(self, size, placed, hosts):
+        """Why the running job should stop for ``hosts``, or None."""
         missing = short(placed, hosts)
         if missing:
             return "; ".join(missing)

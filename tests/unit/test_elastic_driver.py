@@ -35,7 +35,7 @@ def test_a_dead_ranks_slot_is_held_out_for_the_rest_of_the_job_by_default():
     report(made, 2, 1, 3)
     assert made._running == 2
     assert made._size(HOSTS) == 2
-    assert made._change(made._running, PLACED) is None
+    assert made._change(made._running, PLACED, HOSTS) is None
 
 
 def test_two_deaths_hold_out_two_slots():
@@ -50,9 +50,9 @@ def test_after_the_cooldown_the_slot_is_offered_again_and_the_job_grows(monkeypa
     clock = [100.0]
     monkeypatch.setattr("hororing.runner.elastic.time.monotonic", lambda: clock[0])
     report(made, 2, 1, 3)
-    assert made._change(made._running, PLACED) is None
+    assert made._change(made._running, PLACED, HOSTS) is None
     clock[0] += 5.5
-    assert made._change(made._running, PLACED) == "3 slots usable, the job has 2"
+    assert made._change(made._running, PLACED, HOSTS) == "3 slots usable, the job has 2"
     assert made._size(HOSTS) == 3
 
 
