@@ -23,6 +23,7 @@ import itertools
 import torch
 
 from .. import ops
+from ..periodic import Schedule, check_every, check_fragments, check_warmup, cut
 from ..process_sets import global_process_set
 from . import mpi_ops
 from .async_ops import compressed_allreduce_async_, member_handles
@@ -39,12 +40,6 @@ def _broadcast_state(optimizer, name):
     step, which counts in Adam's bias correction)."""
     if any(allgather_object(bool(optimizer.state), name=name)):
         broadcast_optimizer_state(optimizer, root_rank=0)
-
-
-def _check_every(sync_every):
-    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-        raise ValueError(f"sync_every must be an integer >= 1 (the steps between syncs), got "
-                         f"{sync_every!r}")
 
 
 def _trained(model):
@@ -74,7 +69,7 @@ class _Periodic(WrappingOptimizer):
     0's parameters and state."""
 
     def __init__(self, model, optimizer, sync_every, what):
-        _check_every(sync_every)
+        check_every(sync_every)
         self._parameters = _trained(model)
         _check_over(optimizer, self._parameters, what)
         self._wrap(optimizer)
@@ -106,11 +101,26 @@ class LocalSGD(_Periodic):
     """
 
     def __init__(self, model, optimizer, sync_every, warmup_steps=0):
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or \
-                warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        check_warmup(warmup_steps)
         super().__init__(model, optimizer, sync_every, "LocalSGD's optimizer")
         self.warmup_steps = warmup_steps
+        self._averaged_at = None  # the step after which the parameters were last averaged
+
+    def sync_now(self):
+        """Average the parameters now, unless they were at this step: every rank then holds
+        the same model (call it after the last step, before evaluating or saving a model that
+        must be the ranks' consensus). Training may go on after it, on the same schedule."""
+        if self.steps <= self.warmup_steps or self._averaged_at == self.steps:
+            return  # warm-up steps leave every rank with the same parameters
+        self._average_parameters()
+
+    def _average_parameters(self):
+        with torch.no_grad():
+            averaged = self._average([parameter.detach() for parameter in self._parameters],
+                                     "parameters")
+            for parameter, value in zip(self._parameters, averaged):
+                parameter.copy_(value)
+        self._averaged_at = self.steps
 
     def step(self, closure=None):
         if self.steps < self.warmup_steps:  # every rank gives a gradient, zeros if it has none
@@ -123,19 +133,17 @@ class LocalSGD(_Periodic):
         self.steps += 1
         local = self.steps - self.warmup_steps
         if local > 0 and local % self.sync_every == 0:
-            with torch.no_grad():
-                averaged = self._average([parameter.detach() for parameter in self._parameters],
-                                         "parameters")
-                for parameter, value in zip(self._parameters, averaged):
-                    parameter.copy_(value)
+            self._average_parameters()
         return loss
 
     def state_dict(self):
-        return {**self._optimizer.state_dict(), "local_sgd_steps": self.steps}
+        return {**self._optimizer.state_dict(), "local_sgd_steps": self.steps,
+                "local_sgd_averaged_at": self._averaged_at}
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         self.steps = state_dict.pop("local_sgd_steps", 0)
+        self._averaged_at = state_dict.pop("local_sgd_averaged_at", None)
         self._optimizer.load_state_dict(state_dict)
 
 
@@ -158,17 +166,15 @@ class DiLoCo(_Periodic):
         overlap: a sync's allreduce runs during the following inner step, and its outer step
             is applied after it, with that step's progress kept on top (Streaming DiLoCo's
             overlap of one step). ``synchronize()`` finishes what is in flight.
+
+    ``sync_now()`` syncs every fragment at once, leaving every rank with the same model.
     """
 
     def __init__(self, model, inner_optimizer, outer_optimizer, sync_every, fragments=1,
                  compression=Compression.none, overlap=False):
         parameters = _trained(model)
         _check_over(outer_optimizer, parameters, "DiLoCo's outer optimizer")
-        if isinstance(fragments, bool) or not isinstance(fragments, int) or \
-                not 1 <= fragments <= len(parameters):
-            raise ValueError(f"fragments must be an integer from 1 to the model's "
-                             f"{len(parameters)} trained parameters (a fragment holds whole "
-                             f"parameters), got {fragments!r}")
+        check_fragments(fragments, len(parameters))
         compression = compression or Compression.none
         if compression not in (Compression.none, Compression.fp16, Compression.bf16):
             raise ValueError(f"DiLoCo sends its changes with hvd.Compression.none, .fp16 or "
@@ -177,26 +183,21 @@ class DiLoCo(_Periodic):
         _broadcast_state(outer_optimizer, f"{self._prefix}.outer_has_state")
         self.outer_optimizer = outer_optimizer
         self.compression = compression
-        self.fragments = _cut(parameters, fragments)
+        self.fragments = [[parameters[position] for position in run] for run in
+                          cut([parameter.numel() for parameter in parameters], fragments)]
         # the global parameters: what every rank held at its fragment's last sync
         self._global = [parameter.detach().clone() for parameter in parameters]
         self._index = {id(parameter): index for index, parameter in enumerate(parameters)}
         self.overlap = bool(overlap)
         # (fragment, handle, compression contexts, the fragment's parameters when it was sent)
         self._pending = []
-
-    def due(self, steps):
-        """The fragments synced after inner step number ``steps`` (1, 2, ...)."""
-        count = len(self.fragments)
-        return [index for index in range(count)
-                if steps % self.sync_every == (index + 1) * self.sync_every // count
-                % self.sync_every]
+        self.schedule = Schedule(sync_every, len(self.fragments))
 
     def step(self, closure=None):
         loss = self._optimizer.step(closure)
         self.steps += 1
         self.synchronize()  # what was sent at the step before (overlap=True)
-        for index in self.due(self.steps):
+        for index in self.schedule.due(self.steps):
             self._sync(index)
         return loss
 
@@ -217,12 +218,24 @@ class DiLoCo(_Periodic):
                 for parameter, gained in zip(members, progress):
                     parameter.add_(gained)
 
-    def _sync(self, index):
+    def sync_now(self):
+        """Sync every fragment not synced at this step, now and blocking (an outer step each),
+        after finishing what is in flight: every rank then holds the same parameters, the
+        global ones. Call it after the last step, before evaluating or saving a model that
+        must be the ranks' consensus (with ``fragments`` > 1 the ranks' models differ at any
+        step in the fragments not synced at it). Training may go on after it, on the same
+        schedule."""
+        self.synchronize()
+        for index in self.schedule.unsynced(self.steps):
+            self._sync(index, overlap=False)
+
+    def _sync(self, index, overlap=True):
+        self.schedule.synced(index, self.steps)
         members = self.fragments[index]
         held = [self._global[self._index[id(parameter)]] for parameter in members]
         with torch.no_grad():
             changes = [before - parameter.detach() for before, parameter in zip(held, members)]
-        if self.overlap:  # finished at the next step, after its inner step
+        if self.overlap and overlap:  # finished at the next step, after its inner step
             payloads, contexts = zip(*(self.compression.compress(change) for change in changes))
             # each payload in the compressor's wire dtype (16 bits), in place
             handles = member_handles(
@@ -261,7 +274,8 @@ class DiLoCo(_Periodic):
         self.synchronize()
         return {"inner": self._optimizer.state_dict(),
                 "outer": self.outer_optimizer.state_dict(),
-                "global": [tensor.clone() for tensor in self._global], "steps": self.steps}
+                "global": [tensor.clone() for tensor in self._global], "steps": self.steps,
+                "synced_at": list(self.schedule.synced_at)}
 
     def load_state_dict(self, state_dict):
         self._optimizer.load_state_dict(state_dict["inner"])
@@ -273,21 +287,4 @@ class DiLoCo(_Periodic):
             for mine, saved in zip(self._global, state_dict["global"]):
                 mine.copy_(saved)
         self.steps = state_dict["steps"]
-
-
-def _cut(parameters, count):
-    """``parameters`` in ``count`` runs of whole parameters, each about 1/count of the
-    elements (every run at least one parameter)."""
-    total = sum(parameter.numel() for parameter in parameters)
-    runs, run, done = [], [], 0
-    for position, parameter in enumerate(parameters):
-        run.append(parameter)
-        done += parameter.numel()
-        left_runs = count - len(runs) - 1  # runs still to make after this one
-        left_parameters = len(parameters) - position - 1
-        if left_runs and (done >= total * (len(runs) + 1) / count
-                          or left_parameters == left_runs):
-            runs.append(run)
-            run = []
-    runs.append(run)
-    return runs
+        self.schedule.restore(self.steps, state_dict.get("synced_at"))

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hororing.torch as hvd  # noqa: E402
+from hororing.periodic import cut  # noqa: E402
 
 
 def make_model(seed=5):
@@ -39,7 +40,15 @@ def mean(tensors):
     return sum(tensors) / len(tensors)
 
 
-def simulate_local_sgd(steps, sync_every, warmup):
+def average_models(models):
+    with torch.no_grad():
+        for parameters in zip(*(model.parameters() for model in models)):
+            average = mean([parameter.detach().clone() for parameter in parameters])
+            for parameter in parameters:
+                parameter.copy_(average)
+
+
+def simulate_local_sgd(steps, sync_every, warmup, sync_now=False):
     models = [rank0_model() for _ in range(hvd.size())]
     optimizers = [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) for model in models]
     for step in range(steps):
@@ -54,11 +63,9 @@ def simulate_local_sgd(steps, sync_every, warmup):
         for optimizer in optimizers:
             optimizer.step()
         if step + 1 > warmup and (step + 1 - warmup) % sync_every == 0:
-            with torch.no_grad():
-                for parameters in zip(*(model.parameters() for model in models)):
-                    average = mean([parameter.detach().clone() for parameter in parameters])
-                    for parameter in parameters:
-                        parameter.copy_(average)
+            average_models(models)
+    if sync_now and steps > warmup:
+        average_models(models)
     return [parameter.detach() for parameter in models[hvd.rank()].parameters()]
 
 
@@ -76,11 +83,34 @@ def test_local_sgd_averages_the_parameters_every_h_steps(sync_every, warmup):
     assert_parameters(model, simulate_local_sgd(steps, sync_every, warmup))
 
 
+def assert_same_on_every_rank(model):
+    mine = [parameter.detach().clone() for parameter in model.parameters()]
+    for theirs in hvd.allgather_object(mine, name="test.same_on_every_rank"):
+        assert_parameters(model, theirs, tolerance=0)
+
+
+def test_local_sgd_sync_now_averages_off_the_schedule_once():
+    model = make_model()
+    optimizer = hvd.LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                             sync_every=3, warmup_steps=1)
+    for step in range(8):
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+    optimizer.sync_now()
+    assert_parameters(model, simulate_local_sgd(8, 3, 1, sync_now=True))
+    assert_same_on_every_rank(model)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    optimizer.sync_now()  # averaged at this step already: nothing moves
+    assert_parameters(model, before, tolerance=0)
+
+
 def fragments_of(parameters, count):
-    return hvd.DiLoCo.__init__.__globals__["_cut"](parameters, count)
+    return [[parameters[position] for position in run]
+            for run in cut([parameter.numel() for parameter in parameters], count)]
 
 
-def simulate_diloco(steps, sync_every, fragments, overlap=False):
+def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False):
     models = [rank0_model() for _ in range(hvd.size())]
     inner = [torch.optim.AdamW(model.parameters(), lr=0.01) for model in models]
     global_model = rank0_model()
@@ -106,6 +136,21 @@ def simulate_diloco(steps, sync_every, fragments, overlap=False):
                     gained = 0 if sent is None else of(model, position) - sent[rank][number]
                     of(model, position).copy_(parameter + gained)
 
+    def sync(members, overlapped):
+        positions = [index[id(parameter)] for parameter in members]
+        changes = [mean([parameter.detach() - of(model, position).detach()
+                         for model in models])
+                   for position, parameter in zip(positions, members)]
+        if overlapped:
+            sent = [[of(model, position).detach().clone() for position in positions]
+                    for model in models]
+            pending.append((positions, members, changes, sent))
+        else:
+            apply(positions, members, changes, None)
+
+    def due(step, number):
+        return step % sync_every == (number + 1) * sync_every // fragments % sync_every
+
     pending = []
     for step in range(1, steps + 1):
         for rank, (model, optimizer) in enumerate(zip(models, inner)):
@@ -116,21 +161,14 @@ def simulate_diloco(steps, sync_every, fragments, overlap=False):
             apply(*waiting)
         pending = []
         for number, members in enumerate(cut):
-            offset = (number + 1) * sync_every // fragments % sync_every
-            if step % sync_every != offset:
-                continue
-            positions = [index[id(parameter)] for parameter in members]
-            changes = [mean([parameter.detach() - of(model, position).detach()
-                             for model in models])
-                       for position, parameter in zip(positions, members)]
-            if overlap:
-                sent = [[of(model, position).detach().clone() for position in positions]
-                        for model in models]
-                pending.append((positions, members, changes, sent))
-            else:
-                apply(positions, members, changes, None)
+            if due(step, number):
+                sync(members, overlap)
     for waiting in pending:
         apply(*waiting)
+    if sync_now:
+        for number, members in enumerate(cut):
+            if not due(steps, number):
+                sync(members, False)
     return [parameter.detach() for parameter in models[hvd.rank()].parameters()]
 
 
@@ -155,6 +193,24 @@ def test_diloco_steps_the_outer_optimizer_with_the_averaged_change(sync_every, f
     optimizer.synchronize()
     assert_parameters(model, simulate_diloco(steps, sync_every, fragments, overlap),
                       tolerance=1e-10)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+@pytest.mark.parametrize("steps", [7, 8])
+def test_diloco_sync_now_syncs_every_fragment_not_synced_at_this_step(steps, overlap):
+    model = make_model()
+    optimizer = diloco(model, 4, 3, overlap=overlap)  # fragments due at steps 1, 2, 0 mod 4
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+    optimizer.sync_now()
+    assert_parameters(model, simulate_diloco(steps, 4, 3, overlap, sync_now=True),
+                      tolerance=1e-10)
+    assert_same_on_every_rank(model)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    optimizer.sync_now()  # every fragment synced at this step: an outer step would still move
+    assert_parameters(model, before, tolerance=0)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])

@@ -1,0 +1,40 @@
+"""The fragments' cut and sync schedule LocalSGD and DiLoCo share (hororing.periodic)."""
+
+import pytest
+
+from hororing.periodic import Schedule, check_fragments, cut
+
+
+def test_the_cut_keeps_parameters_whole_and_about_equal():
+    assert cut([10, 10, 10, 10], 2) == [[0, 1], [2, 3]]
+    assert cut([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    assert cut([1, 1, 100], 3) == [[0], [1], [2]]  # every run at least one parameter
+    assert cut([5], 1) == [[0]]
+
+
+def test_the_schedule_spreads_the_fragments_over_the_steps():
+    schedule = Schedule(every=50, count=4)
+    assert schedule.offsets == [12, 25, 37, 0]
+    synced = {step: schedule.due(step) for step in range(1, 101) if schedule.due(step)}
+    assert synced == {12: [0], 25: [1], 37: [2], 50: [3], 62: [0], 75: [1], 87: [2], 100: [3]}
+    assert Schedule(every=1, count=1).due(7) == [0]
+
+
+def test_what_sync_now_finds_unsynced_and_a_state_without_it_restored_from_the_schedule():
+    schedule = Schedule(every=4, count=3)  # offsets 1, 2, 0
+    schedule.synced(2, 8)
+    assert schedule.unsynced(8) == [0, 1]
+    restored = Schedule(every=4, count=3)
+    restored.restore(10)
+    assert restored.synced_at == [9, 10, 8]
+    restored.restore(1)
+    assert restored.synced_at == [1, 0, 0]
+    with pytest.raises(ValueError, match="saved with 2 fragments, this optimizer has 3"):
+        restored.restore(5, [4, 5])
+
+
+def test_more_fragments_than_parameters_are_refused():
+    with pytest.raises(ValueError, match="from 1 to the model's 3 trained parameters"):
+        check_fragments(4, 3)
+    with pytest.raises(ValueError, match="got True"):
+        check_fragments(True, 3)
