@@ -22,14 +22,16 @@ from .errors import HorovodInternalError, HostsUpdatedInterrupt, PreconditionErr
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .optim import SGD, DistributedOptimizer
+from .local_sgd import DiLoCo, LocalSGD
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runner.programmatic import RunError, run
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "Config", "DistributedOptimizer",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "PreconditionError", "ProcessSet", "Product", "RanksFailedError", "RunError", "SGD",
+    "Adasum", "AsyncPSOptimizer", "Average", "Compression", "Config", "DiLoCo",
+    "DistributedOptimizer", "HorovodInternalError", "HostsUpdatedInterrupt", "LocalSGD", "Max",
+    "Min", "PreconditionError", "ProcessSet", "Product", "RanksFailedError", "RunError", "SGD",
     "Sum",
     "add_process_set", "global_process_set", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "remove_process_set",

@@ -46,30 +46,37 @@ NUMPY = Binding(Compression, lambda payload, compressor, name, reduction:
 
 
 class SGD:
-    """Plain SGD with optional momentum over a dict of numpy parameters.
+    """Plain SGD with optional momentum (Nesterov's with ``nesterov=True``, as torch's SGD
+    computes it) over a dict of numpy parameters.
 
     Example:
         >>> optimizer = SGD({"w": w, "b": b}, lr=0.1, momentum=0.9)
     """
 
-    def __init__(self, params, lr, momentum=0.0):
+    def __init__(self, params, lr, momentum=0.0, nesterov=False):
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if nesterov and momentum == 0:
+            raise ValueError("nesterov=True needs a momentum > 0")
         self.params = params
         self.grads = {name: np.zeros_like(value) for name, value in params.items()}
         self.lr = lr
         self.momentum = momentum
-        self.defaults = {"lr": lr, "momentum": momentum}  # what a sharded copy is built with
+        self.nesterov = bool(nesterov)
+        # what a sharded copy is built with
+        self.defaults = {"lr": lr, "momentum": momentum, "nesterov": self.nesterov}
         self._velocity = {name: np.zeros_like(value) for name, value in params.items()}
 
     def step(self):
+        """Step every entry of ``params`` (and only those: DiLoCo steps one fragment's
+        entries by narrowing ``params`` and ``grads`` to them)."""
         for name, param in self.params.items():
-            velocity = self._velocity[name]
+            velocity, grad = self._velocity[name], self.grads[name]
             velocity *= self.momentum
-            velocity += self.grads[name]
-            param -= self.lr * velocity
+            velocity += grad
+            param -= self.lr * (grad + self.momentum * velocity if self.nesterov else velocity)
 
 
 class DistributedOptimizer:
@@ -102,10 +109,7 @@ class DistributedOptimizer:
 
     def __init__(self, optimizer, compression=None, backward_passes_per_step=1, op=ops.Average,
                  sharded=False, comm_hook=None):
-        for attribute in ("params", "grads", "step"):
-            if not hasattr(optimizer, attribute):
-                raise TypeError(f"optimizer must have .params, .grads and .step() (see "
-                                f"hororing.optim); {type(optimizer).__name__} lacks .{attribute}")
+        check_protocol(optimizer)
         backward_passes_per_step = check_passes(backward_passes_per_step)
         compression = _compressor(compression)
         if op not in (ops.Average, ops.Sum, ops.Adasum):
@@ -354,6 +358,14 @@ class ShardedOptimizer:
                 param.reshape(-1)[...] = values[offset:offset + param.size]
                 offset += param.size
         return True
+
+
+def check_protocol(optimizer, what="optimizer"):
+    """``optimizer`` must follow this module's protocol."""
+    for attribute in ("params", "grads", "step"):
+        if not hasattr(optimizer, attribute):
+            raise TypeError(f"{what} must have .params, .grads and .step() (see "
+                            f"hororing.optim); {type(optimizer).__name__} lacks .{attribute}")
 
 
 def _pack_slice(params, names, values, owned):
