@@ -26,6 +26,10 @@ its (inner) optimizer, one variant after the other:
   SGD (--outer-lr 0.8, --outer-momentum 0.5, Nesterov) every --sync-every steps; 16-bit
   changes; four fragments; four fragments, 16-bit, each sync overlapping the next inner step.
 
+LocalSGD and DiLoCo end with ``sync_now()`` after the last step (on the clock and the link's
+count): every rank then holds the same model, as after synchronous training; the table says
+whether the ranks' parameters agree bit for bit.
+
 Per variant: the held-out loss at every --eval-every steps (mean over the ranks' models), the
 bytes this rank's interface sent (the emulated host's link, or the loopback on one host;
 summed over the ranks), the wall-clock of the whole run (a barrier before and after). The
@@ -33,6 +37,7 @@ table gives each against ``sync``'s; ``--json`` writes the rows and the curves.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -68,8 +73,13 @@ for _parameter in TEACHER.parameters():
     _parameter.requires_grad_(False)
 
 
-def batch(rank, step, size):
-    generator = torch.Generator().manual_seed(1_000_003 * rank + step)
+def draw_seed(rank, step, seed):
+    """A rank's batch of one step is its own (--seed moves every rank's draws)."""
+    return 1_000_003 * rank + step + 1_000_000_007 * seed
+
+
+def batch(rank, step, size, seed=0):
+    generator = torch.Generator().manual_seed(draw_seed(rank, step, seed))
     inputs = torch.randn(size, WIDTHS[0], generator=generator)
     return inputs, TEACHER(inputs)
 
@@ -80,9 +90,9 @@ HELD_OUT = batch(rank=10_000, step=0, size=2048)
 class CharModel(torch.nn.Module):
     """A small causal transformer over bytes (--task lm): 2 layers, width 128, 4 heads."""
 
-    def __init__(self, width=128, layers=2, context=64):
+    def __init__(self, width=128, layers=2, context=64, seed=0):
         super().__init__()
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         self.embed = torch.nn.Embedding(256, width)
         self.position = torch.nn.Parameter(torch.randn(context, width) * 0.02)
         layer = torch.nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0,
@@ -116,9 +126,9 @@ class Text:
         rows = torch.stack([tokens[start:start + self.context + 1] for start in starts.tolist()])
         return rows[:, :-1], rows[:, 1:]
 
-    def batch(self, rank, step, size):
-        return self.windows(self.train, torch.Generator().manual_seed(1_000_003 * rank + step),
-                            size)
+    def batch(self, rank, step, size, seed):
+        return self.windows(self.train,
+                            torch.Generator().manual_seed(draw_seed(rank, step, seed)), size)
 
 
 def lm_loss(logits, targets):
@@ -128,19 +138,20 @@ def lm_loss(logits, targets):
 class Task:
     """What is learned: ``mlp`` (the teacher network) or ``lm`` (bytes of Python source)."""
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, seed=0):
+        self.name, self.seed = name, seed
         if name == "lm":
             self.text = Text()
             self.held = self.text.windows(self.text.held_out, torch.Generator().manual_seed(7),
                                           256)
 
     def model(self):
-        return mlp(WIDTHS, seed=0) if self.name == "mlp" else CharModel()
+        return mlp(WIDTHS, seed=self.seed) if self.name == "mlp" else \
+            CharModel(seed=self.seed)
 
     def batch(self, rank, step, size):
-        return batch(rank, step, size) if self.name == "mlp" else \
-            self.text.batch(rank, step, size)
+        return batch(rank, step, size, self.seed) if self.name == "mlp" else \
+            self.text.batch(rank, step, size, self.seed)
 
     def loss(self, output, targets):
         return torch.nn.functional.mse_loss(output, targets) if self.name == "mlp" else \
@@ -184,7 +195,9 @@ def run(variant, args, comm, link, task):
         optimizer.zero_grad()
         task.loss(trained(inputs), targets).backward()
         optimizer.step()
-        if (step + 1) % args.eval_every == 0:  # off the clock and off the link's count
+        if step + 1 == args.steps and hasattr(optimizer, "sync_now"):
+            optimizer.sync_now()  # the ranks' consensus is the model trained (on the clock)
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:  # off the clock
             if finish is not None:
                 finish()
             paused = time.perf_counter()
@@ -196,8 +209,13 @@ def run(variant, args, comm, link, task):
     comm.Barrier()
     seconds = time.perf_counter() - start
     sent = sent_bytes(link) - sent
+    digest = hashlib.sha256()
+    for parameter in evaluated.parameters():
+        digest.update(parameter.detach().numpy().tobytes())
+    agree = len(set(comm.allgather(digest.hexdigest()))) == 1
     return {"variant": variant, "seconds": comm.allreduce(seconds, op=MPI.MAX),
-            "sent_bytes": comm.allreduce(sent), "final_loss": curve[-1][1], "curve": curve}
+            "sent_bytes": comm.allreduce(sent), "final_loss": curve[-1][1], "curve": curve,
+            "ranks_agree": agree}
 
 
 def plot(rows, args, size, link):
@@ -226,6 +244,8 @@ def main():
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the models' initial weights and the ranks' batches")
     parser.add_argument("--outer-lr", type=float, default=0.8, help="DiLoCo's outer SGD lr")
     parser.add_argument("--outer-momentum", type=float, default=0.5,
                         help="its (Nesterov) momentum; 0: plain SGD")
@@ -239,7 +259,7 @@ def main():
     if "ddp-gloo" in args.variants:
         start_gloo(comm, link, address)
     torch.set_num_threads(args.threads)
-    task = Task(args.task)
+    task = Task(args.task, args.seed)
     rows = []
     with threadpool_limits(args.threads):
         for variant in args.variants:
@@ -250,22 +270,24 @@ def main():
     print(machine_line(info))
     print(f"task {args.task}, {comm.size} ranks, link {link}, {args.steps} steps, batch {args.batch} per rank, "
           f"sync every {args.sync_every}, DiLoCo's outer lr {args.outer_lr} momentum "
-          f"{args.outer_momentum}")
+          f"{args.outer_momentum}, seed {args.seed}")
     base = next((row for row in rows if row["variant"] == "sync"), rows[0])
     print(f"{'variant':14} {'held-out loss':>13} {'x sync':>7} {'MB sent':>9} {'sync/this':>9} "
-          f"{'seconds':>8} {'sync/this':>9}")
+          f"{'seconds':>8} {'sync/this':>9} {'ranks agree':>11}")
     for row in rows:
         ratio = (f"{base['sent_bytes'] / row['sent_bytes']:9.1f}" if row["sent_bytes"] and
                  base["sent_bytes"] else f"{'-':>9}")  # one host: hororing's bytes are not on lo
         print(f"{row['variant']:14} {row['final_loss']:13.3e} "
               f"{row['final_loss'] / base['final_loss']:7.3f} {row['sent_bytes'] / 1e6:9.2f} "
-              f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f}")
+              f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f} "
+              f"{'yes' if row['ranks_agree'] else 'NO':>11}")
     if args.plot:
         plot(rows, args, comm.size, link)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": info, "task": args.task, "ranks": comm.size, "link": link, "rows": rows,
-                       "steps": args.steps, "sync_every": args.sync_every}, handle)
+                       "steps": args.steps, "sync_every": args.sync_every, "seed": args.seed,
+                       "batch": args.batch}, handle)
 
 
 if __name__ == "__main__":
