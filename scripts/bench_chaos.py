@@ -82,7 +82,8 @@ def parse():
                         help="faulty runs per mode (seeds --seed, --seed+1, ...), each checked "
                              "against the one fault-free run; a summary per mode follows")
     parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--logs", help="a directory to keep each run's hororun output in")
+    parser.add_argument("--logs", help="a directory to keep each run's hororun output, "
+                        "progress and kills in (a faulty run's files named by its seed)")
     args = parser.parse_args()
     unknown = sorted(set(args.modes.split(",")) - set(MODES))
     if unknown:
@@ -201,7 +202,8 @@ def run_mode(args, mode, faults, seed=0):
         elapsed = time.time() - began
         if args.logs:
             os.makedirs(args.logs, exist_ok=True)
-            name = f"{mode}-{args.scenario}-{'faults' if faults else 'clean'}.log"
+            name = f"{mode}-{args.scenario}-" + (f"faults-seed{seed}.log" if faults else
+                                                  "clean.log")
             pathlib.Path(args.logs, name).write_text(stderr)
             if (work / "progress").exists():  # launch, size, step, time: a line per step
                 shutil.copy(work / "progress", pathlib.Path(args.logs, name[:-4] + ".progress"))
