@@ -302,7 +302,11 @@ def _preload_compiled_steps():
         from ..algorithms import compiled
         from ..config import Config
 
-        compiled.preload(Config.from_environ().compiled_steps)
+        mode = Config.from_environ().compiled_steps
+        loaded = compiled.preload(mode)
+        if loaded.startswith("nothing") and compiled.expected(mode):
+            sys.stderr.write(f"hororun: --warm-start loaded {loaded}; each rank loads the "
+                             f"compiled steps itself\n")
     except Exception as error:  # the ranks load them themselves, as fresh ones do
         sys.stderr.write(f"hororun: --warm-start could not load the compiled steps: {error}\n")
 

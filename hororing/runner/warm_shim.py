@@ -128,8 +128,12 @@ def prepare(path, key):
 def main():
     path, command = sys.argv[1], sys.argv[2:]
     key = key_of(os.environ)
+    # a signal that arrives while the rank starts (its output may come before this process
+    # reads the reply) waits for the relay, instead of taking its default action here
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     started = forked(f"{path}.{key_name(key)}", command)
     if started is None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # the command exec'd as it is
         prepare(path, key)
         os.execvp(command[0], command)
     sock, _ = started
@@ -141,6 +145,7 @@ def main():
             pass
     for number in FORWARDED:
         signal.signal(number, relay)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what waited is relayed now
     ended = receive(sock)
     if ended is None:  # the warm process died: the rank with it (its death signal)
         sys.stderr.write("hororun: the warm process that started this rank is gone\n")

@@ -16,18 +16,19 @@ from hororing.runner import warm, warm_shim
 PRELOADED = "colorsys"  # imported by the warm process; a fresh interpreter does not import it
 JOB = """
 import json, os, signal, sys, time
+mode = sys.argv[1]
+if mode == "wait":  # before the report: a test signals the rank once it has read it
+    signal.signal(signal.SIGUSR1, lambda *_: (print("got SIGUSR1", flush=True), sys.exit(7)))
 print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "file": __file__, "name": __name__,
                   "x": os.environ.get("WARM_X"), "warm": "colorsys" in sys.modules,
                   "usr2_ignored": signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN,
                   "pid": os.getpid()}), flush=True)
 sys.stderr.write("to stderr\\n")
-mode = sys.argv[1]
 if mode == "exit":
     sys.exit(int(sys.argv[2]))
 if mode == "raise":
     raise ValueError("raised by the job")
 if mode == "wait":
-    signal.signal(signal.SIGUSR1, lambda *_: (print("got SIGUSR1", flush=True), sys.exit(7)))
     time.sleep(60)
 """
 
