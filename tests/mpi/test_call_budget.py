@@ -3,7 +3,7 @@
 Each call through the library's layers costs time on every collective (a 4 KiB allreduce is
 a few tens of microseconds, most of it Python); this holds the count where it stands, so a
 change that adds layers to the hot path is seen. Counted in the calling thread, the median
-over calls (a wake-up sent now and then adds one), at every rank count.
+over calls, a wait for the peers as one call, at every rank count.
 """
 
 import statistics
@@ -13,22 +13,35 @@ import numpy as np
 import pytest
 
 import hororing as hvd
+from hororing import transport
 
-# the calls counted at this point (1-3 ranks: Sum 27-28, Average 32-33: its division is a
-# few calls more; the rank that arrives first adds one, the wake-up it sends), with one or
-# two to spare; Sum's is the most a repeated blocking call may cost (30). Lower them when the
-# path gets leaner
-BUDGET = {hvd.Sum: 30, hvd.Average: 34}
+# the calls counted at this point (1-3 ranks, on a quiet machine and beside busy loops alike:
+# Sum 27, Average 32: its division is a few calls more), with one to spare; the issue's bound
+# for a repeated blocking call is 30. Lower them when the path gets leaner
+BUDGET = {hvd.Sum: 28, hvd.Average: 33}
+
+
+WAITING = transport.wait_until.__code__
 
 
 def calls_per_allreduce(call, repeats=60):
+    """The median count of Python calls ``call()`` makes, a wait for the peers counting as
+    one call however long it takes: what the wait calls depends on how long it lasts (the
+    wake-up it sends after its spin phase, its registration with the stall watchdog once it
+    sleeps), which depends on the machine's load, not on the path."""
     counts = []
     count = 0
+    waiting = 0  # depth of wait_until frames being run
 
     def profile(frame, event, arg):
-        nonlocal count
+        nonlocal count, waiting
         if event == "call":
-            count += 1
+            if not waiting:
+                count += 1
+            if frame.f_code is WAITING:
+                waiting += 1
+        elif event == "return" and frame.f_code is WAITING:
+            waiting -= 1
 
     for _ in range(repeats):
         count = 0
@@ -57,9 +70,9 @@ def test_a_repeated_blocking_4_kib_allreduce_stays_within_its_call_budget(op):
 
 
 # the torch binding's blocking verbs on a tensor that needs no gradient (1-3 ranks: allreduce
-# 33-34, broadcast 64-65 at this point, with one or two to spare); they skip the autograd
-# Function. The allreduce's is the most a repeated blocking torch call may cost (40)
-TORCH_BUDGET = {"allreduce": 36, "broadcast": 66}
+# 33, broadcast 64 at this point, with one to spare); they skip the autograd Function. The
+# issue's bound for a repeated blocking torch call is 40
+TORCH_BUDGET = {"allreduce": 34, "broadcast": 65}
 
 
 @pytest.mark.parametrize("verb", sorted(TORCH_BUDGET))
