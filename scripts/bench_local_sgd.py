@@ -219,7 +219,11 @@ def run(variant, args, comm, link, task):
 
 
 def plot(rows, args, size, link):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("--plot needs matplotlib (pip install -e .[bench]); no plot written")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axes = plt.subplots(figsize=(7, 4.5))
@@ -281,13 +285,13 @@ def main():
               f"{row['final_loss'] / base['final_loss']:7.3f} {row['sent_bytes'] / 1e6:9.2f} "
               f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f} "
               f"{'yes' if row['ranks_agree'] else 'NO':>11}")
-    if args.plot:
-        plot(rows, args, comm.size, link)
-    if args.json:
+    if args.json:  # before the plot: a missing matplotlib costs no measurement
         with open(args.json, "w") as handle:
             json.dump({"machine": info, "task": args.task, "ranks": comm.size, "link": link, "rows": rows,
                        "steps": args.steps, "sync_every": args.sync_every, "seed": args.seed,
                        "batch": args.batch}, handle)
+    if args.plot:
+        plot(rows, args, comm.size, link)
 
 
 if __name__ == "__main__":
