@@ -47,16 +47,16 @@ ENTERED = b"hororing.elastic: run entered"
 RETURNED = b"hororing.elastic: run returned"
 # what rank 0 of a launch started ahead writes once every rank waits to take over
 READY = b"hororing.elastic: ready to take over"
-# what rank 0 writes once every host has written the commit the job stopped at (the launch
-# started ahead may read it while this one exits)
+# what rank 0 writes once every host has written the commit the job stopped at, followed by
+# that commit's number (the launch started ahead may read it while this one exits)
 STOPPED = b"hororing.elastic: commit written on every host"
 
 
-def mark(line):
-    """Write ``line`` (ENTERED, RETURNED or STOPPED) for hororun, from rank 0 of a supervised
-    job."""
+def mark(line, *words):
+    """Write ``line`` (ENTERED, RETURNED or STOPPED), then ``words``, for hororun, from rank 0
+    of a supervised job."""
     if supervised():
-        sys.stderr.write(line.decode() + "\n")
+        sys.stderr.write(" ".join([line.decode(), *map(str, words)]) + "\n")
         sys.stderr.flush()
 
 

@@ -94,5 +94,5 @@ def _stop_for_relaunch(state):
     state._persist()
     collectives.barrier()  # every host has written before any rank's exit ends the job
     if context.rank() == 0:
-        job.mark(job.STOPPED)
+        job.mark(job.STOPPED, state._commits)
     raise SystemExit(job.RESCALE_STATUS)

@@ -55,7 +55,7 @@ import time
 
 from ..elastic import job
 from . import discovery, warm
-from .launches import REFUSALS, Launch, is_local, newest_local_commit, short, \
+from .launches import REFUSALS, Launch, is_local, newest_local_commit, short, stopped_at, \
     start_copying_stderr
 
 _IGNORE_NOTICES = 'trap "" USR1; exec "$@"'
@@ -124,6 +124,7 @@ class ElasticDriver:
         self.handover = handover
         self._ahead = None  # the launch started ahead, waiting to take over
         self._going = threading.Lock()  # told to go once, from the main or the stderr thread
+        self._stopped_at = None  # the commit the running job stopped at, from its rank 0
 
     def run(self):
         """Return the job's exit status: 0 when it finished, else why it stopped."""
@@ -155,6 +156,7 @@ class ElasticDriver:
         while True:
             before = newest_local_commit(directory)
             current = self._take_over(directory)
+            self._stopped_at = None
             if current is None:
                 hosts = self._wait_for_hosts()
                 if hosts is None:
@@ -177,7 +179,9 @@ class ElasticDriver:
                     "script inside the allocation); stopping")
                 return status or 1
             if status == job.RESCALE_STATUS:
-                log(f"launch {launch} stopped at commit {after} for the new hosts")
+                # a launch that took over at once may have committed since; its rank 0 said
+                stopped = after if self._stopped_at is None else self._stopped_at
+                log(f"launch {launch} stopped at commit {stopped} for the new hosts")
                 fruitless = 0
             else:
                 log(f"launch {launch} failed with exit status {status} (a rank died or raised;"
@@ -218,6 +222,7 @@ class ElasticDriver:
             if self._ahead is not None:
                 self._ahead.ready.set()
         elif job.STOPPED in line:  # the running job's commit is on every host: go at once
+            self._stopped_at = stopped_at(line)
             ahead = self._ahead
             if ahead is not None and ahead.ready.is_set() and ahead.process.poll() is None:
                 self._go(ahead)
@@ -314,7 +319,8 @@ class ElasticDriver:
                 return None
             self._go(ahead)
         self._refused.clear()
-        log(f"launch {ahead.number} takes over from commit {newest_local_commit(directory)}")
+        at = newest_local_commit(directory) if self._stopped_at is None else self._stopped_at
+        log(f"launch {ahead.number} takes over from commit {at}")
         return ahead
 
     def _unfit(self, ahead, hosts=None):

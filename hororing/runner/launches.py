@@ -70,3 +70,9 @@ def is_local(host):
 def newest_local_commit(directory):
     found = commits.sequences(directory)
     return found[0] if found else -1
+
+
+def stopped_at(line):
+    """The commit number a job.STOPPED line from a launch's rank 0 names (None: it names none)."""
+    words = line.split(job.STOPPED, 1)[1].split()
+    return int(words[0]) if words and words[0].isdigit() else None

@@ -175,8 +175,12 @@ def test_more_slots_discovered_grow_the_job_up_to_max_np(tmp_path, reference, ha
             lines
         assert any("launch 1, started ahead, is ready; asking launch 0 to stop" in line
                    for line in lines), lines
-        assert any("launch 1 takes over from commit" in line for line in lines), lines
         assert not any("failed" in line or "ending it" in line for line in lines), lines
+        # the commit the job stopped at is the one the bigger launch went on from
+        stopped = [line.split("stopped at commit ")[1].split()[0] for line in lines
+                   if "launch 0 stopped at commit" in line]
+        assert stopped and any(f"launch 1 takes over from commit {stopped[0]}" in line
+                               for line in lines), lines
     assert result["size"] == 3 and result["launch"] == 1 and result["step"] == 30
     np.testing.assert_allclose(np.concatenate(result["params"]),
                                np.concatenate(reference[2]), rtol=1e-5)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hororing.elastic import job
+from hororing.elastic import commits, job
 from hororing.runner.elastic import ElasticDriver
 
 HOSTS = [("localhost", 3)]
@@ -169,6 +169,30 @@ def test_the_bigger_launch_starts_ahead_and_takes_over_once_ready_and_the_job_st
     assert len(made.launches) == 2 and made.driver._running == 3
 
 
+def test_the_commit_a_job_stopped_at_is_the_one_its_rank_0_named(tmp_path, capsys):
+    # the launch ahead goes on at once and commits while the stopped job's mpiexec exits: the
+    # log names the commit the job stopped at, not the newest on disk when it ended
+    made = Job(tmp_path, [("localhost", 2)])
+    first = made.launch(0)
+    entered(made)
+    made.hosts = [("localhost", 3)]
+    ahead = made.launch(1)
+    made.driver._marked(job.READY + b"\n")
+    until(lambda: job.NOTICE_SIGNAL in first.signals)
+    first.acknowledged.set()
+    commits.write(tmp_path, 7, {"commits": 7})
+    made.driver._marked(job.STOPPED + b" 7\n")
+    until(lambda: ahead.signals == [job.NOTICE_SIGNAL])
+    commits.write(tmp_path, 8, {"commits": 8})  # the launch ahead's first commit
+    first.end(job.RESCALE_STATUS)
+    entered(made)
+    ahead.end(0)
+    assert made.finished() == 0
+    said = capsys.readouterr().err
+    assert "launch 0 stopped at commit 7 for the new hosts" in said, said
+    assert "launch 1 takes over from commit 7" in said, said
+
+
 def test_a_launch_ahead_that_fails_is_ended_and_the_job_grows_by_a_relaunch(tmp_path):
     made = Job(tmp_path, [("localhost", 2)])
     first = made.launch(0)
@@ -225,7 +249,7 @@ def test_no_launch_starts_ahead_before_the_script_is_inside_hvd_elastic_run(tmp_
 
 WAITER = """
 import sys, time
-from hororing.elastic import job
+from hororing.elastic import commits, job
 met = []
 
 
