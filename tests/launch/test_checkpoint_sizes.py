@@ -40,3 +40,17 @@ def test_a_save_a_rank_died_in_is_never_loaded(launch, tmp_path):
     job = launch(2, "checkpoint_sizes.py", "load", path, timeout=180)
     resumed(job, 2)
     assert "holds a later save that did not finish" in job.stderr
+
+
+@pytest.mark.parametrize("kind", ["LocalSGD", "DiLoCo"])
+def test_a_local_sgd_or_diloco_checkpoint_of_3_ranks_resumes_at_2_and_4(launch, tmp_path, kind):
+    # saved between syncs (jobs/periodic_sizes.py): rank r reads saved rank r % 3's inner
+    # state, and its parameters (LocalSGD) or the global ones (DiLoCo)
+    path = str(tmp_path / "ckpt")
+    saved = launch(3, "periodic_sizes.py", "save", kind, path, timeout=180)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    for size in (2, 4):
+        job = launch(size, "periodic_sizes.py", "load", kind, path, timeout=180)
+        assert job.returncode == 0, job.stderr[-3000:]
+        for rank in range(size):
+            assert f"rank {rank} resumed {kind} at {size} ranks from 3" in job.stdout, job.stdout

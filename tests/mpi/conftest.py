@@ -5,7 +5,9 @@ ranks never wait for a collective that will not come.
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
 # device-array tests run numba.cuda in its CPU simulator here (tests/gpu has the real thing)
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
@@ -28,6 +30,17 @@ def initialized():
     hvd.init()
     yield
     hvd.shutdown()
+
+
+@pytest.fixture
+def directory():
+    """A directory every rank sees, emptied afterwards."""
+    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="hororing-test-")
+                                if hvd.rank() == 0 else None, root_rank=0)
+    yield path
+    hvd.barrier()
+    if hvd.rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

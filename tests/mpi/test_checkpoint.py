@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,17 +23,6 @@ from sharded_reference import (assert_matches, groups_of,  # noqa: E402,F401
 NAMES = ["first", "bias", "second", "unused", "frozen"]
 ADAM = (torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.01})
 KINDS = ["plain", "distributed", "sharded", "stage2", "zero"]
-
-
-@pytest.fixture
-def directory():
-    """A directory every rank sees, emptied afterwards."""
-    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="hororing-ckpt-")
-                                if hvd.rank() == 0 else None, root_rank=0)
-    yield path
-    hvd.barrier()
-    if hvd.rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class Parameters(torch.nn.Module):

@@ -2,6 +2,7 @@
 trains alone on its own batches, and the syncs are computed from all of them here."""
 
 import copy
+import os
 
 import pytest
 
@@ -268,9 +269,79 @@ def test_bad_arguments_are_named():
         hvd.DiLoCo(model, inner, outer, sync_every=2, compression="int8")
 
 
-def test_a_checkpoint_of_a_diloco_or_local_sgd_optimizer_is_refused_not_written_wrong(tmp_path):
+def periodic(kind, model):
+    if kind == "LocalSGD":
+        return hvd.LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                            sync_every=3)
+    return diloco(model, 3, 2, overlap=kind == "DiLoCo-overlapped")
+
+
+def train(model, optimizer, steps):
+    for step in steps:
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("kind", ["LocalSGD", "DiLoCo", "DiLoCo-overlapped"])
+def test_a_checkpoint_between_syncs_resumes_every_rank_where_it_was(directory, kind):
+    # saved after step 4 of syncs every 3 steps: each rank's parameters and inner state are
+    # its own, and training from the checkpoint goes on as training that never stopped
     model = make_model()
-    for optimizer in (diloco(model, 3, 1),
-                      hvd.LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), 3)):
-        with pytest.raises(ValueError, match="each hold their own optimizer state"):
-            hvd.checkpoint.save(str(tmp_path / "ckpt"), model, optimizer)
+    optimizer = periodic(kind, model)
+    train(model, optimizer, range(4))
+    path = os.path.join(directory, "ckpt")
+    hvd.checkpoint.save(path, model, optimizer, step=4)
+    resumed_model = make_model(seed=11)
+    resumed = periodic(kind, resumed_model)
+    assert hvd.checkpoint.load(path, resumed_model, resumed) == {"step": 4}
+    if kind != "DiLoCo-overlapped":  # (the save lands its sync in flight, as synchronize())
+        assert_parameters(resumed_model, [parameter.detach() for parameter in
+                                          model.parameters()], tolerance=0)
+    if hvd.size() > 1:  # between syncs the ranks differ: each read its own entry
+        ranks = hvd.allgather_object([parameter.detach() for parameter in
+                                      resumed_model.parameters()])
+        assert any(not torch.equal(mine, theirs) for mine, theirs in zip(ranks[0], ranks[1]))
+    train(model, optimizer, range(4, 9))
+    train(resumed_model, resumed, range(4, 9))
+    for one in (optimizer, resumed):
+        getattr(one, "synchronize", lambda: None)()
+    assert_parameters(resumed_model, [parameter.detach() for parameter in model.parameters()],
+                      tolerance=0)
+
+
+@pytest.mark.parametrize("kind", ["LocalSGD", "DiLoCo"])
+def test_an_async_save_holds_the_state_of_its_call_while_training_goes_on(directory, kind):
+    model = make_model()
+    optimizer = periodic(kind, model)
+    train(model, optimizer, range(4))
+    at_call = [parameter.detach().clone() for parameter in model.parameters()]
+    path = os.path.join(directory, "ckpt")
+    handle = hvd.checkpoint.async_save(path, model, optimizer, step=4)
+    train(model, optimizer, range(4, 7))  # a sync (step 6) while the save is in flight
+    handle.wait()
+    resumed_model = make_model(seed=11)
+    resumed = periodic(kind, resumed_model)
+    assert hvd.checkpoint.load(path, resumed_model, resumed) == {"step": 4}
+    assert_parameters(resumed_model, at_call, tolerance=0)
+    assert resumed.steps == 4
+
+
+def test_a_checkpoint_is_read_only_by_the_kind_that_saved_it(directory):
+    model = make_model()
+    path = os.path.join(directory, "ckpt")
+    hvd.checkpoint.save(path, model, periodic("DiLoCo", model))
+    with pytest.raises(ValueError, match="saved with DiLoCo, and LocalSGD reads only"):
+        hvd.checkpoint.load(path, model, periodic("LocalSGD", model))
+    with pytest.raises(ValueError, match="saved with DiLoCo, each rank's model and optimizer "
+                                         "state under its rank: load it with that optimizer"):
+        hvd.checkpoint.load(path, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="saved with DiLoCo, each rank's model"):
+        hvd.checkpoint.load(path, model)
+    plain = os.path.join(directory, "plain")
+    hvd.checkpoint.save(plain, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="saved with neither LocalSGD nor DiLoCo .* load the "
+                                         "model alone"):
+        hvd.checkpoint.load(plain, model, periodic("DiLoCo", model))
+    with pytest.raises(ValueError, match="save it with hvd.checkpoint.save"):
+        hvd.checkpoint.save_optimizer(plain, periodic("LocalSGD", model))

@@ -28,7 +28,7 @@ import numpy as np
 
 import torch
 
-from . import direct, files, states
+from . import direct, files, local_sgd, states
 from .boxes import Boxes
 
 __all__ = ["save", "load", "async_save", "AsyncSave", "save_optimizer", "load_optimizer"]
@@ -61,10 +61,13 @@ def _group():
 
 
 def _to_save(group, model, optimizer, extra, names=None):
-    """This rank's part of the checkpoint: its slices, and its share of what is replicated."""
+    """This rank's part of the checkpoint: its slices (LocalSGD's and DiLoCo's: its own
+    entry), and its share of what is replicated."""
     import torch.distributed as dist
-    return states.share_replicated(states.to_save(model, optimizer, extra, names),
-                                   dist.get_rank(group), dist.get_world_size(group))
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if local_sgd.holds(optimizer):
+        return local_sgd.to_save(model, optimizer, extra, rank, size)
+    return states.share_replicated(states.to_save(model, optimizer, extra, names), rank, size)
 
 
 def _check_optimizer(optimizer):
@@ -72,14 +75,6 @@ def _check_optimizer(optimizer):
     before any collective."""
     from ... import context
     from ...process_sets import group_of
-    from ..local_sgd import DiLoCo, LocalSGD
-    if isinstance(optimizer, (DiLoCo, LocalSGD)):
-        raise ValueError(
-            f"{type(optimizer).__name__}'s ranks each hold their own optimizer state (and, "
-            f"between syncs, their own parameters), which a checkpoint of replicated and "
-            f"sharded state would write once for all: save each rank's "
-            f"optimizer.state_dict() to a file of its own (torch.save), and the model right "
-            f"after a sync")
     process_set = getattr(optimizer, "process_set", None)
     if process_set is not None and group_of(process_set).size != context.size():
         raise ValueError(
@@ -173,6 +168,7 @@ def load_optimizer(path, optimizer):
 
 
 def _load(path, model, optimizer, names=None):
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     from .planners import LoadPlanner
@@ -181,8 +177,17 @@ def _load(path, model, optimizer, names=None):
     problems, destination = [], None
     try:
         metadata = files.read_metadata(path)
-        destination = states.Destination(model, optimizer, metadata.planner_data,
-                                         metadata.state_dict_metadata, names)
+        paths, storage = metadata.planner_data, metadata.state_dict_metadata
+        if local_sgd.holds(optimizer):
+            destination = local_sgd.Destination(model, optimizer, paths, storage,
+                                               dist.get_rank(group), dist.get_world_size(group))
+        elif local_sgd.saved_with(paths):
+            raise ValueError(
+                f"it was saved with {local_sgd.saved_with(paths)}, each rank's model and "
+                f"optimizer state under its rank: load it with that optimizer, "
+                f"hvd.checkpoint.load(path, model, optimizer)")
+        else:
+            destination = states.Destination(model, optimizer, paths, storage, names)
         problems = destination.problems
     except ValueError as error:
         problems = [str(error)]
