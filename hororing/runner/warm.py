@@ -303,10 +303,10 @@ def _preload_compiled_steps():
         from ..config import Config
 
         mode = Config.from_environ().compiled_steps
-        loaded = compiled.preload(mode)
-        if loaded.startswith("nothing") and compiled.expected(mode):
-            sys.stderr.write(f"hororun: --warm-start loaded {loaded}; each rank loads the "
-                             f"compiled steps itself\n")
+        why = compiled.preload(mode)
+        if why is not None and compiled.expected(mode):
+            sys.stderr.write(f"hororun: --warm-start loaded nothing: {why}; each rank loads "
+                             f"the compiled steps itself\n")
     except Exception as error:  # the ranks load them themselves, as fresh ones do
         sys.stderr.write(f"hororun: --warm-start could not load the compiled steps: {error}\n")
 

@@ -263,3 +263,23 @@ def test_a_ranks_end_and_its_shims_connection_ready_together_are_both_handled(tm
     assert server.ranks == {} and not server.selector.get_map()
     assert warm_shim.receive(shim_end) == {"exit": 3}
     shim_end.close()
+
+
+def test_the_warm_process_preloads_the_compiled_steps_or_says_why_not():
+    # before MPI is imported (hororun's warm process): loaded, None; after, or off: why not
+    script = ("import sys\n"
+              "from hororing.algorithms import compiled\n"
+              "if sys.argv[1] == 'imported': import mpi4py.MPI\n"
+              "print(compiled.preload(sys.argv[2]))\n"
+              "print(compiled._Loader.error is None and all(\n"
+              "    (dtype, False) in compiled._Loader.entries for dtype in compiled.PRELOADED))\n")
+    pytest.importorskip("numba")
+
+    def preload(state, mode):
+        done = subprocess.run([sys.executable, "-c", script, state, mode], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+    assert preload("fresh", "auto") == ["None", "True"]
+    assert preload("imported", "auto")[0] == "MPI is imported already"
+    assert preload("fresh", "off")[0] == "the compiled steps are off, or numba is not installed"

@@ -114,29 +114,27 @@ def preload(mode):
 
     The MPI library is mapped by loading mpi4py's extension without importing it (``dlopen``
     only: MPI stays uninitialised, and the rank's ``import mpi4py.MPI`` finds the same
-    library); nothing is done where that does not map it. Returns what was loaded, or why
-    nothing was.
+    library); nothing is done where that does not map it. Returns None once they are loaded,
+    else why nothing was.
     """
     if mode == "off" or not expected(mode):
-        return "nothing: the compiled steps are off, or numba is not installed"
+        return "the compiled steps are off, or numba is not installed"
     import ctypes
     import importlib.util
     import sys
 
     if "mpi4py.MPI" in sys.modules:
-        return "nothing: MPI is imported already"
+        return "MPI is imported already"
     try:
         ctypes.CDLL(importlib.util.find_spec("mpi4py.MPI").origin, mode=ctypes.RTLD_GLOBAL)
     except (AttributeError, ImportError, OSError) as error:
-        return f"nothing: mpi4py's extension could not be loaded ({error})"
+        return f"mpi4py's extension could not be loaded ({error})"
     if mapped_library() is None:  # else native would import mpi4py.MPI, initialising MPI
-        return "nothing: no MPI library was mapped with mpi4py's extension"
+        return "no MPI library was mapped with mpi4py's extension"
     with _Loader.compiling:
         for dtype in PRELOADED:
             _compile((dtype, False))
-    if _Loader.error is not None:
-        return f"nothing: {_Loader.error}"
-    return "the compiled steps for " + ", ".join(str(dtype) for dtype in PRELOADED)
+    return None if _Loader.error is None else str(_Loader.error)
 
 
 def mapped_library():
