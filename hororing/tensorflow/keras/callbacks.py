@@ -228,3 +228,6 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if current().rank == 0:
             return super()._save_model(*args, **kwargs)
         return None
+
+
+from .local_sgd import DiLoCoCallback, LocalSGDCallback  # noqa: E402,F401  (hvd.callbacks.*)

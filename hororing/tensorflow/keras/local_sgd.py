@@ -1,0 +1,179 @@
+"""LocalSGD and DiLoCo for ``model.fit``: callbacks that talk every ``sync_every`` steps.
+
+The model is compiled with its plain optimizer (not ``DistributedOptimizer``): between syncs
+every rank steps on its own batches and nothing crosses the network. A step is one of the
+optimizer's updates (its ``iterations``): with gradient accumulation a step is an update, and
+with ``steps_per_execution`` k a sync due inside an execution runs at its end (callbacks run
+only between executions).
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=...)
+    diloco = hvd.callbacks.DiLoCoCallback(
+        keras.optimizers.SGD(0.8, momentum=0.5, nesterov=True), sync_every=50)
+    model.fit(x_shard, y_shard, callbacks=[diloco])
+
+- ``LocalSGDCallback``: every ``sync_every`` steps the trainable weights are averaged.
+- ``DiLoCoCallback``: every ``sync_every`` steps (per fragment, staggered as
+  ``hororing.periodic`` schedules them) the change each rank made since the last sync is
+  averaged, and ``outer_optimizer`` steps the global weights with it as the gradient.
+
+Both give every rank rank 0's weights when training first begins, and sync once more when it
+ends (``sync_at_end``), so that ``evaluate`` and ``save`` see the ranks' consensus.
+"""
+
+import itertools
+
+import numpy as np
+
+from ... import collectives, ops
+from ...compression import Compression as _ArrayCompression
+from ...periodic import Schedule, check_every, check_fragments, cut
+from ..compression import Compression
+from ._backend import keras
+
+_INSTANCES = itertools.count()  # made in one order on every rank: names agree
+
+
+class _Periodic(keras.callbacks.Callback):
+    """The step count, the start from rank 0's weights, the sync at the end."""
+
+    def __init__(self, sync_every, sync_at_end):
+        super().__init__()
+        check_every(sync_every)
+        self.sync_every = sync_every
+        self.sync_at_end = sync_at_end
+        self.steps = 0
+        self._variables = None
+        self._prefix = f"{type(self).__name__.lower()}{next(_INSTANCES)}"
+
+    def on_train_begin(self, logs=None):
+        if self._variables is not None:
+            return  # a later fit goes on from where the last one left
+        variables = list(self.model.trainable_variables)
+        if not variables:
+            raise ValueError(f"{type(self).__name__} needs the model built before fit (give "
+                             f"it its input shape, keras.Input), to start every rank from "
+                             f"rank 0's weights")
+        values = [np.array(variable.numpy()) for variable in variables]
+        handles = [collectives.broadcast_async_(value, 0, name=f"{self._prefix}.start.{index}")
+                   for index, value in enumerate(values)]
+        for variable, value, handle in zip(variables, values, handles):
+            collectives.synchronize(handle)
+            variable.assign(value)
+        self._variables = variables
+        self.steps = int(self.model.optimizer.iterations.numpy())
+        self._begin()
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = int(self.model.optimizer.iterations.numpy())
+        stepped, self.steps = range(self.steps + 1, done + 1), done
+        self._after(stepped)
+
+    def on_train_end(self, logs=None):
+        if self.sync_at_end:
+            self.sync_now()
+
+    def _values(self, indices):
+        return [np.array(self._variables[index].numpy()) for index in indices]
+
+    def _begin(self):
+        pass
+
+
+class LocalSGDCallback(_Periodic):
+    """Average the model's trainable weights over the ranks every ``sync_every`` steps.
+
+    Args:
+        sync_every: the optimizer's steps between averages (1: every step).
+        sync_at_end: average once more when ``fit`` ends (unless it just did).
+    """
+
+    def __init__(self, sync_every, sync_at_end=True):
+        super().__init__(sync_every, sync_at_end)
+        self._averaged_at = 0
+
+    def _after(self, stepped):
+        if any(step % self.sync_every == 0 for step in stepped):
+            self.sync_now()
+
+    def sync_now(self):
+        """Average the weights now, unless they were at this step."""
+        if self._averaged_at == self.steps:
+            return
+        values = self._values(range(len(self._variables)))
+        collectives.grouped_allreduce_(values, name=f"{self._prefix}.weights", op=ops.Average)
+        for variable, value in zip(self._variables, values):
+            variable.assign(value)
+        self._averaged_at = self.steps
+
+
+class DiLoCoCallback(_Periodic):
+    """Every ``sync_every`` steps (per fragment) the averaged change since the last sync is the
+    gradient of ``outer_optimizer``, which steps the global weights every rank goes on from.
+
+    Args:
+        outer_optimizer: a Keras optimizer for the outer steps (the paper's: SGD with
+            momentum and Nesterov); it holds its own state over the trainable weights.
+        sync_every: inner steps between two syncs of a fragment (H).
+        fragments: how many fragments the weights are cut into (whole variables, of about
+            equal size), each synced at its own step.
+        compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16``: the averaged changes
+            in 16 bits on the wire.
+        sync_at_end: sync every fragment not synced at the last step when ``fit`` ends.
+    """
+
+    def __init__(self, outer_optimizer, sync_every, fragments=1,
+                 compression=Compression.none, sync_at_end=True):
+        super().__init__(sync_every, sync_at_end)
+        if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
+            raise TypeError(f"DiLoCoCallback's outer optimizer must be a Keras optimizer, "
+                            f"got {type(outer_optimizer).__name__}")
+        kinds = {Compression.none: "none", Compression.fp16: "fp16", Compression.bf16: "bf16"}
+        if (compression or Compression.none) not in kinds:
+            raise ValueError(f"DiLoCoCallback sends its changes with hvd.Compression.none, "
+                             f".fp16 or .bf16; got {compression!r}")
+        self.outer_optimizer = outer_optimizer
+        self.compression = getattr(_ArrayCompression, kinds[compression or Compression.none])
+        self._fragments = fragments
+        self.fragments = self.schedule = self._global = None
+
+    def _begin(self):
+        check_fragments(self._fragments, len(self._variables))
+        self.fragments = cut([int(np.prod(variable.shape)) for variable in self._variables],
+                             self._fragments)
+        self.schedule = Schedule(self.sync_every, len(self.fragments))
+        self.schedule.restore(self.steps)
+        self._global = self._values(range(len(self._variables)))
+        self.outer_optimizer.build(self._variables)
+
+    def _after(self, stepped):
+        due = sorted({index for step in stepped for index in self.schedule.due(step)})
+        for index in due:
+            self._sync(index)
+
+    def sync_now(self):
+        """Sync every fragment not synced at this step: every rank then holds the global
+        weights."""
+        for index in self.schedule.unsynced(self.steps):
+            self._sync(index)
+
+    def _sync(self, index):
+        import tensorflow as tf
+        self.schedule.synced(index, self.steps)
+        members = self.fragments[index]
+        handles, contexts = [], []
+        for position, value in zip(members, self._values(members)):
+            payload, context = self.compression.compress(self._global[position] - value)
+            handles.append(collectives.compressed_allreduce_async_(
+                payload, self.compression, name=f"{self._prefix}.fragment{index}.{position}",
+                op=ops.Average))
+            contexts.append(context)
+        averaged = [self.compression.decompress(collectives.synchronize(handle), context)
+                    for handle, context in zip(handles, contexts)]
+        variables = [self._variables[position] for position in members]
+        for variable, position in zip(variables, members):
+            variable.assign(self._global[position])
+        self.outer_optimizer.apply_gradients(
+            [(tf.constant(change, dtype=variable.dtype), variable)
+             for change, variable in zip(averaged, variables)])
+        for variable, position in zip(variables, members):
+            self._global[position] = np.array(variable.numpy())
