@@ -51,7 +51,7 @@ def to_save(model, optimizer, extra, rank, size):
         optimizer.synchronize()  # the syncs in flight (overlap=True) land first
         schedule["synced_at"] = list(optimizer.schedule.synced_at)
         tree["global"] = _global(optimizer, names)
-        tree["outer"] = states.to_save(model, optimizer.outer_optimizer, {}, names)["optim"]
+        tree["outer"] = states.to_save(None, optimizer.outer_optimizer, {}, names)["optim"]
     else:
         schedule["averaged_at"] = optimizer._averaged_at
     tree = states.share_replicated(tree, rank, size)
