@@ -169,14 +169,20 @@ def test_the_bigger_launch_starts_ahead_and_takes_over_once_ready_and_the_job_st
     assert len(made.launches) == 2 and made.driver._running == 3
 
 
-def test_the_commit_a_job_stopped_at_is_the_one_its_rank_0_named(tmp_path, capsys):
-    # the launch ahead goes on at once and commits while the stopped job's mpiexec exits: the
-    # log names the commit the job stopped at, not the newest on disk when it ended
+def growing(tmp_path):
+    """A job of 2 ranks inside hvd.elastic.run whose hosts grew to 3: (the job, its running
+    launch, the launch started ahead)."""
     made = Job(tmp_path, [("localhost", 2)])
     first = made.launch(0)
     entered(made)
     made.hosts = [("localhost", 3)]
-    ahead = made.launch(1)
+    return made, first, made.launch(1)
+
+
+def test_the_commit_a_job_stopped_at_is_the_one_its_rank_0_named(tmp_path, capsys):
+    # the launch ahead goes on at once and commits while the stopped job's mpiexec exits: the
+    # log names the commit the job stopped at, not the newest on disk when it ended
+    made, first, ahead = growing(tmp_path)
     made.driver._marked(job.READY + b"\n")
     until(lambda: job.NOTICE_SIGNAL in first.signals)
     first.acknowledged.set()
@@ -211,11 +217,7 @@ def test_a_launch_ahead_that_fails_is_ended_and_the_job_grows_by_a_relaunch(tmp_
 
 
 def test_a_launch_ahead_is_ended_when_the_job_finishes_first(tmp_path):
-    made = Job(tmp_path, [("localhost", 2)])
-    first = made.launch(0)
-    entered(made)
-    made.hosts = [("localhost", 3)]
-    ahead = made.launch(1)
+    made, first, ahead = growing(tmp_path)
     made.driver._marked(job.RETURNED + b"\n")
     first.end(0)
     assert made.finished() == 0
