@@ -115,8 +115,8 @@ class DiLoCo(_Periodic):
             step only the entries of its ``params`` (``hororing.optim.SGD``'s does): a
             fragment's outer step narrows ``params`` and ``grads`` to the fragment's names.
         sync_every: inner steps between two syncs of a fragment (H).
-        fragments: how many fragments the parameters are cut into (whole parameters, of
-            about equal size), each synced at its own step.
+        fragments: how many fragments the parameters are cut into (whole parameters,
+            balanced by size: ``hororing.periodic.cut``), each synced at its own step.
         compression: ``Compression.none``, ``.fp16`` or ``.bf16``: the averaged changes in
             16 bits on the wire.
         overlap: a sync's allreduce runs during the following inner step, and its outer step

@@ -26,21 +26,20 @@ def check_fragments(fragments, parameters):
 
 
 def cut(sizes, count):
-    """The positions of parameters of ``sizes`` elements in ``count`` runs of whole
-    parameters, each about 1/count of the elements (every run at least one parameter)."""
-    total = sum(sizes)
-    runs, run, done = [], [], 0
-    for position, size in enumerate(sizes):
-        run.append(position)
-        done += size
-        left_runs = count - len(runs) - 1  # runs still to make after this one
-        left_parameters = len(sizes) - position - 1
-        if left_runs and (done >= total * (len(runs) + 1) / count
-                          or left_parameters == left_runs):
-            runs.append(run)
-            run = []
-    runs.append(run)
-    return runs
+    """The positions of parameters of ``sizes`` elements in ``count`` fragments of whole
+    parameters (every fragment at least one), balanced: the largest parameter first, each to
+    the fragment with the fewest elements so far. No fragment holds more than 1/count of the
+    elements plus its largest parameter, so one larger than 1/count of the model fills a
+    fragment alone. A fragment mixes parameters of every depth; each is listed in the model's
+    order, and the fragments in the order of their first parameter."""
+    runs = [[] for _ in range(count)]
+    loads = [0] * count
+    for position in sorted(range(len(sizes)), key=lambda position: -sizes[position]):
+        # an empty fragment before a non-empty one of the same load (parameters of 0 elements)
+        target = min(range(count), key=lambda index: (loads[index], len(runs[index]), index))
+        runs[target].append(position)
+        loads[target] += sizes[position]
+    return sorted((sorted(run) for run in runs), key=lambda run: run[0])
 
 
 class Schedule:

@@ -213,9 +213,12 @@ def run(variant, args, comm, link, task):
     for parameter in evaluated.parameters():
         digest.update(parameter.detach().numpy().tobytes())
     agree = len(set(comm.allgather(digest.hexdigest()))) == 1
+    total = sum(parameter.numel() for parameter in evaluated.parameters())
+    shares = [sum(parameter.numel() for parameter in members) / total
+              for members in getattr(optimizer, "fragments", [])]
     return {"variant": variant, "seconds": comm.allreduce(seconds, op=MPI.MAX),
             "sent_bytes": comm.allreduce(sent), "final_loss": curve[-1][1], "curve": curve,
-            "ranks_agree": agree}
+            "ranks_agree": agree, "fragment_shares": shares}
 
 
 def plot(rows, args, size, link):
@@ -285,6 +288,10 @@ def main():
               f"{row['final_loss'] / base['final_loss']:7.3f} {row['sent_bytes'] / 1e6:9.2f} "
               f"{ratio} {row['seconds']:8.2f} {base['seconds'] / row['seconds']:9.2f} "
               f"{'yes' if row['ranks_agree'] else 'NO':>11}")
+    for row in rows:
+        if len(row["fragment_shares"]) > 1:  # what each of its syncs carries
+            print(f"{row['variant']}: each fragment's share of the parameters " +
+                  " ".join(f"{share:.3f}" for share in row["fragment_shares"]))
     if args.json:  # before the plot: a missing matplotlib costs no measurement
         with open(args.json, "w") as handle:
             json.dump({"machine": info, "task": args.task, "ranks": comm.size, "link": link, "rows": rows,

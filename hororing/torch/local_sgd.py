@@ -10,9 +10,9 @@ the network:
 - ``DiLoCo`` (Douillard et al., 2023): every ``sync_every`` steps the change each rank made
   since the last sync (the global parameters less its own) is averaged, and an outer
   optimizer (Nesterov SGD in the paper) steps the global parameters with it as the gradient.
-  With ``fragments=k`` the parameters are cut into k fragments of about equal size, synced at
-  staggered steps (fragment f when ``step % sync_every == (f + 1) * sync_every // k``), so each
-  sync carries 1/k of the model. ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends
+  With ``fragments=k`` the parameters are cut into k fragments of whole parameters balanced by
+  size, synced at staggered steps (fragment f when ``step % sync_every == (f + 1) * sync_every
+  // k``), so a sync carries about 1/k of the model (a parameter larger than that, alone). ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends
   the averaged changes in 16 bits.
 
 Every rank starts from rank 0's parameters and optimizer state.
@@ -159,8 +159,8 @@ class DiLoCo(_Periodic):
         outer_optimizer: a torch optimizer over the same parameters (the paper's: SGD with
             lr=0.7, momentum=0.9, nesterov=True).
         sync_every: inner steps between two syncs of a fragment (H).
-        fragments: how many fragments the parameters are cut into (whole parameters, of
-            about equal size), each synced at its own step.
+        fragments: how many fragments the parameters are cut into (whole parameters,
+            balanced by size: ``hororing.periodic.cut``), each synced at its own step.
         compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16``: the averaged changes
             in 16 bits on the wire.
         overlap: a sync's allreduce runs during the following inner step, and its outer step

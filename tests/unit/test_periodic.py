@@ -1,15 +1,34 @@
 """The fragments' cut and sync schedule LocalSGD and DiLoCo share (hororing.periodic)."""
 
+import random
+
 import pytest
 
 from hororing.periodic import Schedule, check_fragments, cut
 
 
-def test_the_cut_keeps_parameters_whole_and_about_equal():
-    assert cut([10, 10, 10, 10], 2) == [[0, 1], [2, 3]]
+def test_the_cut_keeps_parameters_whole_and_balances_their_elements():
+    assert cut([10, 10, 10, 10], 2) == [[0, 2], [1, 3]]
     assert cut([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
-    assert cut([1, 1, 100], 3) == [[0], [1], [2]]  # every run at least one parameter
+    assert cut([1, 1, 100], 3) == [[0], [1], [2]]  # every fragment at least one parameter
+    assert cut([5, 0, 0], 3) == [[0], [1], [2]]  # parameters of no elements too
     assert cut([5], 1) == [[0]]
+    # bench_local_sgd's mlp: a parameter over a quarter of the model fills a fragment alone
+    assert cut([409600, 1600, 2560000, 1600, 1638400, 1024, 16384, 16], 4) == \
+        [[0], [1, 3, 5, 6, 7], [2], [4]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_fragment_holds_more_than_its_share_and_its_largest_parameter(seed):
+    rng = random.Random(seed)
+    sizes = [rng.choice([1, 16, 128, 4096, 65536]) * rng.randint(1, 4)
+             for _ in range(rng.randint(4, 40))]
+    count = rng.randint(1, len(sizes))
+    runs = cut(sizes, count)
+    assert sorted(position for run in runs for position in run) == list(range(len(sizes)))
+    assert all(run for run in runs) and len(runs) == count
+    for run in runs:
+        assert sum(sizes[p] for p in run) <= sum(sizes) / count + max(sizes[p] for p in run)
 
 
 def test_the_schedule_spreads_the_fragments_over_the_steps():

@@ -114,8 +114,8 @@ class DiLoCoCallback(_Periodic):
         outer_optimizer: a Keras optimizer for the outer steps (the paper's: SGD with
             momentum and Nesterov); it holds its own state over the trainable weights.
         sync_every: inner steps between two syncs of a fragment (H).
-        fragments: how many fragments the weights are cut into (whole variables, of about
-            equal size), each synced at its own step.
+        fragments: how many fragments the weights are cut into (whole variables, balanced
+            by size: ``hororing.periodic.cut``), each synced at its own step.
         compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16``: the averaged changes
             in 16 bits on the wire.
         sync_at_end: sync every fragment not synced at the last step when ``fit`` ends.
