@@ -116,14 +116,14 @@ def assert_same_on_every_rank(values):
             np.testing.assert_array_equal(value, first)
 
 
-@pytest.mark.parametrize("sync_every", [1, 3, 5])
+@pytest.mark.parametrize("sync_every", [1, 5])
 def test_local_sgd_averages_the_weights_every_h_steps_and_at_the_end(sync_every):
     trained = fit(hvd.callbacks.LocalSGDCallback(sync_every))
     assert_close(trained, simulate_local_sgd(sync_every))
     assert_same_on_every_rank(trained)
 
 
-@pytest.mark.parametrize("sync_every,fragments", [(1, 1), (3, 1), (5, 2), (3, 4)])
+@pytest.mark.parametrize("sync_every,fragments", [(3, 1), (5, 2), (3, 4)])
 def test_diloco_steps_the_outer_optimizer_with_the_averaged_change(sync_every, fragments):
     trained = fit(hvd.callbacks.DiLoCoCallback(outer(), sync_every, fragments=fragments))
     assert_close(trained, simulate_diloco(sync_every, fragments))
