@@ -13,7 +13,7 @@ import numpy as np
 
 from . import gpu, ops
 from .context import current
-from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request
+from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request, door_key
 from .process_sets import global_process_set, group_of
 from .running import _State
 from .validate import (ALLREDUCE_OPS, DTYPE_NAMES, check_adasum_dtype, check_array,
@@ -49,8 +49,18 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         raise ValueError(f"unknown collective {kind!r}; one of "
                          f"{', '.join(list(_RULES) + ['barrier', 'join'])}")
     context = _State.context  # the global set's group without a call: every verb asks it
+    door = None
     if context is not None and (process_set is None or process_set is global_process_set):
         group = context.group
+        if now and into is None and kind == "allreduce":
+            # a repeated blocking call runs its lane (engine/lane.py); its first, the usual way
+            lanes = group.engine.lanes
+            lane = lanes.get(name) if lanes and type(name) is str else None
+            if lane is not None and lane.fits(kind, tensor, inplace, arguments):
+                handle = group.engine.run_lane(lane, tensor)
+                if handle is not None:
+                    return handle
+            door = door_key(kind, inplace, arguments)
     else:
         group = group_of(process_set)
     if not name_checked and isinstance(name, str) and name in group.engine.in_flight:  # before the input is converted
@@ -61,7 +71,7 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         _check_arguments(kind, arguments)  # names what the kind takes, where that was wrong
         raise
     return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
-                   blocking=blocking, now=now, into=into, **fields)
+                   blocking=blocking, now=now, into=into, door=door, **fields)
 
 
 def _synchronization(kind, process_set, arguments, now):
@@ -152,7 +162,7 @@ def _arguments_of(rule):
 
 
 def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False, now=False,
-            into=None, **fields):
+            into=None, door=None, **fields):
     # each check is called where it will raise, or where the array is not a plain numpy one
     # (the common case passes them inline: a call each would be paid on every collective)
     if type(tensor) is not np.ndarray:
@@ -185,6 +195,7 @@ def _submit(kind, tensor, name, group, inplace=False, min_ndim=0, blocking=False
                 shape=tuple(tensor.shape), **fields)
     engine = group.engine
     request = Request(name, meta, tensor, output, Handle(name, engine), writeback)
+    request.door = door
     return engine.submit_blocking(request) if now else engine.submit(request, blocking)
 
 

@@ -21,10 +21,14 @@ def reduce_rows(ufunc, rows, out):
     """Combine the host ``rows`` (one per rank, in rank order) into ``out`` with ``ufunc``.
 
     Two rows take one binary call: the same bits as ``ufunc.reduce`` over axis 0 (one
-    operation per element), at about half its fixed cost (0.54 against 0.93 us, 4 KiB).
+    operation per element), at about half its fixed cost (0.54 against 0.93 us, 4 KiB); one
+    row is copied.
     """
-    if len(rows) == 2:
+    count = len(rows)
+    if count == 2:
         ufunc(rows[0], rows[1], out=out)
+    elif count == 1:
+        out[...] = rows[0]
     else:
         ufunc.reduce(rows, axis=0, out=out)
 

@@ -5,6 +5,9 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
 - ``Engine.submit(request, blocking)`` (``request.Request``), returning a ``request.Handle``;
   ``Handle.synchronize()`` waits for it, driving the engine from the caller's thread;
   ``Engine.submit_blocking(request)`` for a blocking verb (its cycle may run in the call);
+  ``Engine.lanes`` (name -> ``lane.Lane``: ``fits(kind, tensor, inplace, arguments)``) and
+  ``Engine.run_lane(lane, tensor)`` for a repeated blocking call, whose first call's
+  request carries ``door_key(kind, inplace, arguments)`` as its ``door``;
   ``Engine.check_free(name)`` and ``Engine.in_flight`` (the names in flight, read only);
 - ``Engine.stats()``, ``Engine.set_timeline(timeline)``, ``Engine.stop(...)``,
   ``Engine.close()``;
@@ -28,8 +31,9 @@ name (tests/unit/test_layout.py holds it).
 from .scaling import scaling
 from .buckets import assign
 from .engine import FLAG_FAILED, Engine
+from .lane import door_key
 from .negotiation import JOIN_NAME, Meta
 from .request import GroupHandle, Handle, Request
 
 __all__ = ["Engine", "FLAG_FAILED", "GroupHandle", "Handle", "JOIN_NAME", "Meta", "Request",
-           "assign", "scaling"]
+           "assign", "door_key", "scaling"]

@@ -57,7 +57,8 @@ class Cycle:
     gathered every rank's header (some rank had a new name, new metadata or a flag, or asked
     because a tensor announced by bit waited a second: ``stall_gathers`` counts this rank's
     asks), ``inline_cycles`` that began with the fold's exchange and ``inline_hits`` that
-    completed in it, ``received_bytes`` by negotiation.
+    completed in it (``lane_hits`` of them a lane's: ``lane.py``), ``received_bytes`` by
+    negotiation.
     """
 
     def __init__(self, exchange, folding, cache_capacity):
@@ -77,7 +78,7 @@ class Cycle:
         self._vote_exchange = exchange.repeated("allreduce", self._vote, self._agreed, op="band")
         self._fold = Fold(exchange, folding)
         self.stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
-                      "inline_hits": 0, "received_bytes": 0, "deadlocks": 0}
+                      "inline_hits": 0, "lane_hits": 0, "received_bytes": 0, "deadlocks": 0}
 
     # ---- what the driver asks of it -----------------------------------------------------
 
@@ -116,6 +117,45 @@ class Cycle:
             if folded != ():
                 return folded
             wake = None  # the peers have all taken part in this cycle already
+        return self._after_fold(needs_gather, by_name, flags, message, deadline, wake, waiting)
+
+    def folds(self, lane):
+        """Whether the next cycle, announcing only ``lane``'s request (``lane.py``), folds it
+        on this rank: nothing else announced by bit, no gathered cycle asked for, the fold
+        expected at its size, its name cached with its metadata under its id, no rank joined."""
+        return (self._fold.bytes == lane.plan.nbytes and not self._by_bit
+                and not self._gather_asked
+                and self.negotiator.cached_id(lane.name, lane.meta) == lane.cache_id)
+
+    def run_lane(self, request, plan, wake):
+        """``run((request,), wake=wake)`` where ``folds`` said so for its
+        lane (the request carries its cache id; ``plan`` is its fold plan): the same cycle,
+        its steps written out. Returns the gathered rows when every rank folded it, else None:
+        then the cycle goes on with ``resume_lane``."""
+        self.number += 1
+        request.announced = True
+        fold = self._fold
+        transport.wait_until(fold.start(request, plan).Test, None, wake)
+        stats = self.stats
+        stats["inline_cycles"] += 1
+        stats["received_bytes"] += fold.received_bytes
+        if fold.agreed() == request.cache_id:
+            stats["inline_hits"] += 1
+            stats["lane_hits"] += 1
+            stats["cycles"] += 1
+            return fold.gathered
+        return None
+
+    def resume_lane(self, request, waiting):
+        """The rest of a cycle ``run_lane`` did not fold: ``request`` goes on by its cache bit
+        to the vote (the engine has put it with its pending requests). Returns the Decision."""
+        self._by_bit[request.name] = request
+        return self._after_fold(False, (), 0, None, None, None, waiting)
+
+    def _after_fold(self, needs_gather, by_name, flags, message, deadline, wake, waiting):
+        """The cycle after the fold (or without one): the vote, and a gathered cycle where
+        it asks for one. Returns the Decision, or None if the deadline passed."""
+        negotiator = self.negotiator
         # every cycle repeats the bits of what is still waiting: the vote has no memory
         cache_ids = tuple(request.cache_id for request in self._by_bit.values())
         self._encode_vote(needs_gather, cache_ids)

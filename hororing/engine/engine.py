@@ -33,6 +33,8 @@ from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
 from .exchange import MpiExchange
 from .executor import Executor
 from .fold import LatencyFolding
+from .lane import Lanes
+from .request import Handle, Request
 from .submissions import Submissions
 from .wakeups import Wakeups
 
@@ -72,6 +74,7 @@ class Engine:
         # the names in flight on this rank (read only): ``name in engine.in_flight`` is the
         # door's test before it asks ``check_free`` to raise
         self.in_flight = self._submissions.pending
+        self.lanes = Lanes()  # the door's: name -> the Lane of a repeated blocking call
         self._last_cycle_at = 0.0
         self._outgoing_flags = 0
         self._outgoing_message = None
@@ -128,6 +131,53 @@ class Engine:
             finally:
                 self._drive_lock.release()
         return submissions.add(request, blocking=True)
+
+    def run_lane(self, lane, tensor):
+        """Run a call that fits ``lane`` (``lane.py``) on ``tensor``: its cycle, written
+        out, on this thread. Returns the call's handle (done where every rank folded it), or
+        None where the call must take the usual way (nothing has been done then)."""
+        submissions = self._submissions
+        if submissions.queue or submissions.pending or self._outgoing_flags \
+                or self.executor.timeline is not None \
+                or (self.tuner is not None and self.tuner.active) \
+                or lane.plan.version != self.allreduce.route.version \
+                or getattr(submissions.batches, "requests", None) is not None \
+                or not self._drive_lock.acquire(blocking=False):
+            return None
+        try:
+            cycle = self.cycle
+            if submissions.queue or submissions.pending or self._stopped \
+                    or submissions.failure is not None or not cycle.folds(lane):
+                return None
+            name = lane.name
+            request = Request(name, lane.meta, tensor, tensor if lane.door[1] else None,
+                              Handle(name, self))
+            request.cache_id, request.awaited = lane.cache_id, True
+            self._last_cycle_at = request.submitted = submissions.quiet_since = \
+                time.monotonic()
+            with self._cycle_activity:
+                rows = cycle.run_lane(request, lane.plan, self._wake_for_lane)
+                if rows is not None:
+                    self._folding.finish(lane.response, request, rows, lane.plan)
+                    return request.handle
+                with submissions.lock:  # the vote, as the usual cycle goes on from here
+                    submissions.pending[name] = request
+                self._run(cycle.resume_lane(request, self._blocked))
+        except JobEnded as ended:
+            self._end(ended)
+        except MPI.Exception as error:
+            if not self._lose_peers(error):
+                raise
+        finally:
+            self._drive_lock.release()
+        return request.handle  # its caller's ``synchronize`` drives what is left
+
+    def _wake_for_lane(self):
+        """A lane's cycle has not completed after the spin: wake the peers, unless one of
+        them started this cycle (its wake-up is in), as ``_run_cycle`` decides up front."""
+        number = self.cycle.number
+        if self._wakeups.latest(patience=1) < number:
+            self._wakeups.send(number)
 
     def batch(self):
         """``with engine.batch():`` the requests submitted inside (by this thread) enter the
@@ -309,8 +359,7 @@ class Engine:
                 responses = decision.responses
                 self._run(decision)
         except JobEnded as ended:
-            self._failed_job |= ended.failed
-            self._halt(HorovodInternalError(str(ended)))
+            self._end(ended)
             return True
         except MPI.Exception as error:
             if not self._lose_peers(error):
@@ -324,6 +373,10 @@ class Engine:
             self.executor.timeline.flush()
         return True
 
+    def _end(self, ended):
+        self._failed_job |= ended.failed
+        self._halt(HorovodInternalError(str(ended)))
+
     def _run(self, decision):
         """Run what a cycle agreed, pairing each response with this rank's request."""
         responses, folded = decision
@@ -335,6 +388,8 @@ class Engine:
             if self.executor.timeline is not None:
                 self.executor.negotiated(response, request, time.monotonic())
             self._folding.finish(response, request, folded)
+            if request.door is not None:  # a call the door may send down a lane next time
+                self.lanes.learn(request, response, self._folding.plan_of(response.meta))
         elif responses:
             # a deadlock fails each rank's own names: none were missed
             missed = None if responses[0].deadlock else self._missed

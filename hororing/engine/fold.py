@@ -40,6 +40,7 @@ class Fold:
         self._last_lone = None
         self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
         self._row = self._fields = None  # this rank's row, and its fields
+        self._heads = None  # every rank's fields, in the gathered rows
         self._data = None  # this rank's contribution, in its row
         self.gathered = None  # every rank's contribution once exchanged: (size, bytes) uint8
         self.received_bytes = 0  # what one exchange of the rows receives
@@ -54,11 +55,11 @@ class Fold:
         self.bytes = lone if lone is not None and lone == self._last_lone else None
         self._last_lone = lone
 
-    def start(self, waiting):
+    def start(self, waiting, plan=None):
         """Fill this rank's row and start the allgather of every rank's row; return the
         request to wait on. ``waiting``: the one cached request this rank has waiting and
-        may fold (None: this rank's row says "not this time"). The same cycle on every
-        rank."""
+        may fold (None: this rank's row says "not this time"); ``plan``: its plan, where the
+        caller holds it (a lane). The same cycle on every rank."""
         if self._rows is None or self._rows.shape[1] != _HEAD + self.bytes:
             self.free()  # rows of another size: a new exchange, made on every rank alike
             self._rows = np.empty((self.size, _HEAD + self.bytes), dtype=np.uint8)
@@ -66,10 +67,11 @@ class Fold:
             self._fields = self._row[:_HEAD].view(np.int64)
             self._data = self._row[_HEAD:]
             self.gathered = self._rows[:, _HEAD:]
+            self._heads = self._rows[:, :_HEAD]
             self.received_bytes = self._rows.nbytes
             self._exchange = self._exchange_with.repeated("allgather", self._row, self._rows)
         fields = self._fields
-        if waiting is not None and self._folding.contribute(waiting, self._data):
+        if waiting is not None and self._folding.contribute(waiting, self._data, plan):
             fields[0], fields[1] = -1, waiting.cache_id
         else:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
@@ -84,7 +86,7 @@ class Fold:
         """The cache id every rank folded in the gathered rows, or None if they did not all
         fold the same one (then the cycle goes on to the vote)."""
         if self._fields[0] != -1 or \
-                self._rows[:, :_HEAD].tobytes() != self._row[:_HEAD].tobytes() * self.size:
+                self._heads.tobytes() != self._fields.tobytes() * self.size:
             return None
         return int(self._fields[1])
 
@@ -120,45 +122,52 @@ class LatencyFolding:
             return None
         return self._plan(response.meta).nbytes
 
-    def contribute(self, request, out):
+    def contribute(self, request, out, plan=None):
         """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
-        False if it does not fit them exactly (then it goes the usual way)."""
-        plan = self._plans.get(request.meta)  # the loop's plan, without a call to look it up
-        if plan is None or plan.version != self._pipeline.route.version:
-            plan = self._plan(request.meta)
+        False if it does not fit them exactly (then it goes the usual way). ``plan``: its
+        plan, where the caller holds it (a lane)."""
+        if plan is None:
+            plan = self._plans.get(request.meta)  # the loop's plan, without a call
+            if plan is None or plan.version != self._pipeline.route.version:
+                plan = self._plan(request.meta)
         if plan.nbytes != out.nbytes:
             return False
         buffer = out.view(plan.dtype)
-        buffer[...] = request.tensor.reshape(-1)
+        buffer[...] = request.tensor.ravel()  # contiguous (the door's): a view
         if plan.prescale != 1.0:
             scale_into(buffer, plan.prescale)
         return True
 
-    def finish(self, response, request, rows):
+    def finish(self, response, request, rows, plan=None):
         """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
         rank): reduced in rank order, as the latency path reduces its gathered rows, so the
-        result is bitwise what that path gives."""
-        started = time.monotonic()
-        meta = response.meta
-        plan = self._plans.get(meta)
-        if plan is None or plan.version != self._pipeline.route.version:
-            plan = self._plan(meta)
+        result is bitwise what that path gives. ``plan`` as for ``contribute``."""
+        timeline = self._recorder.timeline
+        started = time.monotonic() if timeline is not None else 0.0
+        if plan is None:
+            plan = self._plans.get(response.meta)
+            if plan is None or plan.version != self._pipeline.route.version:
+                plan = self._plan(response.meta)
         output = request.output  # in place: the common case, without a call
         if output is None:
-            output = self._pipeline.host.output(response, request, meta.dtype, None)
-        flat = output.reshape(-1)
+            output = self._pipeline.host.output(response, request, response.meta.dtype, None)
+        flat = output.ravel()  # contiguous: a view
         buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
         reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
         if plan.finalize is not None:
             plan.finalize(buffer)
         if buffer is not flat:
             flat[...] = buffer
-        if self._recorder.timeline is not None:
+        if timeline is not None:
             self._recorder.span([(response, request)], "ALLREDUCE", started)
         if request.writeback is None:  # ``complete``, without the call in the common case
             request.handle.set_result(output)
         else:
             complete(request, output)
+
+    def plan_of(self, meta):
+        """The plan folding ``meta``'s allreduce runs with (a lane keeps it)."""
+        return self._plan(meta)
 
     def _plan(self, meta):
         """What folding ``meta``'s allreduce takes, worked out once per metadata (a loop

@@ -115,10 +115,11 @@ class Request:
     receives the result at the end. ``ready`` (device arrays) has a ``synchronize()`` that
     returns once the work that produced ``tensor`` on the caller's stream is done.
     ``awaited``: a thread waits for it (a blocking call, or ``synchronize`` on its handle).
+    ``door``: set by the door on a blocking call that may take a lane once folded.
     """
 
     __slots__ = ("name", "meta", "tensor", "output", "writeback", "handle", "submitted", "cache_id",
-                 "announced", "ready", "awaited")
+                 "announced", "ready", "awaited", "door")
 
     def __init__(self, name, meta, tensor, output, handle, writeback=None):
         self.name = name
@@ -132,3 +133,4 @@ class Request:
         self.announced = False
         self.ready = None
         self.awaited = False
+        self.door = None  # a blocking call's key, as the door gave it (``lane.py``)

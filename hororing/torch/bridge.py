@@ -102,17 +102,18 @@ def as_numpy(tensor, argument="tensor", bfloat16=False):
     if tensor.is_sparse:
         raise ValueError(f"{argument} is sparse; densify it with .to_dense() first, or use "
                          f"sparse_allreduce_async")
-    detached = tensor.detach()
-    if detached.dtype == torch.bfloat16 and bfloat16 and detached.device.type == "cpu":
-        return detached.view(torch.int16).numpy().view(BFLOAT16)
+    # (is_cpu and is_cuda: a tenth of the cost of device.type; detach only where needed)
+    detached = tensor.detach() if tensor.requires_grad else tensor
     if detached.dtype in _NUMPY_FREE:
+        if bfloat16 and detached.is_cpu:
+            return detached.view(torch.int16).numpy().view(BFLOAT16)
         detached = detached.float()
-    if detached.device.type == "cuda":
+    if detached.is_cpu:
+        return detached.numpy()
+    if detached.is_cuda:
         return detached.contiguous()
-    if detached.device.type != "cpu":
-        raise ValueError(f"{argument} is on {tensor.device}; hororing reduces CPU and CUDA "
-                         f"tensors: move it with .cpu() or .cuda()")
-    return detached.numpy()
+    raise ValueError(f"{argument} is on {tensor.device}; hororing reduces CPU and CUDA "
+                     f"tensors: move it with .cpu() or .cuda()")
 
 
 def from_numpy(array):
@@ -124,7 +125,9 @@ def from_numpy(array):
 
 
 def to_torch(array, like):
-    if isinstance(array, torch.Tensor):
+    if type(array) is np.ndarray and array.dtype is not BFLOAT16 and array.flags.c_contiguous:
+        result = torch.from_numpy(array)  # the common case, without the calls below
+    elif isinstance(array, torch.Tensor):
         result = array
     elif isinstance(array, np.ndarray):
         # not np.ascontiguousarray: it turns a 0-d array into shape (1,)

@@ -113,11 +113,11 @@ class FoldingExecutor(RecordingExecutor):
     def lone_bytes(self, response):
         return 8 if response.error is None and response.meta.kind == "allreduce" else None
 
-    def contribute(self, request, out):
+    def contribute(self, request, out, plan=None):
         out.view(np.float64)[0] = request.tensor[0]
         return True
 
-    def finish(self, response, request, rows):
+    def finish(self, response, request, rows, plan=None):
         self.ran.append(response.name)
         request.handle.set_result(float(rows.view(np.float64).sum()))
 

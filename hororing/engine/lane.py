@@ -1,0 +1,64 @@
+"""A repeated blocking allreduce, planned once and run many times: its lane.
+
+A loop of the same blocking allreduce settles into the fold (``fold.py``): each call is one
+cycle whose one exchange carries the data. Once a call has completed so, the engine keeps
+its ``Lane`` by name: what the door must see again to skip the checks it made on that call
+(the same verb and arguments, given as they were; an array of the same dtype and shape),
+the metadata every rank agreed on, its cache id and the fold's plan for it. The next call
+that fits goes from the door to ``Engine.run_lane``, which runs that one cycle written out
+(``Cycle.run_lane``), without the queue, the door's checks or the plan's lookups. Whatever
+else is going on (something queued or pending, a gathered cycle asked for, the cached entry
+changed, a rank joined, the timeline or the autotuner running, the route changed) sends the
+call the usual way before anything is exchanged; a fold the ranks do not agree on goes on
+to the vote, as the usual cycle does from that point. Either way the bits are the fold's.
+"""
+
+import numpy as np
+
+
+class Lane:
+    """One name's plan: ``door`` is (kind, in place, the verb's arguments as given, their
+    types); the rest is what the engine runs it with."""
+
+    __slots__ = ("name", "door", "dtype", "shape", "meta", "cache_id", "response", "plan")
+
+    def __init__(self, request, response, plan):
+        self.name = request.name
+        self.door = request.door
+        self.dtype = request.tensor.dtype
+        self.shape = request.tensor.shape
+        self.meta = request.meta
+        self.cache_id = request.cache_id
+        self.response = response  # the cached Response (the same object while cached)
+        self.plan = plan  # fold._Plan
+
+    def fits(self, kind, tensor, inplace, arguments):
+        """Whether a call is this lane's again: the same verb and arguments (each of the
+        same type: True is not the op 1), a C-contiguous numpy array of the same dtype and
+        shape, writable where the result goes into it."""
+        door = self.door
+        if not (type(tensor) is np.ndarray and tensor.dtype is self.dtype
+                and tensor.shape == self.shape and door[0] == kind and door[1] is inplace
+                and door[2] == arguments
+                and door[3] == tuple(map(type, arguments.values()))):
+            return False
+        flags = tensor.flags
+        return flags.c_contiguous and (flags.writeable or not inplace)
+
+
+def door_key(kind, inplace, arguments):
+    """What ``Lane.fits`` compares a later call with (``Request.door``)."""
+    return kind, inplace, arguments, tuple(map(type, arguments.values()))
+
+
+class Lanes(dict):
+    """name -> Lane, for one engine; kept small (a training loop repeats a few names)."""
+
+    CAPACITY = 64
+
+    def learn(self, request, response, plan):
+        """``request`` (a call the door marked ``door``) completed by the fold, agreed as
+        ``response``: keep its lane. ``plan``: the fold's plan it ran with."""
+        if len(self) >= self.CAPACITY and request.name not in self:
+            self.clear()
+        self[request.name] = Lane(request, response, plan)
