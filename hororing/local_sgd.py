@@ -25,6 +25,7 @@ from . import collectives, ops
 from .compression import Compression
 from .optim import check_protocol
 from .periodic import Schedule, check_every, check_fragments, check_warmup, cut
+from .quantized import Int8Feedback
 
 _INSTANCES = itertools.count()  # constructed in one order on every rank: names agree
 
@@ -121,10 +122,13 @@ class DiLoCo(_Periodic):
             16 bits on the wire.
         overlap: a sync's allreduce runs during the following inner step, and its outer step
             is applied after it, with that step's progress kept on top.
+        int8: send each change as int8 with one scale per tensor, gathered and averaged in
+            rank order, what rounding took added to the next change (``hororing.quantized``);
+            not with ``compression``.
     """
 
     def __init__(self, inner_optimizer, outer_optimizer, sync_every, fragments=1,
-                 compression=Compression.none, overlap=False):
+                 compression=Compression.none, overlap=False, int8=False):
         check_protocol(outer_optimizer, "DiLoCo's outer optimizer")
         check_protocol(inner_optimizer, "DiLoCo's inner optimizer")
         inner, outer = inner_optimizer.params, outer_optimizer.params
@@ -137,9 +141,13 @@ class DiLoCo(_Periodic):
         if compression not in (Compression.none, Compression.fp16, Compression.bf16):
             raise ValueError(f"DiLoCo sends its changes with Compression.none, .fp16 or "
                              f".bf16; got {compression!r}")
+        if int8 and compression is not Compression.none:
+            raise ValueError("DiLoCo's int8=True sends int8 rows: leave compression at "
+                             "Compression.none")
         super().__init__(inner_optimizer, sync_every, "DiLoCo's inner optimizer")
         self.outer_optimizer = outer_optimizer
         self.compression = compression
+        self._int8 = Int8Feedback() if int8 else None
         self.overlap = bool(overlap)
         self.fragments = [[self._names[position] for position in run] for run in
                           cut([inner[name].size for name in self._names], fragments)]
@@ -162,8 +170,7 @@ class DiLoCo(_Periodic):
         inner progress made since on top of their outer steps."""
         pending, self._pending = self._pending, []
         for index, handles, contexts, sent in pending:
-            averaged = [self.compression.decompress(collectives.synchronize(handle), ctx)
-                        for handle, ctx in zip(handles, contexts)]
+            averaged = [self._received(handle, ctx) for handle, ctx in zip(handles, contexts)]
             names = self.fragments[index]
             progress = [self.params[name] - before for name, before in zip(names, sent)]
             self._outer_step(index, averaged)
@@ -183,18 +190,32 @@ class DiLoCo(_Periodic):
         names = self.fragments[index]
         handles, contexts = [], []
         for name in names:
-            payload, ctx = self.compression.compress(self._global[name] - self.params[name])
-            handles.append(collectives.compressed_allreduce_async_(
-                payload, self.compression, name=f"{self._prefix}.fragment{index}.{name}",
-                op=ops.Average))
+            handle, ctx = self._send(name, self._global[name] - self.params[name],
+                                     f"{self._prefix}.fragment{index}.{name}")
+            handles.append(handle)
             contexts.append(ctx)
         if overlap:  # finished at the next step, after its inner step
             self._pending.append((index, handles, contexts,
                                   [self.params[name].copy() for name in names]))
             return
-        self._outer_step(index, [self.compression.decompress(collectives.synchronize(handle),
-                                                             ctx)
+        self._outer_step(index, [self._received(handle, ctx)
                                  for handle, ctx in zip(handles, contexts)])
+
+    def _send(self, name, change, tag):
+        """Start averaging ``change``: the handle and what ``_received`` needs with it."""
+        if self._int8 is not None:
+            row = self._int8.encode(name, change)
+            return collectives.allgather_async(row[None], name=tag), (change.shape,
+                                                                      change.dtype)
+        payload, ctx = self.compression.compress(change)
+        return collectives.compressed_allreduce_async_(payload, self.compression, name=tag,
+                                                       op=ops.Average), ctx
+
+    def _received(self, handle, ctx):
+        """The averaged change a ``_send`` handle brings."""
+        if self._int8 is not None:
+            return self._int8.average(collectives.synchronize(handle), *ctx)
+        return self.compression.decompress(collectives.synchronize(handle), ctx)
 
     def _outer_step(self, index, averaged):
         """The outer optimizer's step of fragment ``index`` from its global parameters, with
@@ -218,11 +239,14 @@ class DiLoCo(_Periodic):
             self._global[name][...] = params[name]
 
     def state_dict(self):
-        """The global parameters, the step count and the fragments' last syncs (the
-        optimizers' own states are theirs to save)."""
+        """The global parameters, the step count, the fragments' last syncs and with int8
+        what rounding took (the optimizers' own states are theirs to save)."""
         self.synchronize()
-        return {"global": {name: value.copy() for name, value in self._global.items()},
-                "steps": self.steps, "synced_at": list(self.schedule.synced_at)}
+        state = {"global": {name: value.copy() for name, value in self._global.items()},
+                 "steps": self.steps, "synced_at": list(self.schedule.synced_at)}
+        if self._int8 is not None:  # what rounding took, still to be sent
+            state["residuals"] = self._int8.state_dict()
+        return state
 
     def load_state_dict(self, state):
         if sorted(state["global"]) != sorted(self._global):
@@ -232,3 +256,5 @@ class DiLoCo(_Periodic):
             self._global[name][...] = value
         self.steps = state["steps"]
         self.schedule.restore(self.steps, state.get("synced_at"))
+        if self._int8 is not None:
+            self._int8.load_state_dict(state.get("residuals", {}))

@@ -22,9 +22,10 @@ its (inner) optimizer, one variant after the other:
 - ``sync``: hvd.DistributedOptimizer (gradients averaged every step);
 - ``ddp-gloo``: DistributedDataParallel over torch's gloo backend;
 - ``localsgd``: hvd.LocalSGD, parameters averaged every --sync-every steps;
-- ``diloco``, ``diloco-fp16``, ``diloco-frag4``, ``diloco-stream``: hvd.DiLoCo with an outer
-  SGD (--outer-lr 0.8, --outer-momentum 0.5, Nesterov) every --sync-every steps; 16-bit
-  changes; four fragments; four fragments, 16-bit, each sync overlapping the next inner step.
+- ``diloco``, ``diloco-fp16``, ``diloco-int8``, ``diloco-frag4``, ``diloco-stream``:
+  hvd.DiLoCo with an outer SGD (--outer-lr 0.8, --outer-momentum 0.5, Nesterov) every
+  --sync-every steps; 16-bit changes; int8 changes with error feedback; four fragments; four
+  fragments, 16-bit, each sync overlapping the next inner step.
 
 LocalSGD and DiLoCo end with ``sync_now()`` after the last step (on the clock and the link's
 count): every rank then holds the same model, as after synchronous training; the table says
@@ -54,8 +55,8 @@ import hororing.torch as hvd  # noqa: E402
 from hororing._mpi import MPI  # noqa: E402
 
 WIDTHS = (256, 1600, 1600, 1024, 16)
-VARIANTS = ("sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16", "diloco-frag4",
-            "diloco-stream")
+VARIANTS = ("sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16", "diloco-int8",
+            "diloco-frag4", "diloco-stream")
 
 
 def mlp(widths, seed):
@@ -178,7 +179,7 @@ def build(variant, args, task):
     outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
                             nesterov=args.outer_momentum > 0)
     options = {"diloco": {}, "diloco-fp16": {"compression": hvd.Compression.fp16},
-               "diloco-frag4": {"fragments": 4},
+               "diloco-int8": {"int8": True}, "diloco-frag4": {"fragments": 4},
                "diloco-stream": {"fragments": 4, "overlap": True,
                                  "compression": hvd.Compression.fp16}}[variant]
     return model, hvd.DiLoCo(model, inner, outer, sync_every=args.sync_every, **options), model

@@ -13,17 +13,20 @@ the network:
   With ``fragments=k`` the parameters are cut into k fragments of whole parameters balanced by
   size, synced at staggered steps (fragment f when ``step % sync_every == (f + 1) * sync_every
   // k``), so a sync carries about 1/k of the model (a parameter larger than that, alone).
-  ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends the averaged changes in 16 bits.
+  ``compression`` (``hvd.Compression.fp16``, ``.bf16``) sends the averaged changes in 16 bits;
+  ``int8=True`` sends them as int8 with error feedback (``hororing.quantized``).
 
 Every rank starts from rank 0's parameters and optimizer state.
 """
 
 import itertools
 
+import numpy as np
 import torch
 
 from .. import ops
 from ..periodic import Schedule, check_every, check_fragments, check_warmup, cut
+from ..quantized import Int8Feedback
 from ..process_sets import global_process_set
 from . import mpi_ops
 from .async_ops import compressed_allreduce_async_, member_handles
@@ -166,12 +169,15 @@ class DiLoCo(_Periodic):
         overlap: a sync's allreduce runs during the following inner step, and its outer step
             is applied after it, with that step's progress kept on top (Streaming DiLoCo's
             overlap of one step). ``synchronize()`` finishes what is in flight.
+        int8: send each change as int8 with one scale per tensor, gathered and averaged in
+            rank order, what rounding took added to the next change (``hororing.quantized``;
+            through host memory); not with ``compression``.
 
     ``sync_now()`` syncs every fragment at once, leaving every rank with the same model.
     """
 
     def __init__(self, model, inner_optimizer, outer_optimizer, sync_every, fragments=1,
-                 compression=Compression.none, overlap=False):
+                 compression=Compression.none, overlap=False, int8=False):
         parameters = _trained(model)
         _check_over(outer_optimizer, parameters, "DiLoCo's outer optimizer")
         check_fragments(fragments, len(parameters))
@@ -179,10 +185,14 @@ class DiLoCo(_Periodic):
         if compression not in (Compression.none, Compression.fp16, Compression.bf16):
             raise ValueError(f"DiLoCo sends its changes with hvd.Compression.none, .fp16 or "
                              f".bf16; got {compression!r}")
+        if int8 and compression is not Compression.none:
+            raise ValueError("DiLoCo's int8=True sends int8 rows: leave compression at "
+                             "hvd.Compression.none")
         super().__init__(model, inner_optimizer, sync_every, "DiLoCo's inner optimizer")
         _broadcast_state(outer_optimizer, f"{self._prefix}.outer_has_state")
         self.outer_optimizer = outer_optimizer
         self.compression = compression
+        self._int8 = Int8Feedback() if int8 else None
         self.fragments = [[parameters[position] for position in run] for run in
                           cut([parameter.numel() for parameter in parameters], fragments)]
         # the global parameters: what every rank held at its fragment's last sync
@@ -207,8 +217,7 @@ class DiLoCo(_Periodic):
         after the last step, before evaluating or saving."""
         pending, self._pending = self._pending, []
         for index, handles, contexts, sent in pending:
-            averaged = [self.compression.decompress(mpi_ops.synchronize(handle), ctx)
-                        for handle, ctx in zip(handles, contexts)]
+            averaged = [self._received(handle, ctx) for handle, ctx in zip(handles, contexts)]
             members = self.fragments[index]
             with torch.no_grad():
                 progress = [parameter.detach() - before for parameter, before in
@@ -235,18 +244,50 @@ class DiLoCo(_Periodic):
         held = [self._global[self._index[id(parameter)]] for parameter in members]
         with torch.no_grad():
             changes = [before - parameter.detach() for before, parameter in zip(held, members)]
-        if self.overlap and overlap:  # finished at the next step, after its inner step
+        later = self.overlap and overlap  # finished at the next step, after its inner step
+        if self._int8 is not None:
+            handles, contexts = self._send_int8(index, members, changes)
+        elif later:
             payloads, contexts = zip(*(self.compression.compress(change) for change in changes))
             # each payload in the compressor's wire dtype (16 bits), in place
             handles = member_handles(
                 list(payloads), f"{self._prefix}.fragment{index}", global_process_set,
                 lambda payload, member: compressed_allreduce_async_(
                     payload, self.compression, member, ops.Average))
+        else:
+            self._outer_step(index, self._average(changes, f"fragment{index}",
+                                                  self.compression))
+            return
+        if later:
             with torch.no_grad():
                 self._pending.append((index, handles, contexts,
                                       [parameter.detach().clone() for parameter in members]))
             return
-        self._outer_step(index, self._average(changes, f"fragment{index}", self.compression))
+        self._outer_step(index, [self._received(handle, ctx)
+                                 for handle, ctx in zip(handles, contexts)])
+
+    def _send_int8(self, index, members, changes):
+        """Start gathering each change's int8 row (``quantized.Int8Feedback``); the handles
+        and what ``_received`` needs with them."""
+        handles, contexts = [], []
+        for number, (parameter, change) in enumerate(zip(members, changes)):
+            working = torch.float64 if change.dtype == torch.float64 else torch.float32
+            row = self._int8.encode(self._index[id(parameter)],
+                                    change.to("cpu", working).numpy())
+            handles.append(mpi_ops.allgather_async(
+                torch.from_numpy(row[None]), name=f"{self._prefix}.fragment{index}.{number}"))
+            contexts.append((change.shape, change.dtype, change.device))
+        return handles, contexts
+
+    def _received(self, handle, ctx):
+        """The averaged change a sync's handle brings."""
+        if self._int8 is None:
+            return self.compression.decompress(mpi_ops.synchronize(handle), ctx)
+        shape, dtype, device = ctx
+        working = np.float64 if dtype == torch.float64 else np.float32
+        averaged = self._int8.average(mpi_ops.synchronize(handle).numpy(), tuple(shape),
+                                      working)
+        return torch.from_numpy(averaged).to(device=device, dtype=dtype)
 
     def _outer_step(self, index, averaged):
         """The outer optimizer's step of fragment ``index`` from its global parameters, with
@@ -275,7 +316,8 @@ class DiLoCo(_Periodic):
         return {"inner": self._optimizer.state_dict(),
                 "outer": self.outer_optimizer.state_dict(),
                 "global": [tensor.clone() for tensor in self._global], "steps": self.steps,
-                "synced_at": list(self.schedule.synced_at)}
+                "synced_at": list(self.schedule.synced_at),
+                **({} if self._int8 is None else {"residuals": self._int8.state_dict()})}
 
     def load_state_dict(self, state_dict):
         self._optimizer.load_state_dict(state_dict["inner"])
@@ -288,3 +330,5 @@ class DiLoCo(_Periodic):
                 mine.copy_(saved)
         self.steps = state_dict["steps"]
         self.schedule.restore(self.steps, state_dict.get("synced_at"))
+        if self._int8 is not None:
+            self._int8.load_state_dict(state_dict.get("residuals", {}))

@@ -106,3 +106,20 @@ def adasum_tree(vectors):
         middle = len(group) // 2
         return adasum_pair(halves(group[:middle]), halves(group[middle:]))
     return halves(folded)
+
+
+def int8_mean(changes, residuals):
+    """The average of every rank's change sent as int8 with error feedback, written out:
+    rank r sends its change plus ``residuals[r]`` in whole steps of the largest magnitude
+    over 127 (that step held as a float32), keeps in ``residuals[r]`` what the steps missed,
+    and the sent values are summed in rank order and divided by the ranks. ``changes`` are
+    float64 arrays, one per rank."""
+    total = 0.0
+    for rank, change in enumerate(changes):
+        wanted = change + residuals[rank]
+        peak = np.abs(wanted).max()
+        step = np.float64(np.float32(peak / 127)) if peak > 0 else 1.0
+        sent = np.clip(np.rint(wanted / step), -127, 127) * step
+        residuals[rank] = wanted - sent
+        total = total + sent
+    return total / len(changes)

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import hororing.torch as hvd  # noqa: E402
 from hororing.periodic import cut  # noqa: E402
+from reference import int8_mean  # noqa: E402
 
 
 def make_model(seed=5):
@@ -111,8 +112,9 @@ def fragments_of(parameters, count):
             for run in cut([parameter.numel() for parameter in parameters], count)]
 
 
-def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False):
+def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False, int8=False):
     models = [rank0_model() for _ in range(hvd.size())]
+    residuals = {}  # position -> each rank's residual (int8)
     inner = [torch.optim.AdamW(model.parameters(), lr=0.01) for model in models]
     global_model = rank0_model()
     outer = torch.optim.SGD(global_model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
@@ -139,9 +141,16 @@ def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False)
 
     def sync(members, overlapped):
         positions = [index[id(parameter)] for parameter in members]
-        changes = [mean([parameter.detach() - of(model, position).detach()
-                         for model in models])
-                   for position, parameter in zip(positions, members)]
+        if int8:
+            changes = [torch.from_numpy(int8_mean(
+                [(parameter.detach() - of(model, position).detach()).numpy()
+                 for model in models],
+                residuals.setdefault(position, [0.0] * len(models))))
+                for position, parameter in zip(positions, members)]
+        else:
+            changes = [mean([parameter.detach() - of(model, position).detach()
+                             for model in models])
+                       for position, parameter in zip(positions, members)]
         if overlapped:
             sent = [[of(model, position).detach().clone() for position in positions]
                     for model in models]
@@ -173,11 +182,12 @@ def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False)
     return [parameter.detach() for parameter in models[hvd.rank()].parameters()]
 
 
-def diloco(model, sync_every, fragments, compression=hvd.Compression.none, overlap=False):
+def diloco(model, sync_every, fragments, compression=hvd.Compression.none, overlap=False,
+           int8=False):
     return hvd.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=0.01),
                       torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True),
                       sync_every=sync_every, fragments=fragments, compression=compression,
-                      overlap=overlap)
+                      overlap=overlap, int8=int8)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
@@ -230,16 +240,32 @@ def test_diloco_in_16_bits_stays_near_the_exact_one(overlap):
                       tolerance=5e-3)
 
 
-def test_a_state_dict_resumes_diloco_exactly():
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+@pytest.mark.parametrize("sync_every,fragments", [(1, 1), (3, 1), (4, 2)])
+def test_diloco_in_int8_sends_what_the_reference_sends_and_keeps_the_rest(sync_every,
+                                                                          fragments, overlap):
     model = make_model()
-    optimizer = diloco(model, 3, 2)
+    optimizer = diloco(model, sync_every, fragments, overlap=overlap, int8=True)
+    for step in range(9):
+        optimizer.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        optimizer.step()
+    optimizer.synchronize()
+    assert_parameters(model, simulate_diloco(9, sync_every, fragments, overlap, int8=True),
+                      tolerance=1e-10)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_a_state_dict_resumes_diloco_exactly(int8):
+    model = make_model()
+    optimizer = diloco(model, 3, 2, int8=int8)
     for step in range(4):
         optimizer.zero_grad()
         loss_of(model, hvd.rank(), step).backward()
         optimizer.step()
     saved = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
     resumed_model = make_model(seed=11)
-    resumed = diloco(resumed_model, 3, 2)
+    resumed = diloco(resumed_model, 3, 2, int8=int8)
     resumed_model.load_state_dict(saved[0])
     resumed.load_state_dict(saved[1])
     for step in range(4, 9):
@@ -267,13 +293,16 @@ def test_bad_arguments_are_named():
         hvd.DiLoCo(model, inner, outer, sync_every=2, fragments=5)
     with pytest.raises(ValueError, match="Compression.none, .fp16 or .bf16"):
         hvd.DiLoCo(model, inner, outer, sync_every=2, compression="int8")
+    with pytest.raises(ValueError, match="int8=True sends int8 rows: leave compression"):
+        hvd.DiLoCo(model, inner, outer, sync_every=2, compression=hvd.Compression.fp16,
+                   int8=True)
 
 
 def periodic(kind, model):
     if kind == "LocalSGD":
         return hvd.LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                             sync_every=3)
-    return diloco(model, 3, 2, overlap=kind == "DiLoCo-overlapped")
+    return diloco(model, 3, 2, overlap=kind == "DiLoCo-overlapped", int8=kind == "DiLoCo-int8")
 
 
 def train(model, optimizer, steps):
@@ -283,7 +312,7 @@ def train(model, optimizer, steps):
         optimizer.step()
 
 
-@pytest.mark.parametrize("kind", ["LocalSGD", "DiLoCo", "DiLoCo-overlapped"])
+@pytest.mark.parametrize("kind", ["LocalSGD", "DiLoCo", "DiLoCo-overlapped", "DiLoCo-int8"])
 def test_a_checkpoint_between_syncs_resumes_every_rank_where_it_was(directory, kind):
     # saved after step 4 of syncs every 3 steps: each rank's parameters and inner state are
     # its own, and training from the checkpoint goes on as training that never stopped

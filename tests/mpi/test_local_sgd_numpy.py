@@ -8,6 +8,7 @@ import pytest
 import hororing as hvd
 from hororing.optim import SGD
 from hororing.periodic import cut
+from reference import int8_mean
 
 SHAPES = {"w1": (6, 9), "b1": (9,), "w2": (9, 2), "b2": (2,)}
 
@@ -95,8 +96,9 @@ def test_local_sgd_averages_the_parameters_every_h_steps(sync_every, warmup):
     assert_same_on_every_rank(optimizer.params)
 
 
-def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False):
+def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False, int8=False):
     models = [initial(5) for _ in range(hvd.size())]
+    residuals = {name: [np.zeros(shape) for _ in models] for name, shape in SHAPES.items()}
     inner = [SGD(params, lr=0.05, momentum=0.9) for params in models]
     global_params = initial(5)
     outer = SGD(global_params, lr=0.7, momentum=0.9, nesterov=True)
@@ -119,8 +121,12 @@ def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False)
                 params[name][...] = global_params[name] + gained
 
     def sync(members, overlapped):
-        changes = [sum(global_params[name] - params[name] for params in models) / len(models)
-                   for name in members]
+        if int8:
+            changes = [int8_mean([global_params[name] - params[name] for params in models],
+                                 residuals[name]) for name in members]
+        else:
+            changes = [sum(global_params[name] - params[name] for params in models)
+                       / len(models) for name in members]
         if overlapped:
             pending.append((members, changes,
                             [[params[name].copy() for name in members] for params in models]))
@@ -152,12 +158,12 @@ def simulate_diloco(steps, sync_every, fragments, overlap=False, sync_now=False)
 
 
 def diloco(sync_every, fragments, compression=hvd.Compression.none, overlap=False,
-           params=None):
+           params=None, int8=False):
     params = own_params() if params is None else params
     return hvd.DiLoCo(SGD(params, lr=0.05, momentum=0.9),
                       SGD(params, lr=0.7, momentum=0.9, nesterov=True),
                       sync_every=sync_every, fragments=fragments, compression=compression,
-                      overlap=overlap)
+                      overlap=overlap, int8=int8)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
@@ -190,13 +196,29 @@ def test_diloco_in_16_bits_stays_near_the_exact_one():
     assert_params(rounded.params, exact.params, tolerance=5e-3)
 
 
-def test_a_state_dict_resumes_diloco_exactly():
-    optimizer = diloco(3, 2)
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+@pytest.mark.parametrize("sync_every,fragments", [(1, 1), (3, 1), (4, 2)])
+def test_diloco_in_int8_sends_what_the_reference_sends_and_keeps_the_rest(sync_every,
+                                                                          fragments, overlap):
+    optimizer = diloco(sync_every, fragments, overlap=overlap, int8=True)
+    train(optimizer, 9)
+    optimizer.synchronize()
+    assert_params(optimizer.params, simulate_diloco(9, sync_every, fragments, overlap,
+                                                    int8=True))
+    exact = diloco(sync_every, fragments, overlap=overlap)
+    train(exact, 9)
+    exact.synchronize()
+    assert_params(optimizer.params, exact.params, tolerance=2e-2)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_a_state_dict_resumes_diloco_exactly(int8):
+    optimizer = diloco(3, 2, int8=int8)
     train(optimizer, 4)
     saved = ({name: value.copy() for name, value in optimizer.params.items()},
              optimizer.state_dict(), optimizer.optimizer._velocity,
              optimizer.outer_optimizer._velocity)
-    resumed = diloco(3, 2, params=initial(11))
+    resumed = diloco(3, 2, params=initial(11), int8=int8)
     for name, value in saved[0].items():
         resumed.params[name][...] = value
     resumed.load_state_dict(saved[1])
@@ -240,5 +262,7 @@ def test_bad_arguments_are_named():
         hvd.DiLoCo(inner, outer, sync_every=2, fragments=5)
     with pytest.raises(ValueError, match="Compression.none, .fp16 or .bf16"):
         hvd.DiLoCo(inner, outer, sync_every=2, compression="int8")
+    with pytest.raises(ValueError, match="int8=True sends int8 rows: leave compression"):
+        hvd.DiLoCo(inner, outer, sync_every=2, compression=hvd.Compression.fp16, int8=True)
     with pytest.raises(ValueError, match="nesterov=True needs a momentum"):
         SGD(params, lr=0.1, nesterov=True)

@@ -8,12 +8,15 @@ parameters and outer optimizer, the step count and the schedule) is written once
      "periodic": {"kind": "DiLoCo", "ranks": n, "steps": s, "synced_at": [...]},
      "global": {parameter name: tensor},               (DiLoCo)
      "outer": {"state": ..., "param_groups": ...},     (DiLoCo)
-     "ranks": {"0": {"model": ..., "optim": ...}, ..., "n-1": ...}}
+     "ranks": {"0": {"model": ..., "optim": ...,
+                     "residuals": {parameter name: tensor}},   (DiLoCo with int8)
+               ..., "n-1": ...}}
 
 A load at the size that saved gives each rank its own entry back, and training goes on as if
 it had not stopped. At another size rank r reads the entry of saved rank ``r % n``; DiLoCo's
 parameters then start from the global ones (each rank's progress since its fragments' last
-sync is dropped rather than counted twice), LocalSGD's from that rank's parameters.
+sync is dropped rather than counted twice, and so is what int8's rounding kept back from
+it), LocalSGD's from that rank's parameters.
 """
 
 import torch
@@ -37,6 +40,16 @@ def _global(optimizer, names):
             for parameter, value in zip(optimizer._parameters, optimizer._global)}
 
 
+def _residuals(optimizer, names):
+    """DiLoCo's int8 error feedback, by parameter name (empty without int8)."""
+    feedback = getattr(optimizer, "_int8", None)
+    if feedback is None:
+        return {}
+    return {names[parameter]: torch.from_numpy(feedback.residuals[index])
+            for index, parameter in enumerate(optimizer._parameters)
+            if index in feedback.residuals}
+
+
 def to_save(model, optimizer, extra, rank, size):
     """This rank's part of the checkpoint: its own entry, and its share of what the ranks
     hold alike (views of the live tensors, as ``states.to_save``)."""
@@ -57,6 +70,9 @@ def to_save(model, optimizer, extra, rank, size):
     tree = states.share_replicated(tree, rank, size)
     own = states.to_save(model, optimizer._optimizer, {}, names)
     tree["ranks"] = {str(rank): {"model": own["model"], "optim": own["optim"]}}
+    residuals = _residuals(optimizer, names) if _diloco(optimizer) else {}
+    if residuals:  # int8's rounding kept back: this rank's own
+        tree["ranks"][str(rank)]["residuals"] = residuals
     return tree
 
 
@@ -97,7 +113,7 @@ class Destination:
         self.source = str(rank % self.saved_size)
         self.names = states.parameter_names(model, optimizer._optimizer)
         own = {flat: path[2:] for flat, path in paths.items()
-               if path[:2] == ("ranks", self.source)}
+               if path[:2] == ("ranks", self.source) and path[2] != "residuals"}
         self._own = states.Destination(model, optimizer._optimizer, own, storage, self.names)
         self.problems += self._own.problems
         self.tree["ranks"] = {self.source: {key: self._own.tree[key]
@@ -112,6 +128,12 @@ class Destination:
             self.problems += self._outer.problems
             self.tree["outer"] = self._outer.tree.get("optim", {})
             self.tree["global"] = self._global_slots(paths, storage)
+            if getattr(optimizer, "_int8", None) is not None and self.saved_size == size:
+                self.tree["ranks"][self.source]["residuals"] = {
+                    path[3]: torch.empty(storage[flat].size,
+                                         dtype=storage[flat].properties.dtype)
+                    for flat, path in paths.items()
+                    if path[:3] == ("ranks", self.source, "residuals")}
         for flat, path in paths.items():
             if path[0] in ("extra", "periodic"):
                 meta = storage[flat]
@@ -161,3 +183,9 @@ class Destination:
                     parameter.copy_(value)
         optimizer._pending = []
         optimizer.schedule.restore(optimizer.steps, schedule["synced_at"])
+        if optimizer._int8 is not None:  # at another size, none: the progress was dropped
+            saved = self.tree["ranks"][self.source].get("residuals", {})
+            index = {self.names[parameter]: position
+                     for position, parameter in enumerate(optimizer._parameters)}
+            optimizer._int8.load_state_dict({index[name]: value.numpy()
+                                             for name, value in saved.items()})
