@@ -52,6 +52,8 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     door = None
     if context is not None and (process_set is None or process_set is global_process_set):
         group = context.group
+        if now and name is None:  # the same name every call (Group.blocking_name)
+            name = group.blocking_name(kind)
         if now and into is None and kind == "allreduce":
             # a repeated blocking call runs its lane (engine/lane.py); its first, the usual way
             lanes = group.engine.lanes
@@ -63,6 +65,8 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
             door = door_key(kind, inplace, arguments)
     else:
         group = group_of(process_set)
+        if now and name is None:
+            name = group.blocking_name(kind)
     if not name_checked and isinstance(name, str) and name in group.engine.in_flight:  # before the input is converted
         group.engine.check_free(name)
     try:

@@ -47,6 +47,17 @@ class Group:
             self._name_counters[prefix] = number + 1
         return f"{prefix}.noname.{number}"
 
+    def blocking_name(self, kind):
+        """Name an unnamed blocking call: the same name for every such call of ``kind`` from
+        this thread, so a loop of them is cached (and folded) as a named call is, where
+        ``auto_name``'s numbered names would each take a negotiation by name (measured: a
+        4 KiB allreduce at 2 ranks, 108 us against 10). A blocking call is the only call of
+        its thread in flight, and every member makes the same calls, so they pair as the
+        numbered names would; it takes no number from ``auto_name``'s count."""
+        thread = threading.current_thread()
+        prefix = kind if thread is threading.main_thread() else f"{kind}.{thread.name}"
+        return f"{prefix}.noname.blocking"
+
     def skip_name(self, name):
         """Catch up with the peers after a generated ``name`` failed without this rank.
 

@@ -187,3 +187,30 @@ def test_the_torch_bindings_repeated_call_takes_the_lane():
     for _ in range(3):
         thvd.allreduce_(inplace.copy_(tensor), name="lane.torch_", op=thvd.Sum)
         assert torch.equal(inplace.double(), expected)
+
+
+def test_unnamed_blocking_calls_repeat_one_name_and_take_the_lane():
+    """An unnamed blocking call is named the same each time (Group.blocking_name), so a loop
+    of them is cached, folds and takes its lane as a named one does; unnamed asynchronous
+    calls between them keep their own numbered names and still pair across ranks."""
+    values = np.arange(LENGTH, dtype=np.float32) + hvd.rank()
+    expected = (np.arange(LENGTH, dtype=np.float64) * hvd.size()
+                + sum(range(hvd.size()))).astype(np.float32)
+    _settle(lambda: hvd.allreduce(values, op=hvd.Sum))
+    if hvd.size() > 1:
+        _until_a_lane_is_taken(lambda: hvd.allreduce(values, op=hvd.Sum))
+    assert "allreduce.noname.blocking" in _engine().lanes or hvd.size() == 1
+    for call in range(3):
+        handle = hvd.allreduce_async(values * (call + 2), op=hvd.Sum)  # numbered, in flight
+        assert_close(hvd.allreduce(values, op=hvd.Sum), expected)
+        assert_close(hvd.synchronize(handle), (expected * (call + 2)).astype(np.float32))
+
+
+@SINGLE
+def test_unnamed_blocking_calls_that_differ_fail_every_rank_by_name():
+    _settle(lambda: hvd.allreduce(np.ones(LENGTH, dtype=np.float32), op=hvd.Sum))
+    length = LENGTH + (1 if hvd.rank() == hvd.size() - 1 else 0)
+    with pytest.raises(Exception, match="Mismatched ALLREDUCE tensor shapes"):
+        hvd.allreduce(np.ones(length, dtype=np.float32), op=hvd.Sum)
+    assert_close(hvd.allreduce(np.ones(LENGTH, dtype=np.float32), op=hvd.Sum),
+                 np.full(LENGTH, float(hvd.size()), dtype=np.float32))
