@@ -23,7 +23,8 @@ can cost in this design (the vote's persistent exchange, then the ring algorithm
 Python ring of ``bench_skewed_arrival.py``, and MPI_Allreduce. Sizes that repeat on the latency path
 (below the small-message threshold) are folded into the cycle's first exchange: there
 ``vote`` holds the whole exchange and the reduction, and ``pipeline`` and ``algorithm`` are
-empty.
+empty. Once folded, such a call runs its lane (``engine/lane.py``): ``front`` then ends where
+the door hands it to ``Engine.run_lane``, and ``drive`` is the lane's checks.
 """
 
 import argparse
@@ -53,6 +54,10 @@ def main():
     marks = {}
     wrap(engine, "submit_blocking", "submit", marks)
     wrap(engine, "_run_cycle", "cycle", marks)  # the cycle, then what it decided
+    # a repeated call's lane (engine/lane.py): its one cycle, written out, and its result
+    wrap(engine, "run_lane", "submit", marks)
+    wrap(engine.cycle, "run_lane", "cycle", marks)
+    wrap(engine._folding, "finish", "cycle", marks)
     wrap(engine.executor, "execute", "execute", marks)
     algorithms = engine.executor.allreduce.host.algorithms
     for kind in ("ring", "small"):

@@ -305,7 +305,7 @@ def test_bench_local_sgd_trains_every_variant_and_counts_its_bytes(tmp_path):
     report = json.loads(output.read_text())
     rows = {row["variant"]: row for row in report["rows"]}
     assert set(rows) == {"sync", "ddp-gloo", "localsgd", "diloco", "diloco-fp16",
-                         "diloco-frag4", "diloco-stream"}
+                         "diloco-int8", "diloco-frag4", "diloco-stream"}
     for row in rows.values():
         assert [step for step, _ in row["curve"]] == [2, 4]
         assert row["seconds"] > 0 and row["final_loss"] > 0
