@@ -1,4 +1,5 @@
-"""Group: generated names per thread, and catching up after a collective this rank missed."""
+"""Group: generated names per thread (numbered, or one name for a thread's blocking calls),
+and catching up after a collective this rank missed."""
 
 import threading
 
@@ -34,6 +35,21 @@ def test_other_threads_number_their_own_calls():
     thread.start()
     thread.join()
     assert names == ["allreduce.loader.noname.0"]
+    assert group.auto_name("allreduce") == "allreduce.noname.0"
+
+
+def test_an_unnamed_blocking_call_repeats_its_threads_name_and_takes_no_number():
+    from hororing.engine.negotiation import generated_once
+    group = make_group()
+    assert [group.blocking_name("allreduce") for _ in range(2)] == [
+        "allreduce.noname.blocking"] * 2
+    assert not generated_once("allreduce.noname.blocking")  # cached: a loop of them folds
+    names = []
+    thread = threading.Thread(target=lambda: names.append(group.blocking_name("allreduce")),
+                              name="loader")
+    thread.start()
+    thread.join()
+    assert names == ["allreduce.loader.noname.blocking"]
     assert group.auto_name("allreduce") == "allreduce.noname.0"
 
 
