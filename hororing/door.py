@@ -49,24 +49,20 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         raise ValueError(f"unknown collective {kind!r}; one of "
                          f"{', '.join(list(_RULES) + ['barrier', 'join'])}")
     context = _State.context  # the global set's group without a call: every verb asks it
+    whole = context is not None and (process_set is None or process_set is global_process_set)
+    group = context.group if whole else group_of(process_set)
+    if now and name is None:  # the same name every call (Group.blocking_name)
+        name = group.blocking_name(kind)
     door = None
-    if context is not None and (process_set is None or process_set is global_process_set):
-        group = context.group
-        if now and name is None:  # the same name every call (Group.blocking_name)
-            name = group.blocking_name(kind)
-        if now and into is None and kind == "allreduce":
-            # a repeated blocking call runs its lane (engine/lane.py); its first, the usual way
-            lanes = group.engine.lanes
-            lane = lanes.get(name) if lanes and type(name) is str else None
-            if lane is not None and lane.fits(kind, tensor, inplace, arguments):
-                handle = group.engine.run_lane(lane, tensor)
-                if handle is not None:
-                    return handle
-            door = door_key(kind, inplace, arguments)
-    else:
-        group = group_of(process_set)
-        if now and name is None:
-            name = group.blocking_name(kind)
+    if whole and now and into is None and kind == "allreduce":
+        # a repeated blocking call runs its lane (engine/lane.py); its first, the usual way
+        lanes = group.engine.lanes
+        lane = lanes.get(name) if lanes and type(name) is str else None
+        if lane is not None and lane.fits(kind, tensor, inplace, arguments):
+            handle = group.engine.run_lane(lane, tensor)
+            if handle is not None:
+                return handle
+        door = door_key(kind, inplace, arguments)
     if not name_checked and isinstance(name, str) and name in group.engine.in_flight:  # before the input is converted
         group.engine.check_free(name)
     try:

@@ -36,7 +36,7 @@ class Lane:
         """Whether a call is this lane's again: the same verb and arguments (each of the
         same type: True is not the op 1), a C-contiguous numpy array of the same dtype and
         shape, writable where the result goes into it."""
-        door = self.door
+        door = self.door  # compared as ``door_key`` builds it, written out: a call less
         if not (type(tensor) is np.ndarray and tensor.dtype is self.dtype
                 and tensor.shape == self.shape and door[0] == kind and door[1] is inplace
                 and door[2] == arguments

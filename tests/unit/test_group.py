@@ -27,14 +27,18 @@ def test_numbering_and_set_ranks():
     assert group.auto_name("broadcast") == "broadcast.noname.0"
 
 
-def test_other_threads_number_their_own_calls():
-    group = make_group()
+def in_thread(name_it):
+    """``name_it()`` called on a thread named "loader"; its result."""
     names = []
-    thread = threading.Thread(target=lambda: names.append(group.auto_name("allreduce")),
-                              name="loader")
+    thread = threading.Thread(target=lambda: names.append(name_it()), name="loader")
     thread.start()
     thread.join()
-    assert names == ["allreduce.loader.noname.0"]
+    return names[0]
+
+
+def test_other_threads_number_their_own_calls():
+    group = make_group()
+    assert in_thread(lambda: group.auto_name("allreduce")) == "allreduce.loader.noname.0"
     assert group.auto_name("allreduce") == "allreduce.noname.0"
 
 
@@ -44,12 +48,8 @@ def test_an_unnamed_blocking_call_repeats_its_threads_name_and_takes_no_number()
     assert [group.blocking_name("allreduce") for _ in range(2)] == [
         "allreduce.noname.blocking"] * 2
     assert not generated_once("allreduce.noname.blocking")  # cached: a loop of them folds
-    names = []
-    thread = threading.Thread(target=lambda: names.append(group.blocking_name("allreduce")),
-                              name="loader")
-    thread.start()
-    thread.join()
-    assert names == ["allreduce.loader.noname.blocking"]
+    assert in_thread(lambda: group.blocking_name("allreduce")) == \
+        "allreduce.loader.noname.blocking"
     assert group.auto_name("allreduce") == "allreduce.noname.0"
 
 
