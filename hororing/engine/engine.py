@@ -146,23 +146,26 @@ class Engine:
             return None
         try:
             cycle = self.cycle
-            if submissions.queue or submissions.pending or self._stopped \
-                    or submissions.failure is not None or not cycle.folds(lane):
+            if self._stopped or not cycle.folds(lane):
                 return None
             name = lane.name
             request = Request(name, lane.meta, tensor, tensor if lane.door[1] else None,
                               Handle(name, self))
             request.cache_id, request.awaited = lane.cache_id, True
+            with submissions.lock:  # in flight, as a submitted call (another thread's refused)
+                if submissions.queue or submissions.pending or submissions.failure is not None:
+                    return None
+                submissions.pending[name] = request
             self._last_cycle_at = request.submitted = submissions.quiet_since = \
                 time.monotonic()
             with self._cycle_activity:
                 rows = cycle.run_lane(request, lane.plan, self._wake_for_lane)
                 if rows is not None:
+                    with submissions.lock:
+                        submissions.pending.pop(name, None)
                     self._folding.finish(lane.response, request, rows, lane.plan)
                     return request.handle
-                with submissions.lock:  # the vote, as the usual cycle goes on from here
-                    submissions.pending[name] = request
-                self._run(cycle.resume_lane(request, self._blocked))
+                self._run(cycle.resume_lane(request, self._blocked))  # the vote, as usual
         except JobEnded as ended:
             self._end(ended)
         except MPI.Exception as error:
@@ -392,13 +395,9 @@ class Engine:
                 self.lanes.learn(request, response, self._folding.plan_of(response.meta))
         elif responses:
             # a deadlock fails each rank's own names: none were missed
-            missed = None if responses[0].deadlock else self._missed
+            missed = None if responses[0].deadlock else self.on_missed_error
             self.executor.execute(responses, self._submissions.take, missed,
                                   self.cycle.negotiator.cache.id_of)
-
-    def _missed(self, name):
-        if self.on_missed_error is not None:
-            self.on_missed_error(name)
 
     def _lose_peers(self, error):
         """An operation failed with ``error``: where it says a peer died (ULFM), revoke the

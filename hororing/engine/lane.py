@@ -11,6 +11,8 @@ else is going on (something queued or pending, a gathered cycle asked for, the c
 changed, a rank joined, the timeline or the autotuner running, the route changed) sends the
 call the usual way before anything is exchanged; a fold the ranks do not agree on goes on
 to the vote, as the usual cycle does from that point. Either way the bits are the fold's.
+While it runs, the call is in flight under its name as a submitted call is, so another
+thread's call under that name is refused, whichever way the first one went.
 """
 
 import numpy as np

@@ -3,6 +3,9 @@ path, a new result each call where it is not in place, and anything that differs
 call it was planned on (arguments, dtype, shape, layout, a peer's metadata, a joined rank)
 goes the usual way, with the usual checks and errors."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -123,6 +126,50 @@ def test_a_read_only_array_is_refused_on_every_rank_as_at_the_first_call():
     values[...] = 1.0
     assert_close(hvd.allreduce_(values, name="lane.readonly", op=hvd.Sum),
                  np.full(LENGTH, float(hvd.size()), dtype=np.float32))
+
+
+@SINGLE
+def test_a_second_thread_calling_the_name_of_a_lane_in_flight_is_refused():
+    """While one thread's call waits in its lane for a late peer, another thread's call under
+    the same name is refused as a name in flight, as it is on the usual path. The peers hold
+    their engines meanwhile (their background threads cannot answer with a cycle, which would
+    send the waiting call on to the vote, where it is in flight anyway)."""
+    name = "lane.in_flight"
+    values = np.full(LENGTH, 1.0 + hvd.rank(), dtype=np.float32)
+    _settle(lambda: hvd.allreduce_(values.copy(), name=name, op=hvd.Sum))
+    _until_a_lane_is_taken(lambda: hvd.allreduce_(values.copy(), name=name, op=hvd.Sum))
+    expected = np.full(LENGTH, sum(1.0 + rank for rank in range(hvd.size())), np.float32)
+    signals = MPI.COMM_WORLD.Dup()
+    try:
+        if hvd.rank() != 0:  # late: only once rank 0's second thread has been refused
+            with _engine()._drive_lock:
+                for _ in range(3000):
+                    if signals.Iprobe(source=0):
+                        break
+                    time.sleep(0.01)
+            signals.recv(source=0)
+            assert_close(hvd.allreduce_(values.copy(), name=name, op=hvd.Sum), expected)
+            return
+        results, refused = [], []
+        first = threading.Thread(target=lambda: results.append(
+            hvd.allreduce_(values.copy(), name=name, op=hvd.Sum)))
+        first.start()
+        for _ in range(3000):  # the first call is in flight, waiting for its peers
+            if name in _engine().in_flight:
+                break
+            time.sleep(0.01)
+        assert name in _engine().in_flight, "the first thread's call is not in flight"
+        try:
+            hvd.allreduce_(values.copy(), name=name, op=hvd.Sum)
+        except ValueError as error:
+            refused.append(str(error))
+        for peer in range(1, hvd.size()):
+            signals.send(None, dest=peer)
+        first.join()
+        assert refused and name in refused[0] and "in flight" in refused[0], refused
+        assert_close(results[0], expected)
+    finally:
+        signals.Free()
 
 
 @SINGLE
