@@ -25,7 +25,7 @@ from . import collectives, ops
 from .compression import Compression
 from .optim import check_protocol
 from .periodic import Schedule, check_every, check_fragments, check_warmup, cut
-from .quantized import Int8Feedback
+from .quantized import Int8Feedback, finish_average, start_average
 
 _INSTANCES = itertools.count()  # constructed in one order on every rank: names agree
 
@@ -170,7 +170,7 @@ class DiLoCo(_Periodic):
         inner progress made since on top of their outer steps."""
         pending, self._pending = self._pending, []
         for index, handles, contexts, sent in pending:
-            averaged = [self._received(handle, ctx) for handle, ctx in zip(handles, contexts)]
+            averaged = [finish_average(handle, ctx) for handle, ctx in zip(handles, contexts)]
             names = self.fragments[index]
             progress = [self.params[name] - before for name, before in zip(names, sent)]
             self._outer_step(index, averaged)
@@ -190,32 +190,17 @@ class DiLoCo(_Periodic):
         names = self.fragments[index]
         handles, contexts = [], []
         for name in names:
-            handle, ctx = self._send(name, self._global[name] - self.params[name],
-                                     f"{self._prefix}.fragment{index}.{name}")
+            handle, ctx = start_average(self._global[name] - self.params[name],
+                                        f"{self._prefix}.fragment{index}.{name}",
+                                        self.compression, self._int8, name)
             handles.append(handle)
             contexts.append(ctx)
         if overlap:  # finished at the next step, after its inner step
             self._pending.append((index, handles, contexts,
                                   [self.params[name].copy() for name in names]))
             return
-        self._outer_step(index, [self._received(handle, ctx)
+        self._outer_step(index, [finish_average(handle, ctx)
                                  for handle, ctx in zip(handles, contexts)])
-
-    def _send(self, name, change, tag):
-        """Start averaging ``change``: the handle and what ``_received`` needs with it."""
-        if self._int8 is not None:
-            row = self._int8.encode(name, change)
-            return collectives.allgather_async(row[None], name=tag), (change.shape,
-                                                                      change.dtype)
-        payload, ctx = self.compression.compress(change)
-        return collectives.compressed_allreduce_async_(payload, self.compression, name=tag,
-                                                       op=ops.Average), ctx
-
-    def _received(self, handle, ctx):
-        """The averaged change a ``_send`` handle brings."""
-        if self._int8 is not None:
-            return self._int8.average(collectives.synchronize(handle), *ctx)
-        return self.compression.decompress(collectives.synchronize(handle), ctx)
 
     def _outer_step(self, index, averaged):
         """The outer optimizer's step of fragment ``index`` from its global parameters, with

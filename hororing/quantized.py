@@ -15,6 +15,8 @@ ranks, matches them at 4 and costs more beyond.
 
 import numpy as np
 
+from . import collectives, ops
+
 SCALE_BYTES = 4
 LEVELS = 127
 
@@ -65,3 +67,26 @@ class Int8Feedback:
 
     def load_state_dict(self, residuals):
         self.residuals = {key: np.array(value, copy=True) for key, value in residuals.items()}
+
+
+def start_average(change, tag, compression, int8=None, key=None):
+    """Start averaging this rank's ``change`` (a numpy array) over the ranks, as the
+    collective ``tag``: its int8 row gathered where ``int8`` (an ``Int8Feedback``; ``key``
+    names the residual the change adds to), else allreduced under ``compression``. Returns
+    the handle and what ``finish_average`` needs with it."""
+    if int8 is not None:
+        row = int8.encode(key, change)
+        return collectives.allgather_async(row[None], name=tag), (None, (change.shape,
+                                                                         change.dtype))
+    payload, context = compression.compress(change)
+    return collectives.compressed_allreduce_async_(payload, compression, name=tag,
+                                                   op=ops.Average), (compression, context)
+
+
+def finish_average(handle, how):
+    """The averaged change a ``start_average`` handle brings (``how``: what it returned with
+    the handle)."""
+    compression, context = how
+    if compression is None:
+        return Int8Feedback.average(collectives.synchronize(handle), *context)
+    return compression.decompress(collectives.synchronize(handle), context)

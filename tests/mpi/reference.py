@@ -108,18 +108,19 @@ def adasum_tree(vectors):
     return halves(folded)
 
 
-def int8_mean(changes, residuals):
+def int8_mean(changes, residuals, working=np.float64):
     """The average of every rank's change sent as int8 with error feedback, written out:
     rank r sends its change plus ``residuals[r]`` in whole steps of the largest magnitude
     over 127 (that step held as a float32), keeps in ``residuals[r]`` what the steps missed,
-    and the sent values are summed in rank order and divided by the ranks. ``changes`` are
-    float64 arrays, one per rank."""
-    total = 0.0
+    and the sent values are summed in rank order and divided by the ranks. ``changes``: one
+    array per rank; every value is computed in ``working`` (a float32 model's changes are
+    rounded in float32, where a halfway case can fall the other way than in float64)."""
+    total = np.zeros(np.shape(changes[0]), dtype=working)
     for rank, change in enumerate(changes):
-        wanted = change + residuals[rank]
-        peak = np.abs(wanted).max()
-        step = np.float64(np.float32(peak / 127)) if peak > 0 else 1.0
+        wanted = np.asarray(change, dtype=working) + np.asarray(residuals[rank], dtype=working)
+        peak = float(np.abs(wanted).max())
+        step = working(np.float32(peak / 127)) if peak > 0 else working(1.0)
         sent = np.clip(np.rint(wanted / step), -127, 127) * step
         residuals[rank] = wanted - sent
-        total = total + sent
-    return total / len(changes)
+        total += sent
+    return total / working(len(changes))

@@ -10,6 +10,7 @@ keras = pytest.importorskip("keras")
 
 import hororing.keras as hvd  # noqa: E402
 from hororing.periodic import cut  # noqa: E402
+from reference import int8_mean  # noqa: E402
 
 ROWS, BATCH, FEATURES = 24, 3, 5  # 8 steps an epoch
 
@@ -74,9 +75,10 @@ def simulate_local_sgd(sync_every, epochs=2):
     return weights(models[hvd.rank()])
 
 
-def simulate_diloco(sync_every, fragments, epochs=2):
+def simulate_diloco(sync_every, fragments, epochs=2, int8=False):
     models = replicas()
     held = weights(models[0])  # the global weights
+    residuals = [[np.zeros(value.shape) for _ in models] for value in held]  # int8's
     steps = epochs * ROWS // BATCH
     runs = cut([value.size for value in held], fragments)
     offsets = [(index + 1) * sync_every // len(runs) % sync_every for index in range(len(runs))]
@@ -91,8 +93,11 @@ def simulate_diloco(sync_every, fragments, epochs=2):
         for index in due:
             last[index] = step
             members = runs[index]
-            changes = [np.mean([held[position] - weights(model)[position] for model in models],
-                               axis=0) for position in members]
+            mean = (lambda changes, position: int8_mean(changes, residuals[position],
+                                                        np.float32)) \
+                if int8 else (lambda changes, position: np.mean(changes, axis=0))
+            changes = [mean([held[position] - weights(model)[position] for model in models],
+                            position) for position in members]
             variables = [shadow.trainable_variables[position] for position in members]
             for variable, position in zip(variables, members):
                 variable.assign(held[position])
@@ -138,6 +143,18 @@ def test_diloco_in_16_bits_stays_near_the_exact_one():
         np.testing.assert_allclose(value, wanted, rtol=5e-3, atol=5e-3)
 
 
+@pytest.mark.parametrize("sync_every,fragments", [(1, 1), (3, 2)])
+def test_diloco_in_int8_sends_what_the_reference_sends_and_keeps_the_rest(sync_every,
+                                                                          fragments):
+    trained = fit(hvd.callbacks.DiLoCoCallback(outer(), sync_every, fragments=fragments,
+                                               int8=True))
+    assert_close(trained, simulate_diloco(sync_every, fragments, int8=True))
+    assert_same_on_every_rank(trained)
+    exact = fit(hvd.callbacks.DiLoCoCallback(outer(), sync_every, fragments=fragments))
+    for value, wanted in zip(trained, exact):
+        np.testing.assert_allclose(value, wanted, rtol=2e-2, atol=2e-2)
+
+
 def test_without_the_sync_at_the_end_the_ranks_keep_their_own_weights():
     trained = fit(hvd.callbacks.LocalSGDCallback(5, sync_at_end=False))  # 16 steps: 1 after
     gathered = hvd.allgather_object(trained)
@@ -152,5 +169,7 @@ def test_bad_arguments_are_named():
         hvd.callbacks.DiLoCoCallback("sgd", 3)
     with pytest.raises(ValueError, match="Compression.none, .fp16 or .bf16"):
         hvd.callbacks.DiLoCoCallback(outer(), 3, compression="int8")
+    with pytest.raises(ValueError, match="int8=True sends int8 rows"):
+        hvd.callbacks.DiLoCoCallback(outer(), 3, compression=hvd.Compression.fp16, int8=True)
     with pytest.raises(ValueError, match="fragments must be an integer from 1 to the model's 4"):
         fit(hvd.callbacks.DiLoCoCallback(outer(), 3, fragments=5))
