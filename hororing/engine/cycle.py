@@ -197,9 +197,10 @@ class Cycle:
         """Drop the requests announced by bit (the engine has failed them)."""
         self._by_bit = {}
 
-    def free(self):
+    def free(self, clean=True):
+        """Free the exchanges (``clean`` False: after a failure, where a peer may be gone)."""
         self._vote_exchange.free()
-        self._fold.free()
+        self._fold.free(clean)
 
     # ---- the cycle's parts ------------------------------------------------------------
 

@@ -54,7 +54,7 @@ class Engine:
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
-        self._exchange = MpiExchange(comm)
+        self._exchange = MpiExchange(comm, shared=config.shared_fold)
         # a cycle's vote waits on every other rank (named by the stall watchdog)
         self._peers = transport.world_ranks(comm, [peer for peer in range(self.size)
                                                    if peer != self.rank])
@@ -430,7 +430,7 @@ class Engine:
         self.executor.close()
         if self.tuner is not None:
             self.tuner.close()
-        self.cycle.free()
+        self.cycle.free(clean=not self._failed_job)
         self._exchange.free()
         if self.timeline is not None:
             self.timeline.close()

@@ -10,7 +10,10 @@ starts with an allgather of rows (fields, data) instead of the vote: each rank's
 allreduce's contribution. When every rank's fields agree, the allreduce is complete in that
 one exchange (the executor reduces the rows in rank order, as the latency path would);
 otherwise the rows are discarded and the cycle goes on to the vote. Whether to fold is
-decided from the responses alone, so every rank decides alike.
+decided from the responses alone, so every rank decides alike. Where every rank is on one
+node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
+shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
+bits, are the same.
 """
 
 import time
@@ -39,12 +42,15 @@ class Fold:
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
         self._last_lone = None
         self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
+        self._width = 0  # the rows' bytes, head included
+        self._turns = None  # shared rows: each set's views, used in turn (else None)
+        self._turn = 0
         self._row = self._fields = None  # this rank's row, and its fields
         self._heads = None  # every rank's fields, in the gathered rows
         self._data = None  # this rank's contribution, in its row
         self.gathered = None  # every rank's contribution once exchanged: (size, bytes) uint8
         self.received_bytes = 0  # what one exchange of the rows receives
-        self._exchange = None  # the repeated allgather of the rows
+        self._exchange = None  # the repeated allgather of the rows, or the SharedRows
 
     def predict(self, responses):
         """Fold the next cycle when this one and the last that ran anything each ran one
@@ -60,16 +66,12 @@ class Fold:
         request to wait on. ``waiting``: the one cached request this rank has waiting and
         may fold (None: this rank's row says "not this time"); ``plan``: its plan, where the
         caller holds it (a lane). The same cycle on every rank."""
-        if self._rows is None or self._rows.shape[1] != _HEAD + self.bytes:
-            self.free()  # rows of another size: a new exchange, made on every rank alike
-            self._rows = np.empty((self.size, _HEAD + self.bytes), dtype=np.uint8)
-            self._row = np.zeros(_HEAD + self.bytes, dtype=np.uint8)
-            self._fields = self._row[:_HEAD].view(np.int64)
-            self._data = self._row[_HEAD:]
-            self.gathered = self._rows[:, _HEAD:]
-            self._heads = self._rows[:, :_HEAD]
-            self.received_bytes = self._rows.nbytes
-            self._exchange = self._exchange_with.repeated("allgather", self._row, self._rows)
+        if self._rows is None or self._width != _HEAD + self.bytes:
+            self._make(_HEAD + self.bytes)  # rows of another size, made on every rank alike
+        turns = self._turns
+        if turns is not None:  # shared rows: this exchange's set
+            self._turn ^= 1
+            self._row, self._fields, self._data, self.gathered, self._heads = turns[self._turn]
         fields = self._fields
         if waiting is not None and self._folding.contribute(waiting, self._data, plan):
             fields[0], fields[1] = -1, waiting.cache_id
@@ -77,14 +79,46 @@ class Fold:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
         return self._exchange.start()
 
-    def free(self):
+    def _make(self, width):
+        """The rows' buffers and exchange for rows of ``width`` bytes (collective)."""
+        self.free()
+        self._width = width
+        self.received_bytes = self.size * width
+        shared_rows = getattr(self._exchange_with, "shared_rows", None)  # not in-process
+        shared = shared_rows(width) if shared_rows is not None else None
+        if shared is not None:
+            self._exchange = shared
+            self._turns = [self._views(rows[self._exchange_with.rank], rows)
+                           for rows in shared.sets]
+            self._rows = shared.sets[0]
+            return
+        self._rows = np.empty((self.size, width), dtype=np.uint8)
+        row = np.zeros(width, dtype=np.uint8)
+        self._row, self._fields, self._data, self.gathered, self._heads = \
+            self._views(row, self._rows)
+        self._exchange = self._exchange_with.repeated("allgather", row, self._rows)
+
+    @staticmethod
+    def _views(row, rows):
+        """This rank's ``row``, its fields and data; every rank's data and fields in
+        ``rows``."""
+        return row, row[:_HEAD].view(np.int64), row[_HEAD:], rows[:, _HEAD:], rows[:, :_HEAD]
+
+    def free(self, clean=True):
+        """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``)."""
         if self._exchange is not None:
-            self._exchange.free()
+            if self._turns is not None:
+                self._exchange.free(clean)
+            else:
+                self._exchange.free()
             self._exchange = None
+        self._rows = self._turns = None
 
     def agreed(self):
         """The cache id every rank folded in the gathered rows, or None if they did not all
         fold the same one (then the cycle goes on to the vote)."""
+        if self._turns is not None:
+            self._exchange.arrived()
         if self._fields[0] != -1 or \
                 self._heads.tobytes() != self._fields.tobytes() * self.size:
             return None

@@ -1,0 +1,148 @@
+"""A folded allreduce whose rows meet in the node's shared memory (engine/exchange.py's
+SharedRows): every rank of the job on one node and rows of 8 KiB and more. The same bits as
+rows gathered by MPI (the same job started again with HORORING_SHARED_FOLD's switch off),
+against a float64 reference, for every op and several dtypes, sizes no rank count divides;
+the rows' size changing in the loop; a peer that changes its call under the shared rows
+named on every rank."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hororing as hvd
+from hororing.context import current
+from reference import all_inputs, assert_close, rank_input, reference_allreduce
+
+SINGLE = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="a mismatch needs two ranks")
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+DTYPES = ["float16", "float32", "float64", "int32", "uint8"]
+LENGTH = 8209  # rows of 8 KiB and more in every dtype here; divides by none of 2, 3, 4, 5
+
+
+def _fold():
+    return current().engine.cycle._fold
+
+
+def _one_node():
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == MPI.COMM_WORLD.Get_size()
+    finally:
+        node.Free()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_engine():
+    """Started afresh (an empty response cache: only cached names fold), and left as the
+    session found it."""
+    hvd.shutdown()
+    hvd.init()
+    yield
+    hvd.shutdown()
+    hvd.init()
+
+
+def _run_every_case(calls=5):
+    """Each op and dtype repeated until a call has folded on every rank, then ``calls`` more
+    with new values: every result, in order, and for each case whether that fold's rows
+    were shared. Whether a given call folds depends on the peers' timing (test_lane.py's
+    ``_until_a_lane_is_taken``), so whether to go on is agreed outside the library."""
+    results, shared = [], []
+    current().engine.allreduce.force("small")  # the latency path at every size: each folds
+    try:
+        _cases(calls, results, shared)
+    finally:
+        current().engine.allreduce.force(None)
+    return results, shared
+
+
+def _cases(calls, results, shared):
+    for dtype in DTYPES:
+        for op in OPS:
+            name = f"shared.{dtype}.{hvd.ops.op_name(op)}"
+            buffer = rank_input(hvd.rank(), (LENGTH,), dtype, 0, op)
+
+            def call():
+                buffer[...] = rank_input(hvd.rank(), (LENGTH,), dtype, 0, op)
+                hvd.allreduce_(buffer, name=name, op=op)
+            shared.append(_until_folded(call) and _fold()._turns is not None)
+            for seed in range(1, 1 + calls):
+                buffer[...] = rank_input(hvd.rank(), (LENGTH,), dtype, seed, op)
+                results.append((dtype, op, seed, hvd.allreduce_(buffer, name=name, op=op).copy()))
+
+
+def _inline_hits():
+    return current().engine.stats().get("inline_hits", 0)
+
+
+def _until_folded(call, most=200):
+    """``call()`` until a call has folded on every rank (at most ``most``); whether one did."""
+    for _ in range(most):
+        before = _inline_hits()
+        call()
+        if MPI.COMM_WORLD.allreduce(_inline_hits() > before, op=MPI.LAND):
+            return True
+    return False
+
+
+def test_shared_rows_give_the_bits_of_gathered_rows():
+    shared_results, shared_used = _run_every_case()
+    hvd.shutdown()
+    hvd.init(shared_fold=False)
+    try:
+        gathered_results, gathered_used = _run_every_case()
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    folds = hvd.size() > 1  # one rank folds nothing: its single-rank cycle runs locally
+    assert all(shared_used) == (folds and _one_node()), shared_used
+    assert not any(gathered_used)
+    for (dtype, op, seed, mine), (_, _, _, theirs) in zip(shared_results, gathered_results):
+        assert mine.tobytes() == theirs.tobytes(), (dtype, hvd.ops.op_name(op), seed)
+        expected = reference_allreduce(all_inputs(hvd.size(), (LENGTH,), dtype, seed, op), op,
+                                       1.0, 1.0)
+        assert_close(mine, expected)
+
+
+def test_rows_of_another_size_make_new_shared_rows_on_every_rank():
+    """The loop moves from one size to another and back: each time the rows are made again,
+    collectively, and the sums stay right."""
+    for length in (LENGTH, 3 * LENGTH, 2048 + 1, LENGTH):
+        values = np.arange(length, dtype=np.float32) + hvd.rank()
+        for call in range(6):
+            result = hvd.allreduce(values * (call + 1), name="shared.sizes", op=hvd.Sum)
+            expected = (np.arange(length, dtype=np.float64) * hvd.size()
+                        + sum(range(hvd.size()))) * (call + 1)
+            assert_close(result, expected.astype(np.float32))
+
+
+@SINGLE
+@pytest.mark.parametrize("change", ["op", "shape", "dtype"])
+def test_a_peer_that_changes_its_call_under_shared_rows_fails_every_rank_by_name(change):
+    name = f"shared.mismatch.{change}"
+    values = np.ones(LENGTH, dtype=np.float32)
+    current().engine.allreduce.force("small")
+    try:
+        assert _until_folded(lambda: hvd.allreduce_(values.copy(), name=name, op=hvd.Sum))
+        assert (_fold()._turns is not None) == _one_node()
+        _mismatch(name, values, change)
+    finally:
+        current().engine.allreduce.force(None)
+
+
+def _mismatch(name, values, change):
+    mine, op = values.copy(), hvd.Sum
+    if hvd.rank() == hvd.size() - 1:
+        if change == "op":
+            op = hvd.Max
+        elif change == "shape":
+            mine = np.ones(LENGTH + 1, dtype=np.float32)
+        else:
+            mine = np.ones(LENGTH, dtype=np.float64)
+    message = {"op": "Mismatched ALLREDUCE reduction operations",
+               "shape": "Mismatched ALLREDUCE tensor shapes",
+               "dtype": "Mismatched data types"}[change]
+    with pytest.raises(Exception, match=message):
+        hvd.allreduce_(mine, name=name, op=op)
+    assert_close(hvd.allreduce_(values.copy(), name=name, op=hvd.Sum),
+                 np.full(LENGTH, float(hvd.size()), dtype=np.float32))
