@@ -256,6 +256,15 @@ def test_bench_call_cost_times_both_sides_and_counts_the_calls(api):
         assert float(row[1]) > 0 and float(row[2]) > 0 and 10 < float(row[4]) < 1000
 
 
+def test_bench_fold_rows_times_both_exchanges_and_their_sums_are_right():
+    job = run_under_mpi(3, "bench_fold_rows.py", "--sizes", "4KiB,24KiB", "--calls", "10")
+    rows = [line.split() for line in job.stdout.splitlines()
+            if line.strip() and not line.startswith("#") and not line.lstrip().startswith("bytes")]
+    assert [row[0] for row in rows] == ["4096", "24576"] and "WRONG" not in job.stdout
+    for row in rows:
+        assert all(float(value) > 0 for value in row[1:6])
+
+
 def test_bench_ring_steps_times_every_algorithm_with_the_models_prediction():
     pytest.importorskip("numba")
     job = run_under_mpi(3, "bench_ring_steps.py", "--sizes", "4KiB,300KiB", "--calls", "4",
