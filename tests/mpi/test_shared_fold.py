@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import hororing as hvd
 from hororing.context import current
+from changed_call import last_rank_changes_its_call
 from reference import all_inputs, assert_close, rank_input, reference_allreduce
 
 SINGLE = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="a mismatch needs two ranks")
@@ -125,24 +126,6 @@ def test_a_peer_that_changes_its_call_under_shared_rows_fails_every_rank_by_name
     try:
         assert _until_folded(lambda: hvd.allreduce_(values.copy(), name=name, op=hvd.Sum))
         assert (_fold()._turns is not None) == _one_node()
-        _mismatch(name, values, change)
+        last_rank_changes_its_call(name, values, change)
     finally:
         current().engine.allreduce.force(None)
-
-
-def _mismatch(name, values, change):
-    mine, op = values.copy(), hvd.Sum
-    if hvd.rank() == hvd.size() - 1:
-        if change == "op":
-            op = hvd.Max
-        elif change == "shape":
-            mine = np.ones(LENGTH + 1, dtype=np.float32)
-        else:
-            mine = np.ones(LENGTH, dtype=np.float64)
-    message = {"op": "Mismatched ALLREDUCE reduction operations",
-               "shape": "Mismatched ALLREDUCE tensor shapes",
-               "dtype": "Mismatched data types"}[change]
-    with pytest.raises(Exception, match=message):
-        hvd.allreduce_(mine, name=name, op=op)
-    assert_close(hvd.allreduce_(values.copy(), name=name, op=hvd.Sum),
-                 np.full(LENGTH, float(hvd.size()), dtype=np.float32))
