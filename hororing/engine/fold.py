@@ -41,8 +41,7 @@ class Fold:
         self._folding = folding
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
         self._last_lone = None
-        self._rows = None  # uint8 (size, head + bytes): every rank's row, gathered
-        self._width = 0  # the rows' bytes, head included
+        self._width = 0  # the rows' bytes, head included (0: no rows made)
         self._turns = None  # shared rows: each set's views, used in turn (else None)
         self._turn = 0
         self._row = self._fields = None  # this rank's row, and its fields
@@ -62,11 +61,11 @@ class Fold:
         self._last_lone = lone
 
     def start(self, waiting, plan=None):
-        """Fill this rank's row and start the allgather of every rank's row; return the
+        """Fill this rank's row and start the exchange of every rank's row; return the
         request to wait on. ``waiting``: the one cached request this rank has waiting and
         may fold (None: this rank's row says "not this time"); ``plan``: its plan, where the
         caller holds it (a lane). The same cycle on every rank."""
-        if self._rows is None or self._width != _HEAD + self.bytes:
+        if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # rows of another size, made on every rank alike
         turns = self._turns
         if turns is not None:  # shared rows: this exchange's set
@@ -90,13 +89,12 @@ class Fold:
             self._exchange = shared
             self._turns = [self._views(rows[self._exchange_with.rank], rows)
                            for rows in shared.sets]
-            self._rows = shared.sets[0]
             return
-        self._rows = np.empty((self.size, width), dtype=np.uint8)
+        rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)
         self._row, self._fields, self._data, self.gathered, self._heads = \
-            self._views(row, self._rows)
-        self._exchange = self._exchange_with.repeated("allgather", row, self._rows)
+            self._views(row, rows)
+        self._exchange = self._exchange_with.repeated("allgather", row, rows)
 
     @staticmethod
     def _views(row, rows):
@@ -112,7 +110,8 @@ class Fold:
             else:
                 self._exchange.free()
             self._exchange = None
-        self._rows = self._turns = None
+        self._turns = None
+        self._width = 0
 
     def agreed(self):
         """The cache id every rank folded in the gathered rows, or None if they did not all
