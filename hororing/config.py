@@ -52,6 +52,10 @@ class Config:
     # a shared-memory window of the node rather than an allgather (engine/exchange.py): 64 KiB
     # at 2 ranks in 15.7 µs against 21.9 (docs/benchmarks.md). Off: always gathered.
     shared_fold: bool = True
+    # Where every rank is on one node, allreduces the cost model gives a message algorithm,
+    # below 2 MiB, read each other's values in a shared-memory window of the node
+    # (algorithms/shared.py). Off: the ring and the halving algorithms, as across nodes.
+    shared_allreduce: bool = True
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 0.0  # 0: never end the job on a stall
     stall_check_enabled: bool = True
@@ -313,6 +317,7 @@ _ENV_FIELDS = {
     "in_place_member_bytes": (("HORORING_IN_PLACE_MEMBER_BYTES",), int),
     "cycle_time_ms": (_names("CYCLE_TIME"), float),
     "shared_fold": (("HORORING_SHARED_FOLD",), _flag),
+    "shared_allreduce": (("HORORING_SHARED_ALLREDUCE",), _flag),
     "cache_capacity": (_names("CACHE_CAPACITY"), int),
     "stall_check_seconds": (_names("STALL_CHECK_TIME_SECONDS"), float),
     "stall_shutdown_seconds": (_names("STALL_SHUTDOWN_TIME_SECONDS"), float),

@@ -4,7 +4,8 @@
 Run under MPI, e.g.  mpiexec -n 8 python scripts/bench_scale.py --json results/scale_8.json
 
 Each algorithm runs alone on its own communicator (no negotiation): hororing's ring, its
-Rabenseifner, recursive doubling and gathered path, and MPI_Allreduce; then the library's
+Rabenseifner, recursive doubling and gathered path, on one node the allreduce through its
+shared memory, and MPI_Allreduce; then the library's
 whole path, hvd.allreduce with the algorithm it chooses by default and with the ring forced.
 A Barrier precedes every call, so each call starts with every rank present and the time is
 the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
@@ -32,6 +33,7 @@ from benchinfo import machine_info, machine_line
 from hororing import transport
 from hororing.algorithms.halving import Rabenseifner, RecursiveDoubling
 from hororing.algorithms.ring import Ring
+from hororing.algorithms.shared import SharedMemory
 from hororing.algorithms.small import GatherReduce
 from hororing.config import Config
 
@@ -55,6 +57,10 @@ def main():
         "small": GatherReduce(own).allreduce,
         "mpi": lambda buffer, op: own.Allreduce(MPI.IN_PLACE, buffer, MPI.SUM),
     }
+    node = None
+    if not across_nodes and size > 1:  # one node: the allreduce through its shared memory
+        node = own.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        algorithms["shared"] = SharedMemory(node).allreduce
     pipeline = hvd.context.current().engine.allreduce
     library = {"library": None, "library_ring": "ring"}
     constants = host_constants(own)
@@ -113,6 +119,8 @@ def main():
                        "host": socket.gethostname(),
                        "machine": machine_info(), "constants": constants, "rows": rows,
                        "date": time.strftime("%Y-%m-%d")}, handle, indent=1)
+    if node is not None:
+        algorithms["shared"].__self__.free()
     own.Free()
     hvd.shutdown()
     return 1 if any(row["wrong"] for row in rows) else 0

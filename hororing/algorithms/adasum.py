@@ -107,7 +107,7 @@ class Adasum(Algorithm):
     def _recv(self, array, peer):
         transport.wait(self.comm.Irecv(array, peer, TAG))
 
-    def free(self):
+    def free(self, clean=True):
         for _, group in self._levels:
             group.Free()
 

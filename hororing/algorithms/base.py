@@ -14,8 +14,9 @@ class Algorithm:
 
     out_of_place = False  # allreduce() takes source=
 
-    def free(self):
-        """Release what it holds (communicators); after its last allreduce."""
+    def free(self, clean=True):
+        """Release what it holds (communicators); after its last allreduce. ``clean`` False
+        after a failure: nothing that waits for peers (a collective free) may run."""
 
 
 def read_at_each_call(setting):

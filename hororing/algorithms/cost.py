@@ -35,6 +35,10 @@ ranks a 16 MiB Rabenseifner's first phase (16 x 8 MiB in flight) runs from memor
 ring's 1 MiB steps stay in cache: measured, the ring takes 14 ms and Rabenseifner's 33.
 
 ``contention`` multiplies the CPU terms where ranks outnumber cores (an oversubscribed run).
+
+The allreduce through a node's shared memory (``shared.py``) is not priced here: where every
+rank is on one node it takes the message algorithms' sizes below ``SHARED_LARGEST_BYTES``
+(``with_shared``), a range placed by measurement.
 """
 
 import dataclasses
@@ -281,6 +285,39 @@ def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=No
                 table[-1] = (nbytes, table[-1][1])
             table.append((None, kind))
     return tuple(table)
+
+
+# Where every rank is on one node, the allreduce through the node's shared memory
+# (shared.py) takes the buffers below this size that a message algorithm would take. It is
+# placed by measurement, not priced: on a 2-core EPYC VM (docs/benchmarks.md, "The allreduce
+# through the node's shared memory") it beat the ring, Rabenseifner's and recursive doubling
+# from 64 KiB to 1 MiB at 3, 4 and 8 ranks (0.61-0.86 of the ring's time) and was level with
+# the ring at 2 ranks and 1 MiB; from 4 MiB the ring was faster (1.08-1.7x), its messages
+# copied once where the shared rows are copied in and out.
+SHARED_LARGEST_BYTES = 2 << 20
+_MESSAGES = ("ring", "rabenseifner", "recursive_doubling")
+
+
+def with_shared(table, largest=SHARED_LARGEST_BYTES):
+    """``table`` (``choices``) with ``shared`` wherever it gives one of the message
+    algorithms to a buffer below ``largest`` bytes."""
+    ranges, start = [], 0
+    for below, kind in table:
+        stop = float("inf") if below is None else below
+        if kind in _MESSAGES and start < largest:
+            ranges.append((min(stop, largest), "shared"))
+            if stop > largest:
+                ranges.append((stop, kind))
+        else:
+            ranges.append((stop, kind))
+        start = stop
+    merged = []
+    for stop, kind in ranges:
+        if merged and merged[-1][1] == kind:
+            merged[-1] = (stop, kind)
+        else:
+            merged.append((stop, kind))
+    return tuple((None if stop == float("inf") else stop, kind) for stop, kind in merged)
 
 
 def lookup(table, nbytes):

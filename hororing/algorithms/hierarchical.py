@@ -89,7 +89,7 @@ class Hierarchical(Algorithm):
             MPI.IN_PLACE, [transport.byte_view(buffer), counts, displacements, MPI.BYTE])
         transport.wait(request)
 
-    def free(self):
+    def free(self, clean=True):
         for comm in (self.cross, self.local):
             if comm != MPI.COMM_NULL:
                 comm.Free()

@@ -17,7 +17,9 @@ MPI call; only below the small-message threshold, ``Route.small_bytes``, by defa
 ring or Rabenseifner's, ``hierarchical`` instead when the job spans nodes and n reaches the
 hierarchical threshold (``Route.hierarchical_bytes``). At 2 and 3 ranks the model picks
 ``small`` below the threshold and the ring above; from 4 ranks the halving algorithms
-take over where their fewer steps pay.
+take over where their fewer steps pay. Where every rank is on one node, ``shared`` (the
+ranks read each other's values in a shared-memory window) takes what the model gives a
+message algorithm below ``cost.SHARED_LARGEST_BYTES``.
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
 
@@ -68,6 +70,7 @@ class Route(NamedTuple):
     member_bytes: int = 0
     compiled_ring: bool = False  # the table priced the ring's steps compiled
     contention: float = 1.0  # ... and the CPU's work at this many ranks per core
+    shared: bool = False  # ... and offered the allreduce through the node's shared memory
 
     def bucket_bytes(self, hooked=False):
         """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
@@ -77,10 +80,11 @@ class Route(NamedTuple):
         return self.fusion_threshold
 
     @classmethod
-    def configured(cls, config, size, across_nodes, compiled_ring=False, contention=1.0):
+    def configured(cls, config, size, across_nodes, compiled_ring=False, contention=1.0,
+                   shared=False):
         """The route ``config`` sets for a job of ``size`` ranks (``compiled_ring``: every
         rank can run the ring's compiled steps; ``contention``: ranks per core on the
-        busiest node, at least 1)."""
+        busiest node, at least 1; ``shared``: the job has the shared-memory allreduce)."""
         threshold = config.hierarchical_threshold_bytes
         small_bytes = config.small_threshold(size, across_nodes)
         subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
@@ -90,8 +94,8 @@ class Route(NamedTuple):
             hook_bucket_bytes=config.hook_bucket_bytes, cycle_time_ms=config.cycle_time_ms,
             small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
             table=algorithm_table(size, across_nodes, small_bytes, subchunk_bytes,
-                                  piece_ceiling, compiled_ring, contention),
-            compiled_ring=compiled_ring, contention=contention,
+                                  piece_ceiling, compiled_ring, contention, shared),
+            compiled_ring=compiled_ring, contention=contention, shared=shared,
             node_subchunk_bytes=config.subchunk_bytes(across_nodes=False),
             cross_subchunk_bytes=config.subchunk_bytes(across_nodes=True),
             piece_ceiling=piece_ceiling,
@@ -121,18 +125,22 @@ def in_place_member_bytes(size, across_nodes):
 
 
 def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0,
-                    compiled_ring=False, contention=1.0):
+                    compiled_ring=False, contention=1.0, shared=False):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
     the fitted host constants (``cost.HOST``; ``cost.COMPILED_RING`` where the ring's steps
     are compiled on every rank), a node's memory as the link within it (shared by every rank
     where the job is on one node) and 10 Gbit/s Ethernet between nodes; ``contention``:
-    ranks per core on the busiest node, where it has more ranks than cores. The same on
-    every rank: it depends on nothing measured at run time, and its inputs are agreed."""
+    ranks per core on the busiest node, where it has more ranks than cores; ``shared``: the
+    job has the allreduce through the node's shared memory, which takes the sizes below
+    ``cost.SHARED_LARGEST_BYTES`` that a message algorithm would (``cost.with_shared``).
+    The same on every rank: it depends on nothing measured at run time, and its inputs are
+    agreed."""
     far, per_node = _links(size, across_nodes)
     host = cost.COMPILED_RING if compiled_ring else cost.HOST
-    return cost.choices(size, host, far, cost.PRESETS["shm"], per_node=per_node,
-                        small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
-                        piece_ceiling=piece_ceiling, contention=contention)
+    table = cost.choices(size, host, far, cost.PRESETS["shm"], per_node=per_node,
+                         small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
+                         piece_ceiling=piece_ceiling, contention=contention)
+    return cost.with_shared(table) if shared else table
 
 
 class AllreducePipeline:
@@ -219,7 +227,8 @@ class AllreducePipeline:
                      table=algorithm_table(self.comm.Get_size(), self.across_nodes,
                                            small_bytes, subchunk,
                                            compiled_ring=self.route.compiled_ring,
-                                           contention=self.route.contention))
+                                           contention=self.route.contention,
+                                           shared=self.route.shared))
 
     def has(self, kind):
         """Whether this job has an allreduce algorithm ``kind`` (``hierarchical`` only where
@@ -364,7 +373,9 @@ class AllreducePipeline:
         return split_pays(counts, itemsize, route, size, far, per_node)
 
 
-_BANDWIDTH = ("ring", "rabenseifner")  # where the hierarchical allreduce may stand in
+# where the hierarchical allreduce may stand in (the shared-memory allreduce only where it
+# is asked for on one node: HOROVOD_HIERARCHICAL_ALLREDUCE=1)
+_BANDWIDTH = ("ring", "rabenseifner", "shared")
 
 
 # cached: numpy builds dtypes from names in Python, and these run on every allreduce

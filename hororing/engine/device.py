@@ -114,7 +114,7 @@ class DeviceBuffers:
         # a device bucket never takes the hierarchical path or the halving algorithms (host
         # buffers only): the ring stands in for them, the gathered path for recursive doubling
         self.algorithms = {"ring": ring, "small": small, "hierarchical": ring,
-                           "rabenseifner": ring, "recursive_doubling": small}
+                           "rabenseifner": ring, "recursive_doubling": small, "shared": ring}
         if "ps" in host:  # the servers reduce on the host
             self.algorithms["ps"] = HostRoundTrip(host["ps"], self.memory)
         self.algorithms["adasum"] = HostRoundTrip(host["adasum"], self.memory)  # dot products

@@ -427,7 +427,7 @@ class Engine:
             return
         # after a failure, peers may be gone: leave what is in flight to MPI
         self._wakeups.close(None if self._failed_job else time.monotonic() + 10.0)
-        self.executor.close()
+        self.executor.close(clean=not self._failed_job)
         if self.tuner is not None:
             self.tuner.close()
         self.cycle.free(clean=not self._failed_job)

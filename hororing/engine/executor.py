@@ -14,13 +14,14 @@ import time
 import numpy as np
 from .._mpi import MPI
 
-from .. import transport
+from .. import faults, transport
 from ..algorithms import compiled
 from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.halving import Rabenseifner, RecursiveDoubling
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
+from ..algorithms.shared import SharedMemory
 from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
@@ -54,6 +55,10 @@ class Executor:
         algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm),
                       "rabenseifner": Rabenseifner(comm, subchunk_bytes=subchunk),
                       "recursive_doubling": RecursiveDoubling(comm, subchunk_bytes=subchunk)}
+        # every rank on one node: the ranks read each other's values in shared memory
+        shared = not across_nodes and self.size > 1 and config.shared_allreduce
+        if shared:
+            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()))
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer
@@ -66,7 +71,7 @@ class Executor:
         self.allreduce = AllreducePipeline(
             comm, config, algorithms, self.span,
             Route.configured(config, self.size, across_nodes, compiled_ring=compiled_ring,
-                             contention=max(1.0, contention)),
+                             contention=max(1.0, contention), shared=shared),
             across_nodes=across_nodes)
 
     def execute(self, responses, take, missed=None, cache_id=None):
@@ -208,10 +213,11 @@ class Executor:
         unpack(buffer, [(start, stop)], [output])
         return output
 
-    def close(self):
-        """Free the algorithms' communicators and the data communicator."""
+    def close(self, clean=True):
+        """Free the algorithms' communicators and windows and the data communicator
+        (``clean`` False after a failure: nothing that waits for the peers)."""
         for algorithm in self.allreduce.host.algorithms.values():
-            algorithm.free()
+            algorithm.free(clean)
         self.comm.Free()
 
     def span(self, items, activity, started):

@@ -27,6 +27,8 @@ from ..ops import Adasum, KERNEL_OP
 from .allreduce import complete, wire_bytes, wire_dtype
 from .scaling import scaling
 
+# the kinds whose results the fold's rank-ordered reduction of every row reproduces bitwise
+_GATHERED = ("small", "shared")
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
 
@@ -223,9 +225,11 @@ class LatencyFolding:
         return plan
 
     def _foldable_bytes(self, meta):
-        """The wire bytes of a host allreduce that the latency path would take, else None."""
+        """The wire bytes of a host allreduce below the latency path's threshold that the
+        gathered path or the shared-memory allreduce would take (both combine every rank's
+        values in rank order, as the fold does), else None."""
         if meta.kind != "allreduce" or meta.device != "cpu" or meta.op == Adasum:
             return None
         nbytes = wire_bytes(meta)
         small = nbytes < self._pipeline.route.small_bytes
-        return nbytes if small and self._pipeline.kind_for(nbytes) == "small" else None
+        return nbytes if small and self._pipeline.kind_for(nbytes) in _GATHERED else None

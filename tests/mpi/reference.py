@@ -124,3 +124,15 @@ def int8_mean(changes, residuals, working=np.float64):
         residuals[rank] = wanted - sent
         total += sent
     return total / working(len(changes))
+
+
+def every_rank_on_one_node():
+    """Whether every rank of the job shares one node, as MPI sees nodes (emulated hosts and
+    MPICH's cliques are nodes of their own): asked of MPI, not of hororing."""
+    from mpi4py import MPI
+
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == MPI.COMM_WORLD.Get_size()
+    finally:
+        node.Free()

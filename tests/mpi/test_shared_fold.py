@@ -12,7 +12,8 @@ from mpi4py import MPI
 import hororing as hvd
 from hororing.context import current
 from changed_call import last_rank_changes_its_call
-from reference import all_inputs, assert_close, rank_input, reference_allreduce
+from reference import (all_inputs, assert_close, every_rank_on_one_node, rank_input,
+                       reference_allreduce)
 
 SINGLE = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="a mismatch needs two ranks")
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
@@ -22,14 +23,6 @@ LENGTH = 8209  # rows of 8 KiB and more in every dtype here; divides by none of 
 
 def _fold():
     return current().engine.cycle._fold
-
-
-def _one_node():
-    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_size() == MPI.COMM_WORLD.Get_size()
-    finally:
-        node.Free()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,7 +89,7 @@ def test_shared_rows_give_the_bits_of_gathered_rows():
         hvd.shutdown()
         hvd.init()
     folds = hvd.size() > 1  # one rank folds nothing: its single-rank cycle runs locally
-    assert all(shared_used) == (folds and _one_node()), shared_used
+    assert all(shared_used) == (folds and every_rank_on_one_node()), shared_used
     assert not any(gathered_used)
     for (dtype, op, seed, mine), (_, _, _, theirs) in zip(shared_results, gathered_results):
         assert mine.tobytes() == theirs.tobytes(), (dtype, hvd.ops.op_name(op), seed)
@@ -125,7 +118,7 @@ def test_a_peer_that_changes_its_call_under_shared_rows_fails_every_rank_by_name
     current().engine.allreduce.force("small")
     try:
         assert _until_folded(lambda: hvd.allreduce_(values.copy(), name=name, op=hvd.Sum))
-        assert (_fold()._turns is not None) == _one_node()
+        assert (_fold()._turns is not None) == every_rank_on_one_node()
         last_rank_changes_its_call(name, values, change)
     finally:
         current().engine.allreduce.force(None)

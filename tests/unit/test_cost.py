@@ -108,3 +108,21 @@ def test_on_one_node_of_16_ranks_16_mib_goes_by_the_ring_and_256_kib_by_halving(
     assert cost.choose(16, 16 << 20, cost.HOST, shm, shm, per_node=16) == "ring"
     assert cost.choose(16, 256 << 10, cost.HOST, shm, shm, per_node=16,
                        small_bytes=16 << 10) == "rabenseifner"
+
+
+def test_the_shared_memory_allreduce_takes_the_message_algorithms_sizes_below_its_largest():
+    largest = cost.SHARED_LARGEST_BYTES
+    table = ((4096, "small"), (1 << 16, "recursive_doubling"), (3 << 20, "rabenseifner"),
+             (None, "ring"))
+    shared = cost.with_shared(table)
+    assert shared == ((4096, "small"), (largest, "shared"), (3 << 20, "rabenseifner"),
+                      (None, "ring"))
+    for nbytes in (1, 4095, 4096, 1 << 16, largest - 1, largest, 3 << 20, 1 << 30):
+        expected = cost.lookup(table, nbytes)
+        if expected != "small" and nbytes < largest:
+            expected = "shared"
+        assert cost.lookup(shared, nbytes) == expected, nbytes
+    # the gathered path keeps its sizes, and nothing changes beyond the largest
+    assert cost.with_shared(((8 << 20, "small"), (None, "ring"))) == ((8 << 20, "small"),
+                                                                       (None, "ring"))
+    assert cost.with_shared(((None, "ring"),)) == ((largest, "shared"), (None, "ring"))

@@ -1,0 +1,136 @@
+"""The allreduce of one node's ranks through its shared memory: no message carries data.
+
+Where every rank of the job is on one node, the ranks can read each other's values where
+they lie instead of sending them. Each rank keeps a row of a shared-memory window
+(``MPI_Win_allocate_shared``), and the result has a row of its own. A buffer is reduced in
+segments of at most a row, each in four moves:
+
+  copy in    this rank's segment into its row;
+  barrier    every row is written;
+  reduce     chunk r of the segment (``plan.chunk_bounds``) is combined by rank r over every
+             rank's row in rank order into the result row, and finalized there (Average,
+             postscale); a rank's own chunk is read from its input, never copied in;
+  barrier    every chunk is reduced;
+  copy out   the result row into the output.
+
+A rank copies in and out about the buffer's size once each and reduces 1/n of it, whatever
+the rank count, and it waits for two barriers a segment: the ring's 2(n-1) steps with their
+copies through MPI's own shared memory are gone. The elements are combined in rank order, as
+the gathered path combines them (``small.reduce_rows``), so the two give the same bits, and
+every rank gets the same bits.
+
+One window serves every call: a barrier passed by every rank separates each write of a row
+from the reads of what it held before (the rows are read before the second barrier of a
+segment and written again after it; the result row is read after it and written again
+after the next segment's first barrier, which no rank enters before it has copied out).
+The input is read before the second barrier and the output written after it, so the two may
+be one buffer.
+"""
+
+import numpy as np
+
+from .. import transport
+from .._mpi import MPI
+from .base import Algorithm
+from .plan import chunk_bounds
+from .ring import copy_flat
+from .small import REDUCE_BY_NAME
+
+SEGMENT_BYTES = 1 << 20  # a row's size: the window holds (ranks + 1) of them
+_LINE = 64  # each row starts on a cache line of its own
+
+
+class SharedMemory(Algorithm):
+    """Allreduce of host buffers among ranks that all share one node (``node``: their
+    communicator, in the data communicator's order). Collective to make; the window is
+    made at the first allreduce, also collectively."""
+
+    out_of_place = True
+
+    def __init__(self, node, segment_bytes=SEGMENT_BYTES):
+        self.comm = node
+        self.size = node.Get_size()
+        self.rank = node.Get_rank()
+        self.contributors = self.size
+        self.segment_bytes = segment_bytes
+        self._window = None
+        self._rows = None    # (size, segment_bytes) uint8: every rank's row
+        self._result = None  # (segment_bytes,) uint8
+
+    def allreduce(self, buffer, op, finalize=None, segments=None, source=None):
+        """Reduce the flat host ``buffer`` over the node's ranks, in place or from ``source``
+        (see Ring.allreduce)."""
+        if source is None:
+            source = buffer
+        if self.size == 1 or not buffer.size:  # every rank has the same size: all skip alike
+            if source is not buffer:
+                copy_flat(buffer, source)
+            if finalize is not None and buffer.size:
+                finalize(buffer)
+            return
+        if self._window is None:
+            self._open()
+        ufunc = REDUCE_BY_NAME[op]
+        itemsize = buffer.dtype.itemsize
+        step = self.segment_bytes // itemsize
+        for start in range(0, buffer.size, step):
+            stop = min(buffer.size, start + step)
+            self._segment(buffer[start:stop], source[start:stop], ufunc, finalize)
+
+    def _segment(self, out, source, ufunc, finalize):
+        count = out.size
+        dtype = out.dtype
+        nbytes = count * dtype.itemsize
+        rows = self._rows[:, :nbytes].view(dtype)
+        low, high = chunk_bounds(count, self.size)[self.rank]
+        row = rows[self.rank]  # the others read all of it but this rank's own chunk,
+        row[:low] = source[:low]
+        row[high:] = source[high:]
+        parts = [rows[rank, low:high] for rank in range(self.size)]
+        parts[self.rank] = source[low:high]  # which is read where it lies
+        self._barrier()
+        result = self._result[:nbytes].view(dtype)
+        mine = result[low:high]
+        combine_in_order(ufunc, parts, mine)
+        if finalize is not None and high > low:
+            finalize(mine)
+        self._barrier()
+        out[...] = result  # in place too: the source was read before the last barrier
+
+    def _barrier(self):
+        window = self._window
+        window.Sync()  # this rank's writes are visible before the barrier ...
+        transport.wait(self.comm.Ibarrier())
+        window.Sync()  # ... and the others' after it (weakly ordered CPUs)
+
+    def _open(self):
+        pitch = -(-self.segment_bytes // _LINE) * _LINE
+        total = (self.size + 1) * pitch
+        window = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=self.comm)
+        memory, _ = window.Shared_query(0)
+        whole = np.frombuffer(memory, dtype=np.uint8, count=total).reshape(self.size + 1, pitch)
+        self._rows = whole[:self.size, :self.segment_bytes]
+        self._result = whole[self.size, :self.segment_bytes]
+        window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, for Sync's memory fences
+        self._window = window
+
+    def free(self, clean=True):
+        """Free the window and the node's communicator (collective); not after a failure
+        (``clean`` False), where a peer may never free its part: the process's end releases
+        them."""
+        if self._window is not None and clean:
+            self._window.Unlock_all()
+            self._window.Free()
+        self._window = self._rows = self._result = None
+        if clean:
+            self.comm.Free()
+
+
+def combine_in_order(ufunc, parts, out):
+    """``out`` = the ``parts`` (two or more arrays of its length) combined by ``ufunc`` one
+    after another, in order: the same bits as ``small.reduce_rows`` over the same rows
+    (numpy reduces the first axis of rows in the same order, element by element). ``out``
+    may be one of the parts only where it is the first."""
+    ufunc(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        ufunc(out, part, out=out)

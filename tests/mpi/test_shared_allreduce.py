@@ -1,0 +1,199 @@
+"""The allreduce through the node's shared memory (algorithms/shared.py), where every rank of
+the job is on one node: the same bits as the gathered path (both combine every rank's values
+in rank order) for every op and several dtypes, with prescale and postscale, sizes no rank
+count divides, in place and out of place, across segments; the same bits again when a
+repeated call folds; offered exactly where the ranks share a node; the route choosing it and
+HORORING_SHARED_ALLREDUCE's switch taking it away."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hororing as hvd
+from hororing.algorithms.shared import SharedMemory
+from hororing.context import current
+from reference import (all_inputs, assert_close, assert_identical_on_every_rank,
+                       every_rank_on_one_node, rank_input, reference_allreduce)
+
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+DTYPES = ["float16", "float32", "float64", "int32", "uint8"]
+LENGTHS = [1, 1001, 70001]  # none divisible by 2, 3, 4 or 5; 1: ranks with empty chunks
+
+
+OFFERED = MPI.COMM_WORLD.Get_size() > 1 and every_rank_on_one_node()
+NEEDS_SHARED = pytest.mark.skipif(not OFFERED, reason="the ranks do not all share one node "
+                                  "(or there is one rank): no shared-memory allreduce")
+
+
+def _pipeline():
+    return current().engine.allreduce
+
+
+def _forced(kind, call):
+    """``call()`` with every bucket reduced by ``kind``; the kinds that ran."""
+    pipeline = _pipeline()
+    pipeline.force(kind)
+    try:
+        with pipeline.watch() as seen:
+            result = call()
+    finally:
+        pipeline.force(None)
+    return result, {entry[0] for entry in seen}
+
+
+def test_offered_exactly_where_every_rank_sharesevery_rank_on_one_node():
+    assert _pipeline().has("shared") == OFFERED
+    if not OFFERED:
+        with pytest.raises(ValueError, match="no 'shared' allreduce in this job"):
+            _pipeline().force("shared")
+
+
+@NEEDS_SHARED
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_bits_of_the_gathered_path_for_every_op(dtype, length):
+    for index, op in enumerate(OPS):
+        inputs = all_inputs(hvd.size(), (length,), dtype, index, op)
+        mine = inputs[hvd.rank()]
+        name = f"shared.bits.{dtype}.{length}.{hvd.ops.op_name(op)}"
+        shared, ran = _forced("shared", lambda: hvd.allreduce(mine, name=name + ".s", op=op))
+        assert ran == {"shared"}
+        gathered, ran = _forced("small", lambda: hvd.allreduce(mine, name=name + ".g", op=op))
+        assert ran == {"small"}
+        assert shared.tobytes() == gathered.tobytes(), (dtype, length, hvd.ops.op_name(op))
+        assert_close(shared, reference_allreduce(inputs, op))
+        assert_identical_on_every_rank(shared)
+
+
+@NEEDS_SHARED
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_prescale_and_postscale_in_place(dtype):
+    inputs = all_inputs(hvd.size(), (1001,), dtype, 7)
+    for op in (hvd.Sum, hvd.Average):
+        buffers = {}
+        for kind in ("shared", "small"):
+            buffer = inputs[hvd.rank()].copy()
+            _, ran = _forced(kind, lambda: hvd.allreduce_(
+                buffer, name=f"shared.scaled.{dtype}.{op}.{kind}", op=op, prescale_factor=0.5,
+                postscale_factor=3.0))
+            assert ran == {kind}
+            buffers[kind] = buffer
+        assert buffers["shared"].tobytes() == buffers["small"].tobytes()
+        assert_close(buffers["shared"], reference_allreduce(inputs, op, 0.5, 3.0))
+
+
+@NEEDS_SHARED
+def test_a_fused_bucket_and_a_16_bit_wire():
+    """Several tensors fused into one buffer, and float32 tensors sent as float16
+    (the torch binding's Compression.fp16: the reduction runs in float16), each as the gathered path gives it."""
+    inputs = [all_inputs(hvd.size(), (length,), "float32", length) for length in (3, 517, 2049)]
+
+    def bucket(kind):
+        handles = [hvd.allreduce_async(values[hvd.rank()], name=f"shared.bucket.{kind}.{index}",
+                                       op=hvd.Average)
+                   for index, values in enumerate(inputs)]
+        return [hvd.synchronize(handle) for handle in handles]
+
+    shared, ran = _forced("shared", lambda: bucket("shared"))
+    assert ran == {"shared"}
+    gathered, ran = _forced("small", lambda: bucket("small"))
+    assert ran == {"small"}
+    for mine, theirs, values in zip(shared, gathered, inputs):
+        assert mine.tobytes() == theirs.tobytes()
+        assert_close(mine, reference_allreduce(values, hvd.Average))
+
+    def wire16(kind):
+        import torch
+
+        import hororing.torch as htorch
+        tensor = torch.from_numpy(inputs[1][hvd.rank()].copy())
+        return htorch.allreduce(tensor, name=f"shared.fp16.{kind}", op=htorch.Sum,
+                                compression=htorch.Compression.fp16).numpy()
+    shared, ran = _forced("shared", lambda: wire16("shared"))
+    assert ran == {"shared"}
+    gathered, _ = _forced("small", lambda: wire16("small"))
+    assert shared.tobytes() == gathered.tobytes()
+    assert_identical_on_every_rank(shared)
+
+
+@NEEDS_SHARED
+@pytest.mark.parametrize("segment_bytes", [64, 4096])
+def test_segments_and_empty_chunks_on_its_own_communicator(segment_bytes):
+    """The algorithm alone with tiny rows: many segments, the last a partial one, chunks that
+    are empty where a segment has fewer elements than ranks; in place and out of place,
+    with a finalizer applied once per element."""
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=hvd.rank())
+    algorithm = SharedMemory(node, segment_bytes=segment_bytes)
+    try:
+        for length in (2, 17, 3001):
+            inputs = all_inputs(hvd.size(), (length,), "float64", length)
+            expected = np.sum(inputs, axis=0) * 2.0
+            in_place = inputs[hvd.rank()].copy()
+            algorithm.allreduce(in_place, "sum", finalize=lambda piece: piece.__imul__(2.0))
+            out = np.full(length, np.nan)
+            source = inputs[hvd.rank()].copy()
+            algorithm.allreduce(out, "sum", finalize=lambda piece: piece.__imul__(2.0),
+                                source=source)
+            assert np.array_equal(source, inputs[hvd.rank()])  # the input untouched
+            for result in (in_place, out):
+                np.testing.assert_allclose(result, expected, rtol=1e-12)
+                assert_identical_on_every_rank(result)
+    finally:
+        algorithm.free()
+
+
+@NEEDS_SHARED
+def test_a_repeated_call_folds_with_the_same_bits():
+    """Below the latency path's threshold a repeated call the route gives the shared
+    allreduce folds into the negotiation (each rank reduces every row in rank order): its
+    results are the shared allreduce's, bit for bit."""
+    engine = current().engine
+    length = 4099
+    name = "shared.folds"
+
+    def stats():
+        return engine.stats().get("inline_hits", 0)
+    expected = {}
+    for seed in range(3):  # unfolded: the first call of each value set under a new name
+        values = rank_input(hvd.rank(), (length,), "float32", seed)
+        expected[seed], ran = _forced(
+            "shared", lambda: hvd.allreduce(values, name=f"{name}.first.{seed}", op=hvd.Average))
+        assert ran == {"shared"}
+    pipeline = _pipeline()
+    pipeline.force("shared")
+    try:
+        folded = False
+        for _ in range(200):
+            before = stats()
+            hvd.allreduce(np.zeros(length, np.float32), name=name, op=hvd.Average)
+            if MPI.COMM_WORLD.allreduce(stats() > before, op=MPI.LAND):
+                folded = True
+                break
+        assert folded
+        for seed in range(3):
+            values = rank_input(hvd.rank(), (length,), "float32", seed)
+            result = hvd.allreduce(values, name=name, op=hvd.Average)
+            assert result.tobytes() == expected[seed].tobytes(), seed
+    finally:
+        pipeline.force(None)
+
+
+@NEEDS_SHARED
+def test_the_route_chooses_it_and_the_switch_takes_it_away():
+    length = (4 << 20) // 4 + 3  # 4 MiB: a bandwidth-bound size
+    table = _pipeline().route.table
+    assert "shared" in {kind for _, kind in table}, table
+    values = rank_input(hvd.rank(), (length,), "float32")
+    hvd.shutdown()
+    hvd.init(shared_allreduce=False)
+    try:
+        assert not _pipeline().has("shared")
+        assert "shared" not in {kind for _, kind in _pipeline().route.table}
+        with _pipeline().watch() as seen:
+            result = hvd.allreduce(values, name="shared.off", op=hvd.Sum)
+        assert "shared" not in {entry[0] for entry in seen}
+        assert_close(result, reference_allreduce(all_inputs(hvd.size(), (length,), "float32"),
+                                                 hvd.Sum))
+    finally:
+        hvd.shutdown()
+        hvd.init()
