@@ -57,10 +57,10 @@ def main():
         "small": GatherReduce(own).allreduce,
         "mpi": lambda buffer, op: own.Allreduce(MPI.IN_PLACE, buffer, MPI.SUM),
     }
-    node = None
+    shared = None
     if not across_nodes and size > 1:  # one node: the allreduce through its shared memory
-        node = own.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        algorithms["shared"] = SharedMemory(node).allreduce
+        shared = SharedMemory(own.Split_type(MPI.COMM_TYPE_SHARED, key=rank))
+        algorithms["shared"] = shared.allreduce
     pipeline = hvd.context.current().engine.allreduce
     library = {"library": None, "library_ring": "ring"}
     constants = host_constants(own)
@@ -119,8 +119,8 @@ def main():
                        "host": socket.gethostname(),
                        "machine": machine_info(), "constants": constants, "rows": rows,
                        "date": time.strftime("%Y-%m-%d")}, handle, indent=1)
-    if node is not None:
-        algorithms["shared"].__self__.free()
+    if shared is not None:
+        shared.free()
     own.Free()
     hvd.shutdown()
     return 1 if any(row["wrong"] for row in rows) else 0
