@@ -13,6 +13,9 @@ segments of at most a row, each in four moves:
   barrier    every chunk is reduced;
   copy out   the result row into the output.
 
+A bucket laid out in segments (its large members reduced where they lie,
+``engine/segments.py``) goes through segment by segment.
+
 A rank copies in and out about the buffer's size once each and reduces 1/n of it, whatever
 the rank count, and it waits for two barriers a segment: the ring's 2(n-1) steps with their
 copies through MPI's own shared memory are gone. The elements are combined in rank order, as
@@ -34,6 +37,7 @@ from .._mpi import MPI
 from .base import Algorithm
 from .plan import chunk_bounds
 from .ring import copy_flat
+from .segmented import Segmented
 from .small import REDUCE_BY_NAME
 
 SEGMENT_BYTES = 1 << 20  # a row's size: the window holds (ranks + 1) of them
@@ -71,11 +75,14 @@ class SharedMemory(Algorithm):
         if self._window is None:
             self._open()
         ufunc = REDUCE_BY_NAME[op]
-        itemsize = buffer.dtype.itemsize
-        step = self.segment_bytes // itemsize
-        for start in range(0, buffer.size, step):
-            stop = min(buffer.size, start + step)
-            self._segment(buffer[start:stop], source[start:stop], ufunc, finalize)
+        step = self.segment_bytes // buffer.dtype.itemsize
+        # a bucket laid out in segments (segmented.py; reduced in place) goes part by part
+        parts = buffer.parts if isinstance(buffer, Segmented) else (buffer,)
+        for part in parts:
+            part_source = source if part is buffer else part
+            for start in range(0, part.size, step):
+                stop = min(part.size, start + step)
+                self._segment(part[start:stop], part_source[start:stop], ufunc, finalize)
 
     def _segment(self, out, source, ufunc, finalize):
         count = out.size

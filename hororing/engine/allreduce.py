@@ -310,7 +310,7 @@ class AllreducePipeline:
         algorithm its size calls for (out of place from ``source`` where given)."""
         kind = "adasum" if meta.op == Adasum else self.kind_for(buffer.nbytes)
         algorithm = place.algorithms[kind]
-        segments = None  # the ring splits by position; the servers and Adasum go by tensor
+        segments = None  # the ring and shared split by position; servers, Adasum by tensor
         if kind in ("ps", "adasum"):
             segments = [(response.name, start, stop) for (response, _), (start, stop)
                         in zip(items, ranges)]
@@ -340,7 +340,8 @@ class AllreducePipeline:
             return None
         plan = segment_plan([array.size for array in inputs], reduce_dtype.itemsize,
                             self.route.member_bytes)
-        if plan is None or self.kind_for(plan[-1].stop * reduce_dtype.itemsize) != "ring":
+        if plan is None or self.kind_for(plan[-1].stop * reduce_dtype.itemsize) \
+                not in _SEGMENTED:
             return None
         started = time.monotonic()
         buffer, unpacking = lay_out(
@@ -368,6 +369,8 @@ class AllreducePipeline:
     def _priced_split(self, counts, itemsize, route):
         if route.forced is not None or self.hierarchical_runs():
             return False
+        if cost.lookup(route.table, sum(counts) * itemsize) == "shared":
+            return False  # it goes segment by segment anyway
         size = self.comm.Get_size()
         far, per_node = _links(size, self.across_nodes)
         return split_pays(counts, itemsize, route, size, far, per_node)
@@ -376,6 +379,7 @@ class AllreducePipeline:
 # where the hierarchical allreduce may stand in (the shared-memory allreduce only where it
 # is asked for on one node: HOROVOD_HIERARCHICAL_ALLREDUCE=1)
 _BANDWIDTH = ("ring", "rabenseifner", "shared")
+_SEGMENTED = ("ring", "shared")  # the algorithms that reduce a bucket laid out in segments
 
 
 # cached: numpy builds dtypes from names in Python, and these run on every allreduce

@@ -87,6 +87,9 @@ def lay_out(segments, inputs, outputs, place, fusion_view):
     return Segmented(parts), unpacking
 
 
+_PRICED_AS = {"shared": "ring"}
+
+
 def split_pays(counts, itemsize, route, ranks, far, per_node):
     """Whether reducing each of the segments of ``counts`` elements on its own, by the
     algorithm the ``route``'s table gives its size, is priced at least ``cost.MARGIN`` below
@@ -100,6 +103,9 @@ def split_pays(counts, itemsize, route, ranks, far, per_node):
                             subchunk_bytes=route.subchunk_bytes,
                             piece_ceiling=route.piece_ceiling)
     one = price("ring", sum(counts) * itemsize)
-    parts = sum(price(cost.lookup(route.table, count * itemsize), count * itemsize)
-                for count in counts)
+    # the shared-memory allreduce is not priced (cost.with_shared): where the table gives it
+    # a segment, the ring stands in, which it was measured no faster than in its range
+    parts = sum(price(_PRICED_AS.get(kind, kind), count * itemsize)
+                for kind, count in ((cost.lookup(route.table, count * itemsize), count)
+                                    for count in counts))
     return parts < (1 - cost.MARGIN) * one

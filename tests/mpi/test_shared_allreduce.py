@@ -197,3 +197,33 @@ def test_the_route_chooses_it_and_the_switch_takes_it_away():
     finally:
         hvd.shutdown()
         hvd.init()
+
+
+@NEEDS_SHARED
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_bucket_of_large_members_reduced_where_they_lie(in_place):
+    """A fused bucket whose large members are reduced in their own memory (the bucket laid
+    out in segments, engine/segments.py): below 2 MiB the shared allreduce goes through it
+    segment by segment; above, the ring or one reduction per segment."""
+    for lengths in ([150001, 7, 120003, 3], [300001, 5, 300003]):
+        inputs = [all_inputs(hvd.size(), (length,), "float32", length) for length in lengths]
+        mine = [values[hvd.rank()].copy() for values in inputs]
+        name = f"shared.members.{len(lengths)}.{in_place}"
+        laid_out = []  # the buffers handed to an algorithm: segmented or flat
+
+        def observe(kind, buffer):
+            laid_out.append((kind, type(buffer).__name__))
+        _pipeline().observers.append(observe)
+        try:
+            if in_place:
+                hvd.grouped_allreduce_(mine, name=name, op=hvd.Average)
+                results = mine
+            else:
+                results = hvd.grouped_allreduce(mine, name=name, op=hvd.Average)
+        finally:
+            _pipeline().observers.remove(observe)
+        if 4 * sum(lengths) < 2 << 20:
+            assert laid_out == [("shared", "Segmented")], laid_out
+        for result, values in zip(results, inputs):
+            assert_close(result, reference_allreduce(values, hvd.Average))
+            assert_identical_on_every_rank(result)
