@@ -173,3 +173,56 @@ def test_bad_arguments_are_named():
         hvd.callbacks.DiLoCoCallback(outer(), 3, compression=hvd.Compression.fp16, int8=True)
     with pytest.raises(ValueError, match="fragments must be an integer from 1 to the model's 4"):
         fit(hvd.callbacks.DiLoCoCallback(outer(), 3, fragments=5))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_diloco_resumed_from_its_state_goes_on_as_if_never_stopped(int8):
+    """One fit of two epochs' steps against one epoch, every rank's checkpoint (its weights,
+    its inner optimizer's variables, the callback's state) taken at the sync that ends it,
+    and a new model and callback loaded from it for the second epoch."""
+    x, y = data(hvd.rank())
+
+    def callback():
+        return hvd.callbacks.DiLoCoCallback(outer(), 3, fragments=2, int8=int8)
+
+    def fit_epoch(model, diloco):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[diloco])
+
+    whole, diloco = build(1 + hvd.rank(), inner()), callback()
+    for _ in range(2):
+        fit_epoch(whole, diloco)
+    first, stopped = build(1 + hvd.rank(), inner()), callback()
+    fit_epoch(first, stopped)  # 8 steps; the sync at the end syncs both fragments
+    checkpoint = (weights(first), [variable.numpy() for variable in first.optimizer.variables],
+                  stopped.state_dict())
+    if int8:
+        assert checkpoint[2]["residuals"]
+    resumed, diloco = build(50 + hvd.rank(), inner()), callback()
+    resumed.optimizer.build(resumed.trainable_variables)
+    for variable, value in zip(resumed.trainable_variables, checkpoint[0]):
+        variable.assign(value)
+    for variable, value in zip(resumed.optimizer.variables, checkpoint[1]):
+        variable.assign(value)
+    diloco.load_state_dict(checkpoint[2])
+    fit_epoch(resumed, diloco)
+    assert_close(weights(resumed), weights(whole))
+    for value, wanted in zip(diloco.state_dict()["global"], weights(whole)):
+        np.testing.assert_allclose(value, wanted, rtol=1e-6, atol=1e-7)
+    assert_same_on_every_rank(weights(resumed))
+
+
+def test_a_diloco_state_that_does_not_fit_is_named():
+    x, y = data(hvd.rank())
+    model, diloco = build(1 + hvd.rank(), inner()), hvd.callbacks.DiLoCoCallback(outer(), 3)
+    with pytest.raises(ValueError, match="no state before training begins"):
+        diloco.state_dict()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[diloco])
+    state = diloco.state_dict()
+    with pytest.raises(ValueError, match="lacks 'outer'"):
+        diloco.load_state_dict({key: state[key] for key in ("global", "steps", "synced_at")})
+    with pytest.raises(ValueError, match="saved after step 5, and the model's optimizer is "
+                                         "at step 8"):
+        diloco.load_state_dict(dict(state, steps=5))
+    with pytest.raises(ValueError, match="global weights of shapes"):
+        diloco.load_state_dict(dict(state, **{"global": state["global"][:2]}))

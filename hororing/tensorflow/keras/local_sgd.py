@@ -145,6 +145,7 @@ class DiLoCoCallback(_Periodic):
         self.compression = getattr(_ArrayCompression, kinds[compression or Compression.none])
         self._fragments = fragments
         self.fragments = self.schedule = self._global = None
+        self._loaded = None  # a state to go on from when training begins
 
     def _begin(self):
         check_fragments(self._fragments, len(self._variables))
@@ -154,6 +155,66 @@ class DiLoCoCallback(_Periodic):
         self.schedule.restore(self.steps)
         self._global = self._values(range(len(self._variables)))
         self.outer_optimizer.build(self._variables)
+        state, self._loaded = self._loaded, None
+        if state is not None:
+            self._restore(state)
+
+    def state_dict(self):
+        """What the callback holds beside the model and its optimizer, as numpy arrays and
+        ints: the global weights, the outer optimizer's variables, the step count, each
+        fragment's last sync and, with int8, what rounding took from each change. Save it
+        with the model (its weights and its optimizer) at a sync point (after
+        ``sync_now()``, or a step where every fragment synced), where every rank's weights
+        are the global ones. The inner optimizer's state, and with int8 the rounding's
+        residuals, are each rank's own: saved and loaded per rank, the job goes on exactly
+        as if never stopped; resumed from rank 0's files alone, from rank 0's."""
+        if self._global is None:
+            raise ValueError("DiLoCoCallback has no state before training begins: call "
+                             "state_dict() after fit has started")
+        state = {"global": [value.copy() for value in self._global], "steps": self.steps,
+                 "synced_at": list(self.schedule.synced_at),
+                 "outer": [np.array(variable.numpy())
+                           for variable in self.outer_optimizer.variables]}
+        if self._int8 is not None:
+            state["residuals"] = self._int8.state_dict()
+        return state
+
+    def load_state_dict(self, state):
+        """Go on from ``state`` (``state_dict``'s): when training begins, after the start
+        from rank 0's weights, or at once where it has begun. The model's optimizer must be
+        at the step the state was saved at (load it with the model)."""
+        for key in ("global", "steps", "synced_at", "outer"):
+            if key not in state:
+                raise ValueError(f"a DiLoCoCallback state holds 'global', 'steps', "
+                                 f"'synced_at' and 'outer'; this one lacks {key!r}")
+        if self._global is None:
+            self._loaded = state
+        else:
+            self._restore(state)
+
+    def _restore(self, state):
+        shapes = [tuple(variable.shape) for variable in self._variables]
+        saved = [tuple(np.shape(value)) for value in state["global"]]
+        if saved != shapes:
+            raise ValueError(f"the state holds global weights of shapes {saved}, the model "
+                             f"{shapes}")
+        if state["steps"] != self.steps:
+            raise ValueError(f"the state was saved after step {state['steps']}, and the "
+                             f"model's optimizer is at step {self.steps}: load the "
+                             f"optimizer's state with the model's (keras.models.load_model, "
+                             f"or the optimizer's variables) before fit")
+        outer = self.outer_optimizer.variables
+        if len(state["outer"]) != len(outer):
+            raise ValueError(f"the state holds {len(state['outer'])} outer optimizer "
+                             f"variables, this outer optimizer {len(outer)}: give the "
+                             f"callback the kind of optimizer it was saved with")
+        self.schedule.restore(self.steps, state["synced_at"])
+        self._global = [np.array(value, dtype=np.asarray(mine).dtype)
+                        for value, mine in zip(state["global"], self._global)]
+        for variable, value in zip(outer, state["outer"]):
+            variable.assign(value)
+        if self._int8 is not None:
+            self._int8.load_state_dict(state.get("residuals", {}))
 
     def _after(self, stepped):
         due = sorted({index for step in stepped for index in self.schedule.due(step)})
