@@ -142,6 +142,11 @@ class HostBuffers:
     def new(self, shape, dtype):
         return np.empty(shape, dtype=dtype)
 
+    def scratch(self, dtype, count):
+        """A flat array of ``count`` elements to work in, from the result pool: reused
+        once the caller has let go of it."""
+        return self._outputs.empty((count,), dtype)
+
     def flat_bytes(self, array):
         return byte_view(array)
 

@@ -73,6 +73,7 @@ def test_reducescatter_gives_extra_rows_to_the_first_ranks(rows, op, dtype):
     size, rank = hvd.size(), hvd.rank()
     mine = rank_input(rank, (rows, 2), dtype, seed=rows)
     result = hvd.reducescatter(mine, op=op, name=f"rs.{rows}.{op}.{dtype}")
+    np.testing.assert_array_equal(mine, rank_input(rank, (rows, 2), dtype, seed=rows))
     full = reference_allreduce(all_inputs(size, (rows, 2), dtype, rows), op)
     base, extra = divmod(rows, size)
     start = rank * base + min(rank, extra)
@@ -207,3 +208,21 @@ def test_every_verb_enters_by_the_one_door(monkeypatch):
     with pytest.raises(TypeError, match=r"broadcast takes root_rank \(root_rank required\); "
                                         r"got wrong"):
         hvd.door.start("broadcast", np.ones(2), wrong=1)
+
+
+def test_a_large_reducescatter_read_where_it_lies_twice():
+    """Out of place, a reducescatter of its own dtype reads the input where it lies and sums
+    into a pooled scratch buffer (2 MiB here: pooled): the input is untouched, and a second
+    call with other values, the first result still held, gets its own values."""
+    size, rank = hvd.size(), hvd.rank()
+    shape = (65537, 8)
+    results = []
+    for seed in (1, 2):
+        mine = rank_input(rank, shape, "float32", seed=seed)
+        results.append(hvd.reducescatter(mine, op=hvd.Average, name="rs.large"))
+        np.testing.assert_array_equal(mine, rank_input(rank, shape, "float32", seed=seed))
+    base, extra = divmod(shape[0], size)
+    start = rank * base + min(rank, extra)
+    for seed, result in zip((1, 2), results):
+        full = reference_allreduce(all_inputs(size, shape, "float32", seed), hvd.Average)
+        assert_close(result, full[start:start + base + (1 if rank < extra else 0)])
