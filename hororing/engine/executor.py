@@ -169,7 +169,13 @@ class Executor:
                 output = None  # the input lies elsewhere in the output: a buffer of its own
         if output is None:
             output = place.new(shape, meta.dtype)
-        self.comm.Allgatherv(send, [place.flat_bytes(output), counts, displacements, MPI.BYTE])
+        if counts.count(counts[0]) == self.size:
+            # every rank the same rows (FSDP2's shards): MPICH's allgather moves 100 MB at 2
+            # ranks in 16 ms in place, where its allgatherv took 80 (docs/torch_distributed.md)
+            self.comm.Allgather(send, [place.flat_bytes(output), counts[0], MPI.BYTE])
+        else:
+            self.comm.Allgatherv(send, [place.flat_bytes(output), counts, displacements,
+                                        MPI.BYTE])
         return output
 
     def _alltoall(self, response, request, place):
