@@ -14,7 +14,8 @@ median time between consecutive marks on rank 0:
   vote       the cycle up to the executor (the vote's exchange, including the wait for the
              last rank to arrive)
   pipeline   the executor and the allreduce pipeline up to the algorithm, and back
-  algorithm  the reduction itself (the ring; the latency path for small sizes)
+  algorithm  the reduction itself (the ring, or on one node the shared-memory allreduce;
+             the latency path for small sizes)
   return     from the cycle's end back to the caller
 
 Beside it, in the same loop, taking turns: ``ring``, the library's ring algorithm called
@@ -60,8 +61,9 @@ def main():
     wrap(engine._folding, "finish", "cycle", marks)
     wrap(engine.executor, "execute", "execute", marks)
     algorithms = engine.executor.allreduce.host.algorithms
-    for kind in ("ring", "small"):
-        wrap(algorithms[kind], "allreduce", "algorithm", marks)
+    for kind in ("ring", "small", "shared"):
+        if kind in algorithms:  # shared: where the ranks share a node
+            wrap(algorithms[kind], "allreduce", "algorithm", marks)
     ring = algorithms["ring"]
     # the floor's vote: a persistent bitwise AND of the vote's size, on a communicator of its own
     words = np.zeros(engine.cycle._vote.size, dtype=np.int64)

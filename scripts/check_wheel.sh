@@ -89,9 +89,9 @@ import numpy as np
 import hororing as hvd
 from hororing.algorithms import compiled
 hvd.init()
-values = np.arange(300_000, dtype=np.float32) * (hvd.rank() + 1)
-result = hvd.allreduce(values, op=hvd.Sum, name="wheel.ring")  # the ring's size
-assert np.array_equal(result, np.arange(300_000, dtype=np.float32) * 3), result[:4]
+values = np.arange(1_000_000, dtype=np.float32) * (hvd.rank() + 1)
+result = hvd.allreduce(values, op=hvd.Sum, name="wheel.ring")  # 4 MB: the ring's size
+assert np.array_equal(result, np.arange(1_000_000, dtype=np.float32) * 3), result[:4]
 expected = sys.argv[1]
 assert compiled.status().startswith(expected), (compiled.status(), expected)
 print(f"rank {hvd.rank()}: a ring from the installed wheel, steps: {compiled.status()}")

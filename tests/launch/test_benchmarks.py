@@ -160,7 +160,8 @@ def test_bench_call_phases_splits_a_call_into_phases_that_add_up():
         assert all(value >= 0 for value in phases) and total > 0
         # the medians of the phases need not add up to the median total; their scale does
         assert sum(phases) < 3 * total
-    assert float(rows[1][5]) > 0  # 1 MiB takes the ring: the algorithm phase is timed
+    # 1 MiB takes the ring, or the shared-memory allreduce: the algorithm phase is timed
+    assert float(rows[1][5]) > 0
 
 
 def test_bench_scale_times_every_algorithm_and_the_model_fits_and_predicts(tmp_path):

@@ -143,12 +143,19 @@ def test_a_rank_whose_shim_is_killed_dies_too(server, job):
     process.kill()  # mpiexec ending the job
     process.communicate(timeout=60)
     for _ in range(600):
-        if not os.path.exists(f"/proc/{seen['pid']}") or \
-                open(f"/proc/{seen['pid']}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+        if _gone_or_zombie(seen["pid"]):
             break
         time.sleep(0.05)
     else:
         raise AssertionError("the rank outlived its shim")
+
+
+def _gone_or_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped, also while it is read
+        return True
 
 
 def test_a_signal_ignored_at_the_shim_is_ignored_in_the_rank(server, job):
