@@ -281,6 +281,50 @@ class Exchange:
         self._persistent = None
 
 
+class SharedWindow:
+    """``count`` rows of ``width`` bytes in one shared-memory window of a node's ranks
+    (``node``: their communicator), each row on cache lines of its own, so no two ranks
+    write one line. ``rows``: a (count, width) uint8 view every rank reads and writes.
+    A passive epoch is held for ``fence``'s memory fences. Making one is collective, as is
+    freeing it."""
+
+    _LINE = 64
+
+    def __init__(self, node, count, width):
+        pitch = -(-width // self._LINE) * self._LINE
+        total = count * pitch
+        self._node = node
+        self._window = MPI.Win.Allocate_shared(total if node.Get_rank() == 0 else 0, 1,
+                                               comm=node)
+        memory, _ = self._window.Shared_query(0)
+        whole = np.frombuffer(memory, dtype=np.uint8, count=total).reshape(count, pitch)
+        self.rows = whole[:, :width]
+        self._window.Lock_all(MPI.MODE_NOCHECK)
+
+    def fence(self):
+        """This rank's writes visible to the others, theirs to it (weakly ordered CPUs):
+        before entering a barrier and after leaving it."""
+        self._window.Sync()
+
+    def start_barrier(self):
+        """Fence this rank's writes and start a barrier of the node; the request."""
+        self._window.Sync()
+        return self._node.Ibarrier()
+
+    def barrier(self):
+        """A barrier of the node with its fences on both sides."""
+        wait(self.start_barrier())
+        self._window.Sync()
+
+    def free(self, clean=True):
+        """Free the window (collective); not after a failure (``clean`` False), where a peer
+        may never free its part: the process's end releases it."""
+        if clean:
+            self._window.Unlock_all()
+            self._window.Free()
+        self.rows = None
+
+
 def byte_view(array):
     """Return a contiguous array as a flat uint8 view (for byte-counted MPI calls)."""
     return array.reshape(-1).view(np.uint8)

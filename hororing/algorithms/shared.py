@@ -30,10 +30,7 @@ The input is read before the second barrier and the output written after it, so 
 be one buffer.
 """
 
-import numpy as np
-
 from .. import transport
-from .._mpi import MPI
 from .base import Algorithm
 from .plan import chunk_bounds
 from .ring import copy_flat
@@ -41,7 +38,6 @@ from .segmented import Segmented
 from .small import REDUCE_BY_NAME
 
 SEGMENT_BYTES = 1 << 20  # a row's size: the window holds (ranks + 1) of them
-_LINE = 64  # each row starts on a cache line of its own
 
 
 class SharedMemory(Algorithm):
@@ -105,29 +101,19 @@ class SharedMemory(Algorithm):
         out[...] = result  # in place too: the source was read before the last barrier
 
     def _barrier(self):
-        window = self._window
-        window.Sync()  # this rank's writes are visible before the barrier ...
-        transport.wait(self.comm.Ibarrier())
-        window.Sync()  # ... and the others' after it (weakly ordered CPUs)
+        self._window.barrier()
 
     def _open(self):
-        pitch = -(-self.segment_bytes // _LINE) * _LINE
-        total = (self.size + 1) * pitch
-        window = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=self.comm)
-        memory, _ = window.Shared_query(0)
-        whole = np.frombuffer(memory, dtype=np.uint8, count=total).reshape(self.size + 1, pitch)
-        self._rows = whole[:self.size, :self.segment_bytes]
-        self._result = whole[self.size, :self.segment_bytes]
-        window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, for Sync's memory fences
+        window = transport.SharedWindow(self.comm, self.size + 1, self.segment_bytes)
+        self._rows, self._result = window.rows[:self.size], window.rows[self.size]
         self._window = window
 
     def free(self, clean=True):
         """Free the window and the node's communicator (collective); not after a failure
         (``clean`` False), where a peer may never free its part: the process's end releases
         them."""
-        if self._window is not None and clean:
-            self._window.Unlock_all()
-            self._window.Free()
+        if self._window is not None:
+            self._window.free(clean)
         self._window = self._rows = self._result = None
         if clean:
             self.comm.Free()

@@ -22,7 +22,6 @@ from .._mpi import MPI
 # Rows below this many bytes are gathered by MPI even on one node: the allgather is as fast
 # there (4 KiB at 2 ranks: 5.3 µs against 5.7 through shared memory; 8 KiB: 8.6 against 6.3)
 SHARED_ROWS_MIN = 8 * 1024
-_LINE = 64  # each shared row starts on a cache line of its own: no two ranks write one line
 
 
 class MpiExchange:
@@ -82,28 +81,18 @@ class SharedRows:
 
     def __init__(self, node, width):
         size = node.Get_size()
-        pitch = -(-width // _LINE) * _LINE
-        total = 2 * size * pitch
-        self._node = node
-        self._window = MPI.Win.Allocate_shared(total if node.Get_rank() == 0 else 0, 1,
-                                               comm=node)
-        memory, _ = self._window.Shared_query(0)
-        whole = np.frombuffer(memory, dtype=np.uint8, count=total).reshape(2, size, pitch)
-        self.sets = (whole[0, :, :width], whole[1, :, :width])
-        self._window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, for Sync's memory fences
+        self._window = transport.SharedWindow(node, 2 * size, width)
+        rows = self._window.rows
+        self.sets = (rows[:size], rows[size:])
 
     def start(self):
         """This rank's row is written: start the barrier; the request."""
-        self._window.Sync()
-        return self._node.Ibarrier()
+        return self._window.start_barrier()
 
     def arrived(self):
         """The barrier has completed: the other ranks' rows are readable."""
-        self._window.Sync()
+        self._window.fence()
 
     def free(self, clean=True):
-        """Free the window (collective); not after a failure (``clean`` False), where a peer
-        may never free its part: the process's end releases it."""
-        if clean:
-            self._window.Unlock_all()
-            self._window.Free()
+        """Free the window (collective; not after a failure, as ``SharedWindow.free``)."""
+        self._window.free(clean)
