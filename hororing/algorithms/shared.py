@@ -35,7 +35,7 @@ from .base import Algorithm
 from .plan import chunk_bounds
 from .ring import copy_flat
 from .segmented import Segmented
-from .small import REDUCE_BY_NAME
+from .small import REDUCE_BY_NAME, reduce_rows
 
 SEGMENT_BYTES = 1 << 20  # a row's size: the window holds (ranks + 1) of them
 
@@ -94,7 +94,7 @@ class SharedMemory(Algorithm):
         self._barrier()
         result = self._result[:nbytes].view(dtype)
         mine = result[low:high]
-        combine_in_order(ufunc, parts, mine)
+        reduce_rows(ufunc, parts, mine)
         if finalize is not None and high > low:
             finalize(mine)
         self._barrier()
@@ -118,12 +118,3 @@ class SharedMemory(Algorithm):
         if clean:
             self.comm.Free()
 
-
-def combine_in_order(ufunc, parts, out):
-    """``out`` = the ``parts`` (two or more arrays of its length) combined by ``ufunc`` one
-    after another, in order: the same bits as ``small.reduce_rows`` over the same rows
-    (numpy reduces the first axis of rows in the same order, element by element). ``out``
-    may be one of the parts only where it is the first."""
-    ufunc(parts[0], parts[1], out=out)
-    for part in parts[2:]:
-        ufunc(out, part, out=out)
