@@ -77,13 +77,20 @@ class SharedRows:
     A rank writes its row of the next set, then the exchange is a barrier, after which every
     rank reads every row. A set is written again two exchanges later, after a barrier every
     rank entered once it had read that set, so one barrier an exchange is all it takes.
-    Making one is collective, as is freeing it."""
+    ``result``: one more row, where a chunked fold's ranks each reduce their chunk of every
+    row (``fold.py``). Making one is collective, as is freeing it."""
 
     def __init__(self, node, width):
         size = node.Get_size()
-        self._window = transport.SharedWindow(node, 2 * size, width)
+        self._window = transport.SharedWindow(node, 2 * size + 1, width)
         rows = self._window.rows
-        self.sets = (rows[:size], rows[size:])
+        self.sets = (rows[:size], rows[size:2 * size])
+        self.result = rows[2 * size]  # a chunked fold's result (fold.py)
+        self.rank = node.Get_rank()
+
+    def barrier(self):
+        """A barrier of the node, fenced on both sides (a chunked fold's second)."""
+        self._window.barrier()
 
     def start(self):
         """This rank's row is written: start the barrier; the request."""

@@ -13,7 +13,13 @@ otherwise the rows are discarded and the cycle goes on to the vote. Whether to f
 decided from the responses alone, so every rank decides alike. Where every rank is on one
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
-bits, are the same.
+bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
+(``algorithms/shared.py``, up to 2 MiB), and from ``CHUNKED_RANKS`` ranks on, rows of
+``CHUNKED_BYTES`` or more are reduced as that allreduce reduces them: rank r combines chunk
+r of every row, in rank order, into a result row, and after a second barrier every rank
+copies the result out (``_Chunked``), so no rank reduces all n rows. The ranks agree on the
+fold from the same fields before any of them reduces, so all enter the second barrier or
+none does.
 """
 
 import time
@@ -21,16 +27,22 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ..algorithms.plan import chunk_bounds
 from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
 from ..kernels import scale_into
 from ..ops import Adasum, KERNEL_OP
 from .allreduce import complete, wire_bytes, wire_dtype
 from .scaling import scaling
 
-# the kinds whose results the fold's rank-ordered reduction of every row reproduces bitwise
-_GATHERED = ("small", "shared")
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
+# shared rows of this many data bytes or more, among this many ranks or more, are reduced
+# chunk by chunk (``_Chunked``); otherwise every rank reduces every row, with one barrier a
+# call. Every row read by every rank moves (n + 1) times a row's bytes through each rank's
+# caches, chunks (n + 1) / n + 2 times and wait for a second barrier: at 2 and 3 ranks the
+# whole rows cost less
+CHUNKED_BYTES = 256 * 1024
+CHUNKED_RANKS = 4
 
 
 class Fold:
@@ -89,7 +101,9 @@ class Fold:
         shared = shared_rows(width) if shared_rows is not None else None
         if shared is not None:
             self._exchange = shared
-            self._turns = [self._views(rows[self._exchange_with.rank], rows)
+            chunked = shared if width - _HEAD >= CHUNKED_BYTES and \
+                self.size >= CHUNKED_RANKS else None
+            self._turns = [self._views(rows[self._exchange_with.rank], rows, chunked)
                            for rows in shared.sets]
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
@@ -99,10 +113,12 @@ class Fold:
         self._exchange = self._exchange_with.repeated("allgather", row, rows)
 
     @staticmethod
-    def _views(row, rows):
-        """This rank's ``row``, its fields and data; every rank's data and fields in
-        ``rows``."""
-        return row, row[:_HEAD].view(np.int64), row[_HEAD:], rows[:, _HEAD:], rows[:, :_HEAD]
+    def _views(row, rows, chunked=None):
+        """This rank's ``row``, its fields and data; every rank's data (``_Chunked`` over
+        them where ``chunked``, the SharedRows, says so) and fields in ``rows``."""
+        data = rows[:, _HEAD:]
+        gathered = data if chunked is None else _Chunked(data, chunked)
+        return row, row[:_HEAD].view(np.int64), row[_HEAD:], gathered, rows[:, :_HEAD]
 
     def free(self, clean=True):
         """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``)."""
@@ -125,6 +141,32 @@ class Fold:
             return None
         return int(self._fields[1])
 
+
+class _Chunked:
+    """Every rank's data in shared rows of ``CHUNKED_BYTES`` or more, reduced as the shared
+    allreduce reduces them (``reduce``); what the fold hands on in place of the rows."""
+
+    __slots__ = ("rows", "shared")
+
+    def __init__(self, rows, shared):
+        self.rows = rows  # (size, bytes) uint8: every rank's data
+        self.shared = shared  # the SharedRows: its result row, its rank, its barrier
+
+    def reduce(self, plan, buffer):
+        """``buffer`` = the rows reduced with ``plan`` (and finalized): this rank's chunk of
+        every row combined in rank order into the result row, a barrier, the result copied
+        out. The bits are ``reduce_rows``' over the whole rows."""
+        shared = self.shared
+        count = buffer.size
+        rows = self.rows[:, :count * buffer.itemsize].view(plan.dtype)
+        low, high = chunk_bounds(count, len(rows))[shared.rank]
+        result = shared.result[_HEAD:_HEAD + count * buffer.itemsize].view(plan.dtype)
+        mine = result[low:high]
+        reduce_rows(plan.ufunc, rows[:, low:high], mine)
+        if plan.finalize is not None and high > low:
+            plan.finalize(mine)
+        shared.barrier()  # every chunk reduced
+        buffer[...] = result
 
 
 _PLANS = 256  # metadata whose fold plan is kept (a training loop has a few)
@@ -188,9 +230,12 @@ class LatencyFolding:
             output = self._pipeline.host.output(response, request, response.meta.dtype, None)
         flat = output.ravel()  # contiguous: a view
         buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
-        reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
-        if plan.finalize is not None:
-            plan.finalize(buffer)
+        if type(rows) is np.ndarray:
+            reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
+            if plan.finalize is not None:
+                plan.finalize(buffer)
+        else:  # shared rows reduced chunk by chunk
+            rows.reduce(plan, buffer)
         if buffer is not flat:
             flat[...] = buffer
         if timeline is not None:
@@ -225,11 +270,13 @@ class LatencyFolding:
         return plan
 
     def _foldable_bytes(self, meta):
-        """The wire bytes of a host allreduce below the latency path's threshold that the
-        gathered path or the shared-memory allreduce would take (both combine every rank's
-        values in rank order, as the fold does), else None."""
+        """The wire bytes of a host allreduce that the shared-memory allreduce would take, or
+        that the gathered path would below the latency path's threshold (both combine every
+        rank's values in rank order, as the fold does), else None."""
         if meta.kind != "allreduce" or meta.device != "cpu" or meta.op == Adasum:
             return None
         nbytes = wire_bytes(meta)
-        small = nbytes < self._pipeline.route.small_bytes
-        return nbytes if small and self._pipeline.kind_for(nbytes) in _GATHERED else None
+        kind = self._pipeline.kind_for(nbytes)
+        if kind == "shared" or (kind == "small" and nbytes < self._pipeline.route.small_bytes):
+            return nbytes
+        return None

@@ -227,3 +227,95 @@ def test_a_bucket_of_large_members_reduced_where_they_lie(in_place):
         for result, values in zip(results, inputs):
             assert_close(result, reference_allreduce(values, hvd.Average))
             assert_identical_on_every_rank(result)
+
+
+CHUNKED_LENGTH = 150001  # 300 KB in float16 to 1.2 MB in float64: rows reduced chunk by chunk
+
+
+def _until_folded(call, most=200):
+    """``call()`` until a call has folded on every rank (at most ``most``); whether one did.
+    Whether a given call folds depends on the peers' timing, so whether to go on is agreed
+    outside the library."""
+    engine = current().engine
+    for _ in range(most):
+        before = engine.stats().get("inline_hits", 0)
+        call()
+        if MPI.COMM_WORLD.allreduce(engine.stats().get("inline_hits", 0) > before,
+                                    op=MPI.LAND):
+            return True
+    return False
+
+
+@pytest.fixture(params=[True, False], ids=["chunks", "rows"])
+def chunked(request, monkeypatch):
+    """Shared fold rows of 256 KiB and more reduced chunk by chunk at any rank count (the
+    default from 4 ranks), or never; the length of the rows differs, so they are made again."""
+    from hororing.engine import fold
+    monkeypatch.setattr(fold, "CHUNKED_RANKS", 1 if request.param else 1 << 30)
+    return request.param
+
+
+@NEEDS_SHARED
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
+def test_a_repeated_call_above_the_latency_threshold_folds_with_the_same_bits(
+        dtype, in_place, chunked):
+    """A repeated call the shared allreduce would take at any size up to 2 MiB folds, its rows
+    reduced whole by every rank or chunk by chunk (each rank its chunk of every row, then a
+    second barrier): for every op the bits of the unfolded shared allreduce, and a float64
+    reference's values."""
+    from hororing.engine.fold import _Chunked
+    length = CHUNKED_LENGTH + (0 if chunked else 2)
+    fold = current().engine.cycle._fold
+    pipeline = _pipeline()
+    folded = []  # whether each compared call folded (most do; timing decides)
+    for index, op in enumerate(OPS):
+        name = f"shared.chunked.{dtype}.{in_place}.{hvd.ops.op_name(op)}"
+        inputs = {seed: all_inputs(hvd.size(), (length,), dtype, 10 * index + seed, op)
+                  for seed in range(3)}
+        expected = {}
+        for seed, values in inputs.items():  # unfolded: a new name each time
+            expected[seed], ran = _forced("shared", lambda: hvd.allreduce(
+                values[hvd.rank()], name=f"{name}.first.{seed}", op=op))
+            assert ran == {"shared"}
+        pipeline.force("shared")
+        try:
+            buffer = inputs[0][hvd.rank()].copy()
+
+            def call(seed=0):
+                buffer[...] = inputs[seed][hvd.rank()]
+                return hvd.allreduce_(buffer, name=name, op=op) if in_place else \
+                    hvd.allreduce(buffer, name=name, op=op)
+            assert _until_folded(call)
+            assert isinstance(fold.gathered, _Chunked) == chunked
+            for seed, values in inputs.items():
+                hits = current().engine.stats()["inline_hits"]
+                result = call(seed)
+                assert result.tobytes() == expected[seed].tobytes(), (seed, op)
+                assert (result is buffer) == in_place
+                if not in_place:
+                    assert buffer.tobytes() == values[hvd.rank()].tobytes()  # input untouched
+                assert_close(result, reference_allreduce(values, op))
+                folded.append(current().engine.stats()["inline_hits"] > hits)
+        finally:
+            pipeline.force(None)
+    assert MPI.COMM_WORLD.allreduce(sum(folded)) > 0
+
+
+@NEEDS_SHARED
+@pytest.mark.parametrize("change", ["op", "shape", "dtype"])
+def test_a_peer_that_changes_a_chunked_fold_fails_every_rank_by_name(change, monkeypatch):
+    """Under a chunked fold the last rank changes its call: every rank names the mismatch
+    (none enters the chunks' barrier), and the next call gives the sum."""
+    from changed_call import last_rank_changes_its_call
+    from hororing.engine import fold
+    monkeypatch.setattr(fold, "CHUNKED_RANKS", 1)
+    name = f"shared.chunked.mismatch.{change}"
+    values = np.ones(CHUNKED_LENGTH + 4, dtype=np.float32)
+    _pipeline().force("shared")
+    try:
+        assert _until_folded(lambda: hvd.allreduce_(values.copy(), name=name, op=hvd.Sum))
+        assert isinstance(current().engine.cycle._fold.gathered, fold._Chunked)
+        last_rank_changes_its_call(name, values, change)
+    finally:
+        _pipeline().force(None)
