@@ -14,10 +14,11 @@ decided from the responses alone, so every rank decides alike. Where every rank 
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
 bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
-(``algorithms/shared.py``, up to 2 MiB), and from ``CHUNKED_RANKS`` ranks on, rows of
-``CHUNKED_BYTES`` or more are reduced as that allreduce reduces them: rank r combines chunk
-r of every row, in rank order, into a result row, and after a second barrier every rank
-copies the result out (``_Chunked``), so no rank reduces all n rows. The ranks agree on the
+(``algorithms/shared.py``, up to 2 MiB, where the rows fit ``SHARED_ROWS_BUDGET``), and from
+``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
+reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
+after a second barrier every rank copies the result out (``_Chunked``), so no rank reduces
+all n rows. The ranks agree on the
 fold from the same fields before any of them reduces, so all enter the second barrier or
 none does.
 """
@@ -43,6 +44,10 @@ _HEAD = FIELDS * 8
 # whole rows cost less
 CHUNKED_BYTES = 256 * 1024
 CHUNKED_RANKS = 4
+# the most shared memory the rows of a fold above the latency threshold may take (two sets of
+# a row per rank and the result row): a container's /dev/shm is often 64 MiB, which 16 ranks'
+# 2 MiB rows would exceed
+SHARED_ROWS_BUDGET = 16 << 20
 
 
 class Fold:
@@ -277,6 +282,9 @@ class LatencyFolding:
             return None
         nbytes = wire_bytes(meta)
         kind = self._pipeline.kind_for(nbytes)
-        if kind == "shared" or (kind == "small" and nbytes < self._pipeline.route.small_bytes):
+        small = nbytes < self._pipeline.route.small_bytes
+        if kind == "small" and small:
+            return nbytes
+        if kind == "shared" and (small or (2 * self._size + 1) * nbytes <= SHARED_ROWS_BUDGET):
             return nbytes
         return None
