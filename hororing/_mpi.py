@@ -4,9 +4,54 @@ Importing ``mpi4py.MPI`` initializes MPI. Every hororing module reaches MPI thro
 object below, so MPI starts in ``hvd.init()`` (or whenever a program touches MPI first),
 and modules that never talk to MPI (negotiation, the ring's schedule, the cost model) can be
 imported, and tested, without it.
+
+The end of a job whose ranks run with failures tolerated (Open MPI's ULFM, ``mpiexec --with-ft
+ulfm``, as hororun starts an elastic job that recovers in process): there MPI_Finalize waits
+in a barrier of every process of the launch, and after a rank died it may wait there for
+minutes (seen with Open MPI 5.0 as a survivor's exit that never came). So where hororing
+imports MPI first in such a job, mpi4py is told not to finalize at exit, and hororing
+finalizes at exit instead, unless this process saw a peer die (``faults.py`` says so through
+``leave_without_finalize``): a survivor then exits without MPI_Finalize, with its own status,
+which ULFM's mpiexec takes as it takes any exit. A program that imported ``mpi4py.MPI``
+before hororing keeps mpi4py's finalize.
 """
 
+import atexit
 import importlib
+import os
+import sys
+
+_FAULTS_TOLERATED = "OMPI_MCA_mpi_ft_enable"  # set in every rank by mpiexec --with-ft ulfm
+
+
+class _Exit:
+    own_finalize = False  # hororing, not mpi4py, finalizes MPI at exit
+    without_finalize = False  # a peer died: this process leaves without MPI_Finalize
+
+
+def _import_mpi():
+    if "mpi4py.MPI" not in sys.modules and \
+            os.environ.get(_FAULTS_TOLERATED, "").lower() in ("1", "true", "yes"):
+        import mpi4py
+        mpi4py.rc.finalize = False
+        _Exit.own_finalize = True
+        module = importlib.import_module("mpi4py.MPI")
+        atexit.register(_finalize_at_exit, module)
+        return module
+    return importlib.import_module("mpi4py.MPI")
+
+
+def _finalize_at_exit(module):
+    if _Exit.without_finalize or module.Is_finalized():
+        return
+    module.Finalize()
+
+
+def leave_without_finalize():
+    """A peer process died: where hororing finalizes MPI at exit, this process will not
+    (returns whether that applies); elsewhere MPI's own finalize stands."""
+    _Exit.without_finalize = True
+    return _Exit.own_finalize
 
 
 class _MPIOnFirstUse:
@@ -14,7 +59,7 @@ class _MPIOnFirstUse:
     is then kept on this object, so later reads are ordinary attribute reads."""
 
     def __getattr__(self, name):
-        value = getattr(importlib.import_module("mpi4py.MPI"), name)
+        value = getattr(_import_mpi(), name)
         setattr(self, name, value)
         return value
 

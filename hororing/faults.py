@@ -16,7 +16,7 @@ itself when a process dies; nothing here applies to it.
 
 import threading
 
-from ._mpi import MPI
+from ._mpi import MPI, leave_without_finalize
 from .errors import RanksFailedError
 
 
@@ -103,7 +103,9 @@ def failed_ranks(comm):
 
 def revoke_all():
     """Revoke every communicator hororing made: every survivor's operations on them fail
-    now, wherever it waits, instead of waiting for a peer that left them."""
+    now, wherever it waits, instead of waiting for a peer that left them. A peer died: this
+    process will exit without MPI_Finalize (``_mpi.py``)."""
+    leave_without_finalize()
     with _Tracked.lock:
         comms = list(_Tracked.comms)
     for comm in comms:
