@@ -27,6 +27,28 @@ def descendants(pid):
     return found
 
 
+def ask_for_stacks(process, script, settle=3.0):
+    """Send SIGUSR2 to every process below ``process`` that runs ``script`` (``python
+    SCRIPT ...``: the ranks of a job that registered ``faulthandler`` on it, which then
+    write every thread's stack to stderr; not mpiexec, whose command line names the script
+    too), and give them ``settle`` seconds to write. Returns how many were asked."""
+    asked = 0
+    for pid in descendants(process.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                args = cmdline.read().split(b"\0")
+            if len(args) < 2 or args[1] != script.encode() or \
+                    not os.path.basename(args[0]).startswith(b"python"):
+                continue
+            os.kill(pid, signal.SIGUSR2)
+            asked += 1
+        except (OSError, ProcessLookupError):
+            continue
+    if asked:
+        time.sleep(settle)
+    return asked
+
+
 def end_job(process, grace=3.0, also=()):
     """End ``process`` (a launch started with ``start_new_session=True``) and everything below
     it: SIGTERM to the launch first, so that hororun and mpiexec stop their ranks as on a

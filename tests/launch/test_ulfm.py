@@ -22,7 +22,7 @@ from conftest import JOBS, mpiexec
 from hororing.runner.mpiexec import OPEN_MPI, mpi_flavor, ulfm_support
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
-from process_tree import end_job  # noqa: E402
+from process_tree import ask_for_stacks, end_job  # noqa: E402
 
 JOB = [sys.executable, str(JOBS / "elastic_train.py")]
 TIMEOUT = 180
@@ -40,16 +40,18 @@ def hororun(found, *args):
 
 
 def bounded(command):
-    """Run ``command`` in its own session; past TIMEOUT every process of it is killed (hororun,
-    its mpiexec and the ranks), so that nothing outlives a test."""
+    """Run ``command`` in its own session; past TIMEOUT the ranks write their threads' stacks
+    to stderr (the job registers faulthandler on SIGUSR2) and every process of it is killed
+    (hororun, its mpiexec and the ranks), so that nothing outlives a test."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
+        ask_for_stacks(process, JOB[-1])
         end_job(process)
         stdout, stderr = process.communicate()
-        raise AssertionError(f"no end within {TIMEOUT} s: {stderr[-4000:]}") from None
+        raise AssertionError(f"no end within {TIMEOUT} s: {stderr[-12000:]}") from None
     except BaseException:
         end_job(process)
         process.communicate()

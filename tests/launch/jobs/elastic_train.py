@@ -9,6 +9,7 @@ renumbered; the kill stays with the process), ``--raise L:R:S`` raises there, ``
 launch L half-way through writing it. Rank 0 writes the final parameters to ``--out``.
 """
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -65,6 +66,7 @@ class BombInCommit:
         return (BombInCommit, (self.commit, self.count))
 
 
+faulthandler.register(signal.SIGUSR2, all_threads=True)  # a test that times out asks
 hvd.init()
 torch.manual_seed(1234)
 model = torch.nn.Linear(8, 1)
