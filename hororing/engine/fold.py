@@ -18,9 +18,8 @@ bits, are the same. There the fold also takes the sizes the shared-memory allred
 ``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
 reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
 after a second barrier every rank copies the result out (``_Chunked``), so no rank reduces
-all n rows. The ranks agree on the
-fold from the same fields before any of them reduces, so all enter the second barrier or
-none does.
+all n rows. The ranks agree on the fold from the same fields before any of them reduces, so
+all enter the second barrier or none does.
 """
 
 import time
