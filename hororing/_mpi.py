@@ -18,10 +18,7 @@ before hororing keeps mpi4py's finalize.
 
 import atexit
 import importlib
-import os
 import sys
-
-_FAULTS_TOLERATED = "OMPI_MCA_mpi_ft_enable"  # set in every rank by mpiexec --with-ft ulfm
 
 
 class _Exit:
@@ -30,8 +27,8 @@ class _Exit:
 
 
 def _import_mpi():
-    if "mpi4py.MPI" not in sys.modules and \
-            os.environ.get(_FAULTS_TOLERATED, "").lower() in ("1", "true", "yes"):
+    from .environment import failures_tolerated
+    if "mpi4py.MPI" not in sys.modules and failures_tolerated():
         import mpi4py
         mpi4py.rc.finalize = False
         _Exit.own_finalize = True

@@ -131,6 +131,14 @@ class Launch:
         return self.slurm_step_tasks is not None
 
 
+def failures_tolerated(environ=None):
+    """Whether mpiexec started this rank tolerating a peer's death (Open MPI's ULFM,
+    ``mpiexec --with-ft ulfm``, which sets OMPI_MCA_mpi_ft_enable in every rank): then
+    hororing, not mpi4py, finalizes MPI at exit (``_mpi.py``)."""
+    env = os.environ if environ is None else environ
+    return env.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def launch_environment(environ=None):
     """The launcher's facts about this process, from ``environ`` (default ``os.environ``)."""
     env = os.environ if environ is None else environ
