@@ -136,7 +136,10 @@ def failures_tolerated(environ=None):
     ``mpiexec --with-ft ulfm``, which sets OMPI_MCA_mpi_ft_enable in every rank): then
     hororing, not mpi4py, finalizes MPI at exit (``_mpi.py``)."""
     env = os.environ if environ is None else environ
-    return env.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return _flag(env.get("OMPI_MCA_mpi_ft_enable", ""))
+    except ValueError:  # not a value Open MPI sets: not ours to refuse
+        return False
 
 
 def launch_environment(environ=None):
