@@ -25,10 +25,11 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 
 from .config import variable_of
 from .environment import launch_environment
-from .runner import allocations
+from .runner import allocations, leftovers
 from .runner.build_info import check_build
 from .runner.hosts import hostfile_or_hosts, parse_hosts, read_hostfile
 from .runner.mpiexec import (MPICH, OPEN_MPI, SRUN_PLUGINS, find_mpiexec, mpi_flavor,
@@ -63,11 +64,23 @@ def main(argv=None):
                 command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch, within)
                 if args.verbose:
                     print("hororun: " + " ".join(quote(part) for part in command), flush=True)
-                return run_and_explain(command, env)
+                began = time.time()
+                try:
+                    return run_and_explain(command, env)
+                finally:
+                    _remove_left_behind(began)
     except ValueError as error:
         sys.stderr.write(f"hororun: {error}\n")
         return 2
     return driver.run()
+
+
+def _remove_left_behind(began):
+    """Remove what the ended job's ranks left in this host's shared memory (killed ranks
+    never unlink it; runner/leftovers.py)."""
+    said = leftovers.describe(*leftovers.remove_left_behind(began, wait=True))
+    if said:
+        sys.stderr.write(f"hororun: {said}\n")
 
 
 def _size_from_allocation(args, elastic):

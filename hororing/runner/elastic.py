@@ -54,7 +54,7 @@ import threading
 import time
 
 from ..elastic import job
-from . import discovery, warm
+from . import discovery, leftovers, warm
 from .launches import REFUSALS, Launch, is_local, newest_local_commit, short, stopped_at, \
     start_copying_stderr
 
@@ -131,6 +131,7 @@ class ElasticDriver:
         if self.in_process:
             log("a rank that dies is recovered in process: the survivors go on (Open MPI's "
                 "ULFM, mpiexec --with-ft ulfm)")
+        self._began = time.time()  # what the launches leave in shared memory is removed
         owned = self.directory is None
         directory = self.directory or tempfile.mkdtemp(prefix="hororun-elastic-")
         try:
@@ -142,6 +143,7 @@ class ElasticDriver:
         finally:
             if owned:
                 shutil.rmtree(directory, ignore_errors=True)
+            leftovers.remove_left_behind(self._began, wait=True)  # the launches are over
 
     def _supervise(self, directory, scratch):
         try:
@@ -166,6 +168,9 @@ class ElasticDriver:
                                       scratch)
             placed = current.placed
             status = self._watch(current, directory, scratch)
+            said = leftovers.describe(*leftovers.remove_left_behind(self._began))
+            if said:
+                log(f"launch {launch} ended: {said}")
             if status == 0:
                 log(f"launch {launch} finished")
                 return 0

@@ -6,8 +6,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
+
+from hororing.runner import leftovers
 
 JOBS = pathlib.Path(__file__).parent / "jobs"
 
@@ -23,6 +26,20 @@ def mpiexec():
     if found is None:
         pytest.skip("no mpiexec: pip install 'hororing[mpi]' or install an MPI")
     return found
+
+
+@pytest.fixture(scope="session")
+def session_began():
+    return time.time()
+
+
+@pytest.fixture(autouse=True)
+def no_shared_memory_left(session_began):
+    """Jobs these tests kill leave their MPI shared memory in /dev/shm (killed ranks never
+    unlink it; hororun removes its own launches'): removed after each test, as hororun does,
+    so a long run does not fill a small /dev/shm."""
+    yield
+    leftovers.remove_left_behind(session_began)
 
 
 @pytest.fixture

@@ -1,12 +1,17 @@
 """hororun, as a horovodrun user runs it: the training example and --check-build."""
 
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
+from conftest import mpiexec
+
+from hororing.runner import leftovers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -58,3 +63,44 @@ def test_a_ddp_script_runs_under_hororun_over_the_hororing_backend():
     assert job.returncode == 0, job.stderr[-3000:]
     assert "2 ranks, DDP over hororing, hook fp16" in job.stdout
     assert float(re.search(r"test accuracy ([0-9.]+)", job.stdout).group(1)) >= 0.95
+
+
+KILLED_RANK = """
+import os, signal
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+if MPI.COMM_WORLD.rank == 1:
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line[line.index("/dev/shm/"):].strip() for line in maps
+                        if " /dev/shm/" in line and not line.rstrip().endswith("(deleted)")})
+    print("segments", *paths, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def segments_of(job):
+    lines = [line for line in job.stdout.splitlines() if line.startswith("segments")]
+    assert lines, job.stdout + job.stderr[-3000:]
+    return lines[0].split()[1:]
+
+
+def test_a_killed_ranks_shared_memory_is_left_by_mpiexec_and_removed_by_hororun():
+    began = time.time()
+    plain = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", KILLED_RANK],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0
+    left = segments_of(plain)
+    if not left:
+        pytest.skip("this MPI shares no memory through /dev/shm files")
+    try:
+        assert all(os.path.exists(path) for path in left), left  # what hororun is there for
+    finally:
+        leftovers.remove_left_behind(began, settle_s=0)
+    job = subprocess.run([hororun(), "-np", "2", sys.executable, "-c", KILLED_RANK],
+                         capture_output=True, text=True, timeout=120)
+    assert job.returncode != 0
+    left = segments_of(job)
+    assert not any(os.path.exists(path) for path in left), left
+    assert re.search(r"hororun: removed \d+ shared-memory files? \([0-9.]+ MiB\) that ended "
+                     r"ranks left in /dev/shm", job.stderr), job.stderr[-3000:]
