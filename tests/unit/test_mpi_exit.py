@@ -5,8 +5,11 @@ process of its own (MPI initializes once per process), a singleton of the MPI in
 
 import subprocess
 import sys
+import time
 
 import pytest
+
+from hororing.runner import leftovers
 
 pytest.importorskip("mpi4py")
 
@@ -32,8 +35,12 @@ def run(case, status, tolerated):
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
     if tolerated:
         env["OMPI_MCA_mpi_ft_enable"] = "1"
-    return subprocess.run([sys.executable, "-c", PROGRAM, case, str(status)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    began = time.time()
+    try:
+        return subprocess.run([sys.executable, "-c", PROGRAM, case, str(status)], env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:  # a process that leaves without MPI_Finalize leaves its shared memory
+        leftovers.remove_left_behind(began, settle_s=0)
 
 
 def test_under_tolerated_failures_hororing_finalizes_at_exit():
