@@ -14,8 +14,10 @@ The default group is hororing's (``init_process_group("hororing")`` with nothing
 MASTER_ADDR/MASTER_PORT set, for the gloo group beside it); gloo's is ``new_group(backend=
 "gloo")`` over the same ranks. Each variant is DDP over one of the two with one of DDP's own
 comm hooks (none: DDP's allreduce; fp16_compress_hook; powerSGD_hook rank 4 from step 2),
-or FSDP2 (``--hooks fsdp2``: fully_shard on each Linear and on the model, over the group),
-every variant its own copy of the model from the same weights, fed the same batches, timed in
+or FSDP2 (``--hooks fsdp2``: fully_shard on each Linear and on the model, over the group);
+beside them each rank steps the model alone, with no communication at all: the step's
+compute, below which no backend's step can go (its time over gloo's DDP step is the lowest
+ratio any backend could show). Every variant has its own copy of the model from the same weights, fed the same batches, timed in
 turn (the order rotating between rounds), a Barrier before each step; a step's time is the
 slowest rank's and the table gives the median. After the last step the two backends' copies
 are compared: the largest parameter difference between DDP over hororing and DDP over gloo
@@ -74,6 +76,10 @@ class Variant:
         self.label = f"{backend} {hook}"
         self.backend, self.hook = backend, hook
         self.times, self.bytes = [], []
+        if backend == "alone":  # no communication: the step's compute, the floor
+            self.net = build(model)
+            self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01)
+            return
         if hook == "fsdp2":
             self.net = fsdp2(build(model), group)
             self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01)
@@ -119,6 +125,7 @@ def run_model(comm, model, args, link):
     gloo = dist.new_group(backend="gloo")
     variants = [Variant(model, backend, hook, None if backend == "hororing" else gloo)
                 for hook in args.hooks for backend in ("hororing", "gloo")]
+    variants.append(Variant(model, "alone", "none", None))
     data = batches(model, comm.rank, POWERSGD_START + 1 + args.rounds * args.steps)
     for variant in variants:
         for inputs, labels in data[:POWERSGD_START + 1]:
@@ -167,6 +174,10 @@ def report(model, rows, size, link):
         print(f"{hook:>10} {row['step_ms']:12.2f} {peer['step_ms']:9.2f} "
               f"{row['step_ms'] / peer['step_ms']:6.2f} {row['sent_mb']:8.2f} "
               f"{row['max_param_diff']:11.2e}")
+    alone, peer = by_label["alone none"], by_label.get("gloo none")
+    print(f"each rank alone, no communication: {alone['step_ms']:.2f} ms a step" + (
+        f"; the lowest ratio a backend could reach against DDP over gloo: "
+        f"{alone['step_ms'] / peer['step_ms']:.2f}" if peer else ""))
 
 
 def main():

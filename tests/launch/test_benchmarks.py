@@ -286,7 +286,7 @@ def test_bench_ddp_backend_times_ddp_over_both_backends_and_they_agree(tmp_path)
                   "1", "--json", str(output), timeout=600)
     rows = {row["variant"]: row for row in json.loads(output.read_text())["rows"]}
     assert set(rows) == {f"{backend} {hook}" for backend in ("hororing", "gloo")
-                         for hook in ("none", "fp16", "powersgd4")}
+                         for hook in ("none", "fp16", "powersgd4")} | {"alone none"}
     assert all(row["step_ms"] > 0 for row in rows.values())
     # the same training over either backend: the same parameters, up to the order of sums
     assert rows["hororing none"]["max_param_diff"] < 1e-5
