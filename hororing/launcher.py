@@ -68,19 +68,11 @@ def main(argv=None):
                 try:
                     return run_and_explain(command, env)
                 finally:
-                    _remove_left_behind(began)
+                    leftovers.remove_after(began, "hororun")  # killed ranks' shared memory
     except ValueError as error:
         sys.stderr.write(f"hororun: {error}\n")
         return 2
     return driver.run()
-
-
-def _remove_left_behind(began):
-    """Remove what the ended job's ranks left in this host's shared memory (killed ranks
-    never unlink it; runner/leftovers.py)."""
-    said = leftovers.describe(*leftovers.remove_left_behind(began, wait=True))
-    if said:
-        sys.stderr.write(f"hororun: {said}\n")
 
 
 def _size_from_allocation(args, elastic):

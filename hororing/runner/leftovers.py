@@ -15,6 +15,7 @@ be between making its file and mapping it. Files on other hosts stay where they 
 """
 
 import os
+import sys
 import time
 
 DIRECTORY = "/dev/shm"
@@ -99,3 +100,11 @@ def describe(count, size):
         return None
     return (f"removed {count} shared-memory file{'s' if count != 1 else ''} "
             f"({size / 2**20:.1f} MiB) that ended ranks left in {DIRECTORY}")
+
+
+def remove_after(began, who):
+    """Once a launch started at ``began`` has ended: wait for its files to settle, remove
+    what it left, and say so on stderr as ``who`` (``hororun``, ``hororing.run``)."""
+    said = describe(*remove_left_behind(began, wait=True))
+    if said:
+        sys.stderr.write(f"{who}: {said}\n")

@@ -15,8 +15,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from ..config import variable_of
+from . import leftovers
 from .hosts import hostfile_or_hosts
 from .mpiexec import find_mpiexec, mpi_flavor, mpiexec_command
 from .output import copy_lines
@@ -102,7 +104,11 @@ def _launch(mpiexec, flavor, extra, command, environment, payload, collector, np
     with tempfile.TemporaryDirectory(prefix="hororing-run-") as scratch:
         full = mpiexec_command(mpiexec, flavor, np, host_list, scratch,
                                env=environment) + extra + command
-        return collector.launch(full, environment, payload)
+        began = time.time()
+        try:
+            return collector.launch(full, environment, payload)
+        finally:
+            leftovers.remove_after(began, "hororing.run")  # killed ranks' shared memory
 
 
 def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector, np, min_np,

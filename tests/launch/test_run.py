@@ -70,6 +70,28 @@ def test_a_rank_whose_stderr_is_lost_is_still_named():
     assert "in fails_on_rank_2_silently" in str(caught.value)
 
 
+def test_a_killed_ranks_shared_memory_is_removed_after_the_run(capfd):
+    def killed_on_rank_1():
+        import os
+        import signal
+
+        import hororing as hvd
+
+        hvd.init()
+        hvd.barrier()
+        if hvd.rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # MPI never unlinks its shared memory
+        hvd.barrier()
+
+    with pytest.raises(hororing.RunError, match="exit status"):
+        hororing.run(killed_on_rank_1, np=2)
+    err = capfd.readouterr().err
+    if "shared-memory" not in err and not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this host")
+    assert "hororing.run: removed" in err and "that ended ranks left in /dev/shm" in err, \
+        err[-3000:]
+
+
 def test_gloo_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="MPI only: call hororing.run without use_gloo"):
         hororing.run(rank_sum_plus, args=(0,), np=2, use_gloo=True)
