@@ -1,8 +1,8 @@
 """What an ended launch left in this host's shared memory, and its removal.
 
 The ranks of one node share memory through files in /dev/shm (MPICH's ``mpich_shm_*``, Open
-MPI's ``sm_segment.*`` and ``vader_segment.*``, hororing's fold rows among them), which MPI
-unlinks in MPI_Finalize. A rank that is killed (a fault, a job ended by a stalled peer, the
+MPI's ``sm_segment.*`` and ``vader_segment.*``), which MPI unlinks in MPI_Finalize (MPICH's
+shared windows, hororing's fold rows among them, are unlinked as soon as they are mapped). A rank that is killed (a fault, a job ended by a stalled peer, the
 launch an elastic job replaces) never gets there, and its node keeps 1-16 MiB for each such
 launch: a container's /dev/shm, often 64 MiB, fills within a few relaunches, and the next
 MPI_Init fails.
