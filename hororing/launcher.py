@@ -195,7 +195,11 @@ def _run_with_srun(args, mpiexec):
     command += shlex.split(args.mpi_args) + list(args.command)
     if args.verbose:
         print("hororun: " + " ".join(quote(part) for part in command), flush=True)
-    return run_and_explain(command, job_environment(args))
+    began = time.time()
+    try:
+        return run_and_explain(command, job_environment(args))
+    finally:
+        leftovers.remove_after(began, "hororun")  # this node's tasks' shared memory
 
 
 def _parser():

@@ -30,7 +30,9 @@ def mpiexec():
 
 @pytest.fixture(scope="session")
 def session_began():
-    return time.time()
+    began = time.time()
+    yield began
+    leftovers.remove_left_behind(began, wait=True)  # what the last test's ranks left
 
 
 @pytest.fixture(autouse=True)
