@@ -25,7 +25,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 
 from .config import variable_of
 from .environment import launch_environment
@@ -64,11 +63,8 @@ def main(argv=None):
                 command, env = build_command(args, mpiexec, mpi_flavor(mpiexec), scratch, within)
                 if args.verbose:
                     print("hororun: " + " ".join(quote(part) for part in command), flush=True)
-                began = time.time()
-                try:
+                with leftovers.removed_after("hororun"):  # killed ranks' shared memory
                     return run_and_explain(command, env)
-                finally:
-                    leftovers.remove_after(began, "hororun")  # killed ranks' shared memory
     except ValueError as error:
         sys.stderr.write(f"hororun: {error}\n")
         return 2
@@ -195,11 +191,8 @@ def _run_with_srun(args, mpiexec):
     command += shlex.split(args.mpi_args) + list(args.command)
     if args.verbose:
         print("hororun: " + " ".join(quote(part) for part in command), flush=True)
-    began = time.time()
-    try:
+    with leftovers.removed_after("hororun"):  # this node's tasks' shared memory
         return run_and_explain(command, job_environment(args))
-    finally:
-        leftovers.remove_after(began, "hororun")  # this node's tasks' shared memory
 
 
 def _parser():

@@ -14,6 +14,7 @@ made in the last ``SETTLE_S`` seconds is left for the next look: another job on 
 be between making its file and mapping it. Files on other hosts stay where they are.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -102,9 +103,14 @@ def describe(count, size):
             f"({size / 2**20:.1f} MiB) that ended ranks left in {DIRECTORY}")
 
 
-def remove_after(began, who):
-    """Once a launch started at ``began`` has ended: wait for its files to settle, remove
-    what it left, and say so on stderr as ``who`` (``hororun``, ``hororing.run``)."""
-    said = describe(*remove_left_behind(began, wait=True))
-    if said:
-        sys.stderr.write(f"{who}: {said}\n")
+@contextlib.contextmanager
+def removed_after(who):
+    """``with removed_after("hororun"): <run a launch>``: once it has ended, wait for its
+    files to settle, remove what it left, and say so on stderr as ``who``."""
+    began = time.time()
+    try:
+        yield
+    finally:
+        said = describe(*remove_left_behind(began, wait=True))
+        if said:
+            sys.stderr.write(f"{who}: {said}\n")

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from ..config import variable_of
 from . import leftovers
@@ -104,11 +103,8 @@ def _launch(mpiexec, flavor, extra, command, environment, payload, collector, np
     with tempfile.TemporaryDirectory(prefix="hororing-run-") as scratch:
         full = mpiexec_command(mpiexec, flavor, np, host_list, scratch,
                                env=environment) + extra + command
-        began = time.time()
-        try:
+        with leftovers.removed_after("hororing.run"):  # killed ranks' shared memory
             return collector.launch(full, environment, payload)
-        finally:
-            leftovers.remove_after(began, "hororing.run")  # killed ranks' shared memory
 
 
 def _run_elastic(mpiexec, flavor, extra, command, environment, payload, collector, np, min_np,
