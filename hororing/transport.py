@@ -40,6 +40,9 @@ class _Backoff:
     max_sleep_s = 0.001
 
 
+Backoff = _Backoff  # read by a compiled wait (``engine/compiled_fold.py``) without a call
+
+
 def set_backoff(spin_tests, yield_tests, max_sleep_s):
     """Set how every wait polls: ``spin_tests`` tests back to back, then tests separated by
     ``sched_yield`` up to ``yield_tests``, then sleeps doubling up to ``max_sleep_s``
@@ -264,6 +267,11 @@ class Exchange:
         except (AttributeError, NotImplementedError):
             nonblocking = getattr(comm, "I" + kind)
             self._start = lambda: nonblocking(sendbuf, recvbuf, **kwargs)
+
+    @property
+    def persistent(self):
+        """The persistent request, or None where the MPI has no persistent collectives."""
+        return self._persistent
 
     def start(self):
         """Start the collective; return the request to wait on."""

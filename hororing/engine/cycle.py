@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import transport
 from .buckets import bucket_key
-from .fold import Fold
+from .fold import REDUCED, Fold
 from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, WAITING, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather, vote_words)
 
@@ -57,7 +57,8 @@ class Cycle:
     gathered every rank's header (some rank had a new name, new metadata or a flag, or asked
     because a tensor announced by bit waited a second: ``stall_gathers`` counts this rank's
     asks), ``inline_cycles`` that began with the fold's exchange and ``inline_hits`` that
-    completed in it (``lane_hits`` of them a lane's: ``lane.py``), ``received_bytes`` by
+    completed in it (``lane_hits`` of them a lane's: ``lane.py``; ``compiled_folds`` lane
+    cycles run as one compiled call: ``compiled_fold.py``), ``received_bytes`` by
     negotiation.
     """
 
@@ -78,7 +79,8 @@ class Cycle:
         self._vote_exchange = exchange.repeated("allreduce", self._vote, self._agreed, op="band")
         self._fold = Fold(exchange, folding)
         self.stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
-                      "inline_hits": 0, "lane_hits": 0, "received_bytes": 0, "deadlocks": 0}
+                      "inline_hits": 0, "lane_hits": 0, "compiled_folds": 0,
+                      "received_bytes": 0, "deadlocks": 0}
 
     # ---- what the driver asks of it -----------------------------------------------------
 
@@ -127,23 +129,32 @@ class Cycle:
                 and not self._gather_asked
                 and self.negotiator.cached_id(lane.name, lane.meta) == lane.cache_id)
 
-    def run_lane(self, request, plan, wake):
+    def run_lane(self, request, response, plan, wake):
         """``run((request,), wake=wake)`` where ``folds`` said so for its
-        lane (the request carries its cache id; ``plan`` is its fold plan): the same cycle,
-        its steps written out. Returns the gathered rows when every rank folded it, else None:
-        then the cycle goes on with ``resume_lane``."""
+        lane (the request carries its cache id; ``response`` and ``plan`` are its agreed
+        response and fold plan): the same cycle, its steps written out. Returns the gathered
+        rows when every rank folded it (``REDUCED`` where the cycle ran compiled and the
+        request's output holds them reduced), else None: then the cycle goes on with
+        ``resume_lane``."""
         self.number += 1
         request.announced = True
         fold = self._fold
-        transport.wait_until(fold.start(request, plan).Test, None, wake)
+        folded = fold.run_compiled(request, response, plan, wake)
+        if folded is None:
+            transport.wait_until(fold.start(request, plan).Test, None, wake)
+            folded = fold.agreed() == request.cache_id
+            rows = fold.gathered
+        else:
+            rows = REDUCED
+            self.stats["compiled_folds"] += 1
         stats = self.stats
         stats["inline_cycles"] += 1
         stats["received_bytes"] += fold.received_bytes
-        if fold.agreed() == request.cache_id:
+        if folded:
             stats["inline_hits"] += 1
             stats["lane_hits"] += 1
             stats["cycles"] += 1
-            return fold.gathered
+            return rows
         return None
 
     def resume_lane(self, request, waiting):

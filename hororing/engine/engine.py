@@ -159,7 +159,7 @@ class Engine:
             self._last_cycle_at = request.submitted = submissions.quiet_since = \
                 time.monotonic()
             with self._cycle_activity:
-                rows = cycle.run_lane(request, lane.plan, self._wake_for_lane)
+                rows = cycle.run_lane(request, lane.response, lane.plan, self._wake_for_lane)
                 if rows is not None:
                     with submissions.lock:
                         submissions.pending.pop(name, None)

@@ -27,13 +27,17 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ..algorithms.compiled import FOLD_ASKED, FOLD_READY, fold_entry
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
 from ..kernels import scale_into
 from ..ops import Adasum, KERNEL_OP
 from .allreduce import complete, wire_bytes, wire_dtype
+from .compiled_fold import CompiledFold
 from .scaling import scaling
 
+# what a lane's cycle gives in place of the rows where it ran compiled and reduced them
+REDUCED = "reduced"
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
 # shared rows of this many data bytes or more, among this many ranks or more, are reduced
@@ -68,6 +72,7 @@ class Fold:
         self.gathered = None  # every rank's contribution once exchanged: (size, bytes) uint8
         self.received_bytes = 0  # what one exchange of the rows receives
         self._exchange = None  # the repeated allgather of the rows, or the SharedRows
+        self._compiled = None  # gathered rows' cycle in one compiled call (compiled_fold.py)
 
     def predict(self, responses):
         """Fold the next cycle when this one and the last that ran anything each ran one
@@ -115,6 +120,7 @@ class Fold:
         self._row, self._fields, self._data, self.gathered, self._heads = \
             self._views(row, rows)
         self._exchange = self._exchange_with.repeated("allgather", row, rows)
+        self._compiled = CompiledFold.over(row, rows, self._exchange)
 
     @staticmethod
     def _views(row, rows, chunked=None):
@@ -124,8 +130,30 @@ class Fold:
         gathered = data if chunked is None else _Chunked(data, chunked)
         return row, row[:_HEAD].view(np.int64), row[_HEAD:], gathered, rows[:, :_HEAD]
 
+    def run_compiled(self, request, response, plan, wake):
+        """A lane's cycle (``request``, agreed as ``response``, folded with ``plan``) as one
+        compiled call, where it can run: gathered rows on a persistent exchange, the compiled
+        cycle loaded for the dtype, a result the data's side writes as it lies
+        (``LatencyFolding.compiled_output``). True: every rank folded it and its output holds
+        the rows reduced (not finalized); False: they did not all fold it (the rows are
+        exchanged; the cycle goes on to the vote); None: not run, nothing exchanged."""
+        if self._width != _HEAD + self.bytes:
+            self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
+        compiled = self._compiled
+        if compiled is None or plan.nbytes != self.bytes:
+            return None
+        entry = FOLD_READY.get(plan.dtype)
+        if entry is None and (plan.dtype in FOLD_ASKED or
+                              (entry := fold_entry(plan.dtype)) is None):
+            return None
+        output = self._folding.compiled_output(request, response, plan)
+        if output is None:
+            return None
+        return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake)
+
     def free(self, clean=True):
         """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``)."""
+        self._compiled = None
         if self._exchange is not None:
             if self._turns is not None:
                 self._exchange.free(clean)
@@ -183,6 +211,7 @@ class _Plan(NamedTuple):
     ufunc: object  # the op's numpy ufunc (reduce_rows)
     finalize: object
     version: int  # the version of the route it was made under (allreduce.Route)
+    op: Optional[str] = None  # the reduction's name (``REDUCE_BY_NAME``'s key)
 
 
 class LatencyFolding:
@@ -222,7 +251,8 @@ class LatencyFolding:
     def finish(self, response, request, rows, plan=None):
         """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
         rank): reduced in rank order, as the latency path reduces its gathered rows, so the
-        result is bitwise what that path gives. ``plan`` as for ``contribute``."""
+        result is bitwise what that path gives; ``REDUCED``: a compiled cycle has reduced them
+        so into the output (``Fold.run_compiled``). ``plan`` as for ``contribute``."""
         timeline = self._recorder.timeline
         started = time.monotonic() if timeline is not None else 0.0
         if plan is None:
@@ -233,21 +263,40 @@ class LatencyFolding:
         if output is None:
             output = self._pipeline.host.output(response, request, response.meta.dtype, None)
         flat = output.ravel()  # contiguous: a view
-        buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
-        if type(rows) is np.ndarray:
-            reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
+        if rows is REDUCED:  # a compiled cycle reduced them into the output (``run_compiled``)
             if plan.finalize is not None:
-                plan.finalize(buffer)
-        else:  # shared rows reduced chunk by chunk
-            rows.reduce(plan, buffer)
-        if buffer is not flat:
-            flat[...] = buffer
+                plan.finalize(flat)
+        else:
+            buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
+            if type(rows) is np.ndarray:
+                reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
+                if plan.finalize is not None:
+                    plan.finalize(buffer)
+            else:  # shared rows reduced chunk by chunk
+                rows.reduce(plan, buffer)
+            if buffer is not flat:
+                flat[...] = buffer
         if timeline is not None:
             self._recorder.span([(response, request)], "ALLREDUCE", started)
         if request.writeback is None:  # ``complete``, without the call in the common case
             request.handle.set_result(output)
         else:
             complete(request, output)
+
+    def compiled_output(self, request, response, plan):
+        """Where a compiled fold cycle (``Fold.run_compiled``) writes ``request``'s rows
+        reduced: its output (taken now where out of place), or None where Python's steps
+        must run: a prescale, a wire dtype of its own, an input that is not writeable, a
+        byte order not native."""
+        tensor = request.tensor
+        if plan.prescale != 1.0 or tensor.dtype != plan.dtype or not plan.dtype.isnative \
+                or not tensor.flags.writeable:
+            return None
+        output = request.output
+        if output is None:
+            output = request.output = self._pipeline.host.output(response, request,
+                                                                 plan.dtype, None)
+        return output
 
     def plan_of(self, meta):
         """The plan folding ``meta``'s allreduce runs with (a lane keeps it)."""
@@ -268,8 +317,9 @@ class LatencyFolding:
                 plan = _Plan(None, None, 1.0, None, None, version)
             else:
                 prescale, finalize = scaling(meta, self._size)
+                op = KERNEL_OP[meta.op]
                 plan = _Plan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
-                             REDUCE_BY_NAME[KERNEL_OP[meta.op]], finalize, version)
+                             REDUCE_BY_NAME[op], finalize, version, op)
             self._plans[meta] = plan
         return plan
 

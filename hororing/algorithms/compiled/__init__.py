@@ -63,6 +63,16 @@ def configure(mode):
         raise ValueError(f"compiled steps must be one of {', '.join(MODES)} "
                          f"(HORORING_COMPILED_STEPS), got {mode!r}")
     _Loader.mode = mode
+    FOLD_ASKED.clear()
+    FOLD_READY.clear()
+    if mode != "off":
+        FOLD_READY.update((key[1], entry) for key, entry in _Loader.entries.items()
+                          if key[0] == "fold")
+
+
+def mode():
+    """The mode in effect (``configure``)."""
+    return _Loader.mode
 
 
 def expected(mode):
@@ -103,6 +113,33 @@ def ring_entry(dtype, read_only=False):
     return None
 
 
+# the compiled fold cycles ready to run, by dtype (read by the lane without a call), and
+# the dtypes ``fold_entry`` has answered None for since the mode was last set (not asked
+# again: in "auto" mode the loader adds the dtype to FOLD_READY once it is compiled)
+FOLD_READY = {}
+FOLD_ASKED = set()
+
+
+def fold_entry(dtype):
+    """The compiled fold cycle (``folded.cycle``) for rows of ``dtype``, or None, as
+    ``ring_entry`` answers (in "auto" mode asked for on the first None). The caller looks in
+    FOLD_READY first, and asks here only for a dtype not in FOLD_ASKED."""
+    entry = None
+    if _Loader.mode != "off" and _Loader.error is None and dtype in DTYPES:
+        key = ("fold", dtype)
+        if _Loader.mode == "wait":
+            with _Loader.compiling:
+                _compile(key)
+            entry = _Loader.entries.get(key)
+        else:
+            entry = _Loader.entries.get(key)
+            if entry is None:
+                _ask(key)
+    if entry is None:
+        FOLD_ASKED.add(dtype)
+    return entry
+
+
 # what a warm process loads ahead for the ranks it forks (``preload``): gradients' dtypes
 PRELOADED = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
 
@@ -134,6 +171,7 @@ def preload(mode):
     with _Loader.compiling:
         for dtype in PRELOADED:
             _compile((dtype, False))
+        _compile(("fold", np.dtype(np.float32)))
     return None if _Loader.error is None else str(_Loader.error)
 
 
@@ -214,6 +252,15 @@ def _compile(key):
         import numba
         from numba import types
         dtype, read_only = key
+        if isinstance(dtype, str):  # the fold cycle: ("fold", dtype)
+            from . import folded
+            array = types.Array(numba.from_dtype(carried(read_only)), 1, "C")
+            signature = (array, array, types.Array(types.int64, 1, "C"))
+            folded.cycle.compile(signature)
+            entry = _Loader.entries[key] = folded.cycle.overloads[signature].entry_point
+            if _Loader.mode != "off":
+                FOLD_READY[read_only] = entry
+            return
         element = numba.from_dtype(carried(dtype))
         array = types.Array(element, 1, "C")
         source = types.Array(element, 1, "C", readonly=read_only)

@@ -10,3 +10,10 @@ PC, INDEX, TAG, POSTED, SLOT, FIN_START, FIN_STOP, ERROR, STATE_FIELDS = range(9
  P_LARGEST, P_HALF, PARAMS) = range(13)
 OPS = {"sum": 0, "min": 1, "max": 2, "product": 3}
 SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI
+
+# ``folded.cycle`` (a lane's fold cycle): its events, besides DONE and WAIT (< 0: an MPI
+# error's code, negated)
+SPUN, APART = 3, 4
+# the fields of its one int64 array: addresses, sizes, what to reduce, where it stands
+(F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_WIDTH, F_SIZE, F_OP, F_HALF,
+ F_CACHE_ID, F_SPIN, F_YIELD, FIELDS) = range(15)

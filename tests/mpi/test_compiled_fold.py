@@ -1,0 +1,186 @@
+"""A lane's fold cycle run as one compiled call (engine/compiled_fold.py) against Python's
+steps: the same bits for every dtype it takes and every op, NaNs and signed zeros included,
+in place and out of place; ranks running the two kinds of cycle in one exchange; a late peer
+waited for in the sleeping phase; calls it does not take (a prescale, 16-bit floats, which
+travel widened to float32) run Python's steps. Every result is checked against the float64
+reference too."""
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hororing as hvd
+from hororing import transport
+from hororing.algorithms import compiled
+from hororing.context import current
+from changed_call import last_rank_changes_its_call
+from reference import all_inputs, assert_close, reference_allreduce
+
+pytest.importorskip("numba")
+
+LENGTH = 1001  # divides by none of 2, 3, 4, 5; 8 KiB rows at most: gathered, not shared
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32", "int64", "uint8",
+          "uint64")
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+# travel as float32 (``allreduce.wire_dtype``): the rows are not the tensor's dtype, and
+# the compiled cycle leaves them to Python's steps
+WIDENED = ("float16", "bfloat16")
+SINGLE = MPI.COMM_WORLD.Get_size() < 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_cache():
+    """A long session fills the response cache; only cached names fold."""
+    hvd.shutdown()
+    hvd.init()
+
+
+@pytest.fixture(autouse=True)
+def mode_restored():
+    before = compiled.mode()
+    yield
+    compiled.configure(before)
+
+
+def _compiled_folds():
+    return current().engine.stats()["compiled_folds"]
+
+
+def _inputs(dtype, seed, op, special=False):
+    """Every rank's input; ``special``: NaNs and signed zeros among the floats."""
+    if dtype == "bfloat16":
+        inputs = all_inputs(hvd.size(), (LENGTH,), "float32", seed, op)
+        inputs = [array.astype(hvd.ops.BFLOAT16) for array in inputs]
+    else:
+        inputs = all_inputs(hvd.size(), (LENGTH,), dtype, seed, op)
+    if special and inputs[0].dtype.kind in "fV":
+        for rank, array in enumerate(inputs):
+            array[rank::7] = np.nan
+            array[3::11] = -0.0 if rank % 2 else 0.0
+    return inputs
+
+
+def _repeat(mode, name, inputs, op, calls=6, out_of_place=False, until_compiled=False,
+            **factors):
+    """``calls`` blocking allreduces of this rank's input under ``name`` with ``mode``'s
+    steps; the last result, and how many cycles ran compiled on this rank. ``until_compiled``:
+    go on (up to 200 calls) until a call ran compiled on every rank in "wait" mode, and give
+    that call's result: whether a given call takes its lane depends on the peers' timing
+    (``test_lane.py``), and every rank makes the same calls, agreed outside the library."""
+    compiled.configure(mode)
+    mine = inputs[hvd.rank()]
+    before = _compiled_folds()
+    for call in range(200 if until_compiled else calls):
+        ran_before = _compiled_folds()
+        if out_of_place:
+            result = hvd.allreduce(mine, name=name, op=op, **factors)
+        else:
+            result = mine.copy()
+            hvd.allreduce_(result, name=name, op=op, **factors)
+        if until_compiled and call >= calls - 1:
+            this = _compiled_folds() > ran_before or mode != "wait"
+            if MPI.COMM_WORLD.allreduce(this, op=MPI.LAND):
+                break
+    else:
+        assert not until_compiled, f"after 200 calls some rank had not run the compiled cycle"
+    return result, _compiled_folds() - before
+
+
+def _same_bits_everywhere(result):
+    gathered = MPI.COMM_WORLD.allgather(result.tobytes())
+    assert all(value == gathered[0] for value in gathered)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS, ids=lambda op: hvd.ops.op_name(op))
+def test_the_compiled_cycle_gives_the_bits_of_pythons_steps(dtype, op):
+    name = f"cfold.{dtype}.{hvd.ops.op_name(op)}"
+    inputs = _inputs(dtype, 1, op)
+    python, ran = _repeat("off", name, inputs, op)
+    assert ran == 0
+    native, ran = _repeat("wait", name, inputs, op, until_compiled=dtype not in WIDENED)
+    if dtype in WIDENED:
+        assert ran == 0
+    else:
+        assert ran > 0
+    assert native.tobytes() == python.tobytes()
+    _same_bits_everywhere(native)
+    if dtype != "bfloat16":
+        assert_close(native, reference_allreduce(inputs, op))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Min, hvd.Max, hvd.Product], ids=lambda op: hvd.ops.op_name(op))
+def test_nans_and_signed_zeros_come_out_as_pythons_steps_give_them(dtype, op):
+    name = f"cfold.special.{dtype}.{hvd.ops.op_name(op)}"
+    inputs = _inputs(dtype, 2, op, special=True)
+    python, _ = _repeat("off", name, inputs, op)
+    native, ran = _repeat("wait", name, inputs, op, until_compiled=True)
+    assert ran > 0
+    assert native.tobytes() == python.tobytes()
+
+
+def test_an_out_of_place_call_runs_compiled_into_a_new_result():
+    inputs = _inputs("float32", 3, hvd.Sum)
+    python, _ = _repeat("off", "cfold.new", inputs, hvd.Sum, out_of_place=True)
+    native, ran = _repeat("wait", "cfold.new", inputs, hvd.Sum, out_of_place=True,
+                          until_compiled=True)
+    assert ran > 0
+    assert native is not inputs[hvd.rank()]
+    np.testing.assert_array_equal(inputs[hvd.rank()], _inputs("float32", 3, hvd.Sum)[hvd.rank()])
+    assert native.tobytes() == python.tobytes()
+    assert_close(native, reference_allreduce(inputs, hvd.Sum))
+
+
+def test_ranks_running_compiled_and_python_cycles_share_one_exchange():
+    inputs = _inputs("float32", 4, hvd.Sum)
+    python, _ = _repeat("off", "cfold.mixed", inputs, hvd.Sum)
+    mode = "wait" if hvd.rank() % 2 == 0 else "off"
+    mixed, ran = _repeat(mode, "cfold.mixed", inputs, hvd.Sum, until_compiled=True)
+    assert (ran > 0) == (mode == "wait")
+    assert mixed.tobytes() == python.tobytes()
+    _same_bits_everywhere(mixed)
+
+
+def test_a_prescaled_call_runs_pythons_steps_with_the_same_result():
+    inputs = _inputs("float32", 5, hvd.Sum)
+    python, _ = _repeat("off", "cfold.scaled", inputs, hvd.Sum, prescale_factor=0.5)
+    native, ran = _repeat("wait", "cfold.scaled", inputs, hvd.Sum, prescale_factor=0.5)
+    assert ran == 0
+    assert native.tobytes() == python.tobytes()
+    assert_close(native, reference_allreduce(inputs, hvd.Sum, prescale=0.5))
+
+
+@pytest.mark.skipif(SINGLE, reason="a mismatch needs two ranks")
+@pytest.mark.parametrize("change", ["op", "shape", "dtype"])
+def test_a_peer_that_changes_its_call_fails_every_rank_by_name(change):
+    """The others' compiled cycle finds the last rank's fields differ: the cycle goes on
+    to the vote, which names the mismatch on every rank; the job goes on."""
+    name = f"cfold.mismatch.{change}"
+    values = np.ones(LENGTH, dtype=np.float32)
+    _repeat("wait", name, [values] * hvd.size(), hvd.Sum, until_compiled=True)
+    last_rank_changes_its_call(name, values, change)
+
+
+@pytest.mark.skipif(SINGLE, reason="a late peer needs two ranks")
+def test_a_late_peer_is_waited_for_in_the_sleeping_phase():
+    inputs = _inputs("float64", 6, hvd.Sum)
+    python, _ = _repeat("off", "cfold.late", inputs, hvd.Sum)
+    _repeat("wait", "cfold.late", inputs, hvd.Sum, until_compiled=True)  # its lane, compiled
+    before = transport.backoff()
+    transport.set_backoff(0, 0, 0.001)  # every wait not done at its first test sleeps
+    try:
+        for _ in range(5):  # until the late call ran compiled on every rank (timing)
+            if hvd.rank() == hvd.size() - 1:
+                time.sleep(0.2)  # the others wait for this rank
+            native, ran = _repeat("wait", "cfold.late", inputs, hvd.Sum, calls=1)
+            assert native.tobytes() == python.tobytes()
+            if MPI.COMM_WORLD.allreduce(ran == 1, op=MPI.LAND):
+                break
+        else:
+            raise AssertionError("in 5 tries a late call did not run compiled on every rank")
+    finally:
+        transport.set_backoff(*before)
+    assert_close(native, reference_allreduce(inputs, hvd.Sum))
