@@ -75,7 +75,8 @@ class CompiledFold:
         fields[F_SPIN] = spin
         fields[F_YIELD] = backoff.yield_tests - backoff.spin_tests + spin
         fields[F_STAGE] = 0
-        source, output = source.reshape(-1), output.reshape(-1)
+        if source.ndim != 1:
+            source, output = source.reshape(-1), output.reshape(-1)
         bits = self._bits
         if bits is not plan.dtype:
             source, output = source.view(bits), output.view(bits)
