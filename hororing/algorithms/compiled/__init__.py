@@ -242,7 +242,8 @@ def _load():
 
 
 def _compile(key):
-    """Compile (or load from numba's cache) the ring for ``key``; under ``compiling``."""
+    """Compile (or load from numba's cache) the ring for ``key`` (dtype, read only), or the
+    fold cycle ("fold", dtype); under ``compiling``."""
     if key in _Loader.entries:
         return
     native = _load()
@@ -251,16 +252,17 @@ def _compile(key):
     try:
         import numba
         from numba import types
-        dtype, read_only = key
-        if isinstance(dtype, str):  # the fold cycle: ("fold", dtype)
+        if isinstance(key[0], str):  # the fold cycle: ("fold", dtype)
             from . import folded
-            array = types.Array(numba.from_dtype(carried(read_only)), 1, "C")
+            dtype = key[1]
+            array = types.Array(numba.from_dtype(carried(dtype)), 1, "C")
             signature = (array, array, types.Array(types.int64, 1, "C"))
             folded.cycle.compile(signature)
             entry = _Loader.entries[key] = folded.cycle.overloads[signature].entry_point
             if _Loader.mode != "off":
-                FOLD_READY[read_only] = entry
+                FOLD_READY[dtype] = entry
             return
+        dtype, read_only = key
         element = numba.from_dtype(carried(dtype))
         array = types.Array(element, 1, "C")
         source = types.Array(element, 1, "C", readonly=read_only)
@@ -273,5 +275,7 @@ def _compile(key):
         _Loader.entries[key] = native.ring.overloads[signature].entry_point
     except Exception as error:  # a compiler failure: the Python steps run
         _Loader.error = f"{type(error).__name__}: {error}"
-        log.warning("hororing: compiling the ring's steps for %s failed, the Python steps run: "
-                    "%s", key[0], _Loader.error)
+        what = f"the fold cycle for {key[1]}" if isinstance(key[0], str) else \
+            f"the ring's steps for {key[0]}"
+        log.warning("hororing: compiling %s failed, the Python steps run: %s", what,
+                    _Loader.error)
