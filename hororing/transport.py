@@ -309,6 +309,16 @@ class SharedWindow:
         self.rows = whole[:, :width]
         self._window.Lock_all(MPI.MODE_NOCHECK)
 
+    @property
+    def window(self):
+        """The MPI window (its handle, for compiled code: ``engine/compiled_fold.py``)."""
+        return self._window
+
+    @property
+    def node(self):
+        """The node's communicator the window and its barriers are over."""
+        return self._node
+
     def fence(self):
         """This rank's writes visible to the others, theirs to it (weakly ordered CPUs):
         before entering a barrier and after leaving it."""

@@ -15,9 +15,10 @@ import numpy as np
 from .. import transport
 from .._mpi import MPI
 from ..algorithms.compiled import HALVES, carried
-from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_FLAG, F_HALF, F_OP, F_ROW,
-                                         F_ROWS, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS,
-                                         F_WIDTH, F_YIELD, FIELDS, OPS, SPUN, WAIT)
+from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_FLAG, F_HALF, F_OP,
+                                         F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT, F_SPIN,
+                                         F_STAGE, F_STATUS, F_STRIDE, F_WIN, F_YIELD, FIELDS,
+                                         OPS, SPUN, WAIT)
 
 
 # a test of the request from compiled code takes a sixth to a fourth of one from Python here
@@ -33,30 +34,52 @@ def _signed(handle):
 
 
 class CompiledFold:
-    """The compiled cycle over ``rows`` (every rank's, gathered by ``persistent`` from this
-    rank's ``row``): made with the rows, dropped with them."""
+    """The compiled cycle over one set of rows: gathered ones (``gathered``) or the sets of
+    ``exchange.SharedRows`` (``shared``). Made with the rows, dropped with them."""
 
-    def __init__(self, row, rows, persistent):
-        self._persistent = persistent  # holds the request (and the buffers, through mpi4py)
-        self._slot = np.array([_signed(MPI._handleof(persistent))], dtype=np.int64)
+    def __init__(self, row, rows, keep):
+        self._keep = keep  # what holds the rows and the handles (the request, the window)
+        self._slot = np.array([_signed(MPI._handleof(MPI.REQUEST_NULL))], dtype=np.int64)
         self._flag = np.zeros(1, dtype=np.int32)
         self._status = np.zeros(16, dtype=np.int64)  # larger than either MPI's MPI_Status
-        self._row, self._rows = row, rows
         fields = self.fields = np.zeros(FIELDS, dtype=np.int64)
         fields[F_SLOT] = self._slot.ctypes.data
         fields[F_FLAG] = self._flag.ctypes.data
         fields[F_STATUS] = self._status.ctypes.data
+        self.turn(row, rows)
+        fields[F_SIZE] = rows.shape[0]
+        self._plan = self._bits = None  # the plan the fields were last set for, its bits
+        self._test = None
+
+    def turn(self, row, rows):
+        """The rows the next cycle uses: this rank's ``row`` in every rank's ``rows``."""
+        fields = self.fields
         fields[F_ROW] = row.ctypes.data
         fields[F_ROWS] = rows.ctypes.data
-        fields[F_WIDTH], fields[F_SIZE] = rows.shape[1], rows.shape[0]
-        self._plan = self._bits = None  # the plan the fields were last set for, its bits
+        fields[F_STRIDE] = rows.strides[0]
 
     @classmethod
-    def over(cls, row, rows, exchange):
-        """The compiled cycle over gathered rows, or None where the exchange is not one
-        persistent request (an MPI without persistent collectives)."""
+    def gathered(cls, row, rows, exchange):
+        """The compiled cycle over rows gathered by ``exchange`` (``transport.Exchange``), or
+        None where that is not one persistent request (an MPI without persistent
+        collectives)."""
         persistent = getattr(exchange, "persistent", None)
-        return None if persistent is None else cls(row, rows, persistent)
+        if persistent is None:
+            return None
+        compiled = cls(row, rows, persistent)
+        compiled._slot[0] = _signed(MPI._handleof(persistent))
+        return compiled
+
+    @classmethod
+    def shared(cls, row, rows, window, node):
+        """The compiled cycle over rows in ``window`` (the SharedRows' MPI window), a
+        barrier of ``node`` the exchange; ``row`` and ``rows``: the first set's."""
+        compiled = cls(row, rows, window)
+        fields = compiled.fields
+        fields[F_SHARED] = 1
+        fields[F_WIN] = _signed(MPI._handleof(window))
+        fields[F_COMM] = _signed(MPI._handleof(node))
+        return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake):
         """One fold cycle, compiled: this rank's row of ``source`` (folding ``cache_id``),
@@ -89,8 +112,14 @@ class CompiledFold:
             if event == SPUN:
                 if wake is not None:
                     wake()
-            elif event == WAIT:
-                transport.wait_until(self._persistent.Test, asleep=True)
-                fields[F_STAGE] = 2
+            elif event == WAIT:  # then tested once more, compiled: done
+                transport.wait_until(self._done, asleep=True)
             else:
                 raise MPI.Exception(-int(event))
+
+    def _done(self):
+        """One test of the exchange's request, compiled (the sleeping phase's)."""
+        if self._test is None:
+            from ..algorithms.compiled import module
+            self._test = module().test_slot
+        return self._test(self._slot, 0, self._flag, self._status)

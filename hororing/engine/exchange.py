@@ -88,6 +88,12 @@ class SharedRows:
         self.result = rows[2 * size]  # a chunked fold's result (fold.py)
         self.rank = node.Get_rank()
 
+    @property
+    def window(self):
+        """The ``transport.SharedWindow`` the rows lie in (its window and node, for the
+        compiled cycle: ``compiled_fold.py``)."""
+        return self._window
+
     def barrier(self):
         """A barrier of the node, fenced on both sides (a chunked fold's second)."""
         self._window.barrier()

@@ -112,15 +112,19 @@ class Fold:
             self._exchange = shared
             chunked = shared if width - _HEAD >= CHUNKED_BYTES and \
                 self.size >= CHUNKED_RANKS else None
-            self._turns = [self._views(rows[self._exchange_with.rank], rows, chunked)
-                           for rows in shared.sets]
+            rank = self._exchange_with.rank
+            self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
+            if chunked is None:  # the chunks' second barrier is Python's
+                first = shared.sets[0]
+                self._compiled = CompiledFold.shared(first[rank], first, shared.window.window,
+                                                     shared.window.node)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)
         self._row, self._fields, self._data, self.gathered, self._heads = \
             self._views(row, rows)
         self._exchange = self._exchange_with.repeated("allgather", row, rows)
-        self._compiled = CompiledFold.over(row, rows, self._exchange)
+        self._compiled = CompiledFold.gathered(row, rows, self._exchange)
 
     @staticmethod
     def _views(row, rows, chunked=None):
@@ -132,9 +136,9 @@ class Fold:
 
     def run_compiled(self, request, response, plan, wake):
         """A lane's cycle (``request``, agreed as ``response``, folded with ``plan``) as one
-        compiled call, where it can run: gathered rows on a persistent exchange, the compiled
-        cycle loaded for the dtype, a result the data's side writes as it lies
-        (``LatencyFolding.compiled_output``). True: every rank folded it and its output holds
+        compiled call, where it can run: gathered rows on a persistent exchange or rows in
+        shared memory not reduced in chunks, the compiled cycle loaded for the dtype, a result
+        the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every rank folded it and its output holds
         the rows reduced (not finalized); False: they did not all fold it (the rows are
         exchanged; the cycle goes on to the vote); None: not run, nothing exchanged."""
         if self._width != _HEAD + self.bytes:
@@ -149,6 +153,12 @@ class Fold:
         output = self._folding.compiled_output(request, response, plan)
         if output is None:
             return None
+        turns = self._turns
+        if turns is not None:  # shared rows: this exchange's set, as ``start`` takes it
+            self._turn ^= 1
+            self._row, self._fields, self._data, self.gathered, self._heads = \
+                turns[self._turn]
+            compiled.turn(self._row, self._exchange.sets[self._turn])
         return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake)
 
     def free(self, clean=True):

@@ -20,7 +20,9 @@ from reference import all_inputs, assert_close, reference_allreduce
 
 pytest.importorskip("numba")
 
-LENGTH = 1001  # divides by none of 2, 3, 4, 5; 8 KiB rows at most: gathered, not shared
+# neither divides by 2, 3, 4 or 5: rows below 8 KiB, gathered; rows of 9 KiB and more, in
+# the node's shared memory where every rank is on one node (exchange.SharedRows)
+LENGTH, LONG = 1001, 9001
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32", "int64", "uint8",
           "uint64")
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
@@ -48,13 +50,13 @@ def _compiled_folds():
     return current().engine.stats()["compiled_folds"]
 
 
-def _inputs(dtype, seed, op, special=False):
+def _inputs(dtype, seed, op, special=False, length=LENGTH):
     """Every rank's input; ``special``: NaNs and signed zeros among the floats."""
     if dtype == "bfloat16":
-        inputs = all_inputs(hvd.size(), (LENGTH,), "float32", seed, op)
+        inputs = all_inputs(hvd.size(), (length,), "float32", seed, op)
         inputs = [array.astype(hvd.ops.BFLOAT16) for array in inputs]
     else:
-        inputs = all_inputs(hvd.size(), (LENGTH,), dtype, seed, op)
+        inputs = all_inputs(hvd.size(), (length,), dtype, seed, op)
     if special and inputs[0].dtype.kind in "fV":
         for rank, array in enumerate(inputs):
             array[rank::7] = np.nan
@@ -93,11 +95,12 @@ def _same_bits_everywhere(result):
     assert all(value == gathered[0] for value in gathered)
 
 
+@pytest.mark.parametrize("length", [LENGTH, LONG])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS, ids=lambda op: hvd.ops.op_name(op))
-def test_the_compiled_cycle_gives_the_bits_of_pythons_steps(dtype, op):
-    name = f"cfold.{dtype}.{hvd.ops.op_name(op)}"
-    inputs = _inputs(dtype, 1, op)
+def test_the_compiled_cycle_gives_the_bits_of_pythons_steps(dtype, op, length):
+    name = f"cfold.{dtype}.{hvd.ops.op_name(op)}.{length}"
+    inputs = _inputs(dtype, 1, op, length=length)
     python, ran = _repeat("off", name, inputs, op)
     assert ran == 0
     native, ran = _repeat("wait", name, inputs, op, until_compiled=dtype not in WIDENED)
@@ -111,11 +114,12 @@ def test_the_compiled_cycle_gives_the_bits_of_pythons_steps(dtype, op):
         assert_close(native, reference_allreduce(inputs, op))
 
 
+@pytest.mark.parametrize("length", [LENGTH, LONG])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Min, hvd.Max, hvd.Product], ids=lambda op: hvd.ops.op_name(op))
-def test_nans_and_signed_zeros_come_out_as_pythons_steps_give_them(dtype, op):
-    name = f"cfold.special.{dtype}.{hvd.ops.op_name(op)}"
-    inputs = _inputs(dtype, 2, op, special=True)
+def test_nans_and_signed_zeros_come_out_as_pythons_steps_give_them(dtype, op, length):
+    name = f"cfold.special.{dtype}.{hvd.ops.op_name(op)}.{length}"
+    inputs = _inputs(dtype, 2, op, special=True, length=length)
     python, _ = _repeat("off", name, inputs, op)
     native, ran = _repeat("wait", name, inputs, op, until_compiled=True)
     assert ran > 0
@@ -134,11 +138,13 @@ def test_an_out_of_place_call_runs_compiled_into_a_new_result():
     assert_close(native, reference_allreduce(inputs, hvd.Sum))
 
 
-def test_ranks_running_compiled_and_python_cycles_share_one_exchange():
-    inputs = _inputs("float32", 4, hvd.Sum)
-    python, _ = _repeat("off", "cfold.mixed", inputs, hvd.Sum)
+@pytest.mark.parametrize("length", [LENGTH, LONG])
+def test_ranks_running_compiled_and_python_cycles_share_one_exchange(length):
+    inputs = _inputs("float32", 4, hvd.Sum, length=length)
+    name = f"cfold.mixed.{length}"
+    python, _ = _repeat("off", name, inputs, hvd.Sum)
     mode = "wait" if hvd.rank() % 2 == 0 else "off"
-    mixed, ran = _repeat(mode, "cfold.mixed", inputs, hvd.Sum, until_compiled=True)
+    mixed, ran = _repeat(mode, name, inputs, hvd.Sum, until_compiled=True)
     assert (ran > 0) == (mode == "wait")
     assert mixed.tobytes() == python.tobytes()
     _same_bits_everywhere(mixed)
@@ -154,28 +160,31 @@ def test_a_prescaled_call_runs_pythons_steps_with_the_same_result():
 
 
 @pytest.mark.skipif(SINGLE, reason="a mismatch needs two ranks")
+@pytest.mark.parametrize("length", [LENGTH, LONG])
 @pytest.mark.parametrize("change", ["op", "shape", "dtype"])
-def test_a_peer_that_changes_its_call_fails_every_rank_by_name(change):
+def test_a_peer_that_changes_its_call_fails_every_rank_by_name(change, length):
     """The others' compiled cycle finds the last rank's fields differ: the cycle goes on
     to the vote, which names the mismatch on every rank; the job goes on."""
-    name = f"cfold.mismatch.{change}"
-    values = np.ones(LENGTH, dtype=np.float32)
+    name = f"cfold.mismatch.{change}.{length}"
+    values = np.ones(length, dtype=np.float32)
     _repeat("wait", name, [values] * hvd.size(), hvd.Sum, until_compiled=True)
     last_rank_changes_its_call(name, values, change)
 
 
 @pytest.mark.skipif(SINGLE, reason="a late peer needs two ranks")
-def test_a_late_peer_is_waited_for_in_the_sleeping_phase():
-    inputs = _inputs("float64", 6, hvd.Sum)
-    python, _ = _repeat("off", "cfold.late", inputs, hvd.Sum)
-    _repeat("wait", "cfold.late", inputs, hvd.Sum, until_compiled=True)  # its lane, compiled
+@pytest.mark.parametrize("length", [LENGTH, LONG])
+def test_a_late_peer_is_waited_for_in_the_sleeping_phase(length):
+    inputs = _inputs("float64", 6, hvd.Sum, length=length)
+    name = f"cfold.late.{length}"
+    python, _ = _repeat("off", name, inputs, hvd.Sum)
+    _repeat("wait", name, inputs, hvd.Sum, until_compiled=True)  # its lane, compiled
     before = transport.backoff()
     transport.set_backoff(0, 0, 0.001)  # every wait not done at its first test sleeps
     try:
         for _ in range(5):  # until the late call ran compiled on every rank (timing)
             if hvd.rank() == hvd.size() - 1:
                 time.sleep(0.2)  # the others wait for this rank
-            native, ran = _repeat("wait", "cfold.late", inputs, hvd.Sum, calls=1)
+            native, ran = _repeat("wait", name, inputs, hvd.Sum, calls=1)
             assert native.tobytes() == python.tobytes()
             if MPI.COMM_WORLD.allreduce(ran == 1, op=MPI.LAND):
                 break

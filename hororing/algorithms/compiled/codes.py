@@ -15,5 +15,5 @@ SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI
 # error's code, negated)
 SPUN, APART = 3, 4
 # the fields of its one int64 array: addresses, sizes, what to reduce, where it stands
-(F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_WIDTH, F_SIZE, F_OP, F_HALF,
- F_CACHE_ID, F_SPIN, F_YIELD, FIELDS) = range(15)
+(F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_STRIDE, F_SIZE, F_OP, F_HALF,
+ F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, FIELDS) = range(18)

@@ -1,34 +1,39 @@
-"""A lane's fold cycle compiled with numba: the whole of one folded blocking allreduce on
-gathered rows, from this rank's row to the reduced result, in one call.
+"""A lane's fold cycle compiled with numba: the whole of one folded blocking allreduce, from
+this rank's row to the reduced result, in one call.
 
 ``engine/fold.py`` runs a repeated small allreduce as one exchange of rows (fields, data):
-in Python, writing the row, starting the persistent allgather, testing it, comparing every
-rank's fields and reducing the rows cost more than the exchange itself. ``cycle`` does the
-same steps in machine code on the same buffers, the same persistent request (started with
-MPI_Start from here; its handle is unchanged by completing, so mpi4py's object and this
-copy stay one request) and the same reductions as the compiled ring (``native._combine``),
-one row after another in rank order, which are numpy's bit for bit. So a rank running this
-and a rank running Python's steps exchange the same rows and get the same result.
+in Python, writing the row, starting the exchange, testing it, comparing every rank's fields
+and reducing the rows cost more than the exchange itself at small sizes. ``cycle`` does the
+same steps in machine code on the same buffers. Gathered rows: the same persistent allgather
+(started with MPI_Start from here; a persistent request keeps its handle when it completes,
+so mpi4py's object and this copy stay one request). Rows in the node's shared memory
+(``exchange.SharedRows``): the same fences (MPI_Win_sync) around the same barrier
+(MPI_Ibarrier). Then the reductions of the compiled ring (``native._combine``), one row after
+another in rank order, which are numpy's bit for bit. So a rank running this and a rank
+running Python's steps exchange the same rows and get the same result.
 
 It takes the input and the output (the same array in place; 1-D, of the carried dtype,
 which selects the compiled version) and an int64 array of ``codes.F_*`` fields.
 ``F_STAGE`` says where it stands: 0 write the row and start, 1 wait, 2 compare and reduce.
-It returns SPUN after ``F_SPIN`` tests (the caller wakes the peers and calls again), WAIT
-after ``F_YIELD``, tests separated by sched_yield (the caller sleeps until the request
-completes, sets stage 2 and calls again), as ``transport.wait_until`` polls, APART where the ranks' fields differ (the cycle goes on to the vote) and DONE with
-the result in ``F_OUT``.
+It polls as ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the
+caller wakes the peers and calls again) and WAIT after ``F_YIELD``, tests separated by
+sched_yield (the caller sleeps until the request completes and calls again). Then APART
+where the ranks' fields differ (the cycle goes on to the vote), or DONE with the result in
+the output.
 """
 
 import numba
 from numba import types
 
-from .codes import (APART, DONE, F_CACHE_ID, F_FLAG, F_HALF, F_OP, F_ROW,
-                    F_ROWS, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_TESTS,
-                    F_WIDTH, F_YIELD, SPUN, WAIT)
+from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_FLAG, F_HALF, F_OP, F_ROW, F_ROWS,
+                    F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS,
+                    F_WIN, F_YIELD, SPUN, WAIT)
 from .native import _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
 _start = types.ExternalFunction("MPI_Start", types.int32(types.voidptr))
+_win_sync = types.ExternalFunction("MPI_Win_sync", types.int32(types.int64))
+_ibarrier = types.ExternalFunction("MPI_Ibarrier", types.int32(types.int64, types.voidptr))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -43,7 +48,12 @@ def cycle(source, out, p):
         data = numba.carray(_pointer(p[F_ROW] + _HEAD), count, dtype)
         for i in range(count):
             data[i] = source[i]
-        code = _start(p[F_SLOT])
+        if p[F_SHARED] != 0:  # this rank's row visible to the others, then the barrier
+            code = _win_sync(p[F_WIN])
+            if code == 0:
+                code = _ibarrier(p[F_COMM], p[F_SLOT])
+        else:
+            code = _start(p[F_SLOT])
         if code != 0:
             return -code
         p[F_STAGE] = 1
@@ -68,7 +78,11 @@ def cycle(source, out, p):
                 return WAIT
             _sched_yield()
         p[F_STAGE] = 2
-    width, size = p[F_WIDTH], p[F_SIZE]
+        if p[F_SHARED] != 0:  # the others' rows visible to this rank
+            code = _win_sync(p[F_WIN])
+            if code != 0:
+                return -code
+    width, size = p[F_STRIDE], p[F_SIZE]
     cache_id = p[F_CACHE_ID]
     for rank in range(size):
         head = numba.carray(_pointer(p[F_ROWS] + rank * width), 2, numba.int64)
