@@ -1,13 +1,14 @@
 """A lane's fold cycle in one compiled call (``algorithms/compiled/folded.py``): the Python
-side, which holds the compiled cycle's fields for one set of gathered rows.
+side, which holds the compiled cycle's fields for the fold's rows.
 
 A lane (``lane.py``) runs one fold cycle (``fold.py``) a call. In Python that cycle writes the
-row, starts the rows' persistent allgather, tests it, compares every rank's fields and reduces
-the rows, in a dozen calls costing more than the exchange itself at 4 KiB. Where the rows are
-gathered by a persistent request and the compiled cycle is loaded for the dtype, the whole of
-it is one call into machine code, which hands back only to wake the peers, to sleep, or with
-the result. The rows, the messages and the bits are those of Python's steps, so ranks may
-run either (one still loading numba runs Python's steps meanwhile).
+row, starts the exchange (the rows' persistent allgather, or the shared rows' fence and
+barrier), tests it, compares every rank's fields and reduces the rows, in a dozen calls
+costing more than the exchange itself at 4 KiB. Where the compiled cycle is loaded for the
+dtype, the whole of it is one call into machine code, which hands back only to wake the
+peers, to sleep, or with the result. The rows, the messages and the bits are those of
+Python's steps, so ranks may run either (one still loading numba runs Python's steps
+meanwhile).
 """
 
 import numpy as np
@@ -37,8 +38,10 @@ class CompiledFold:
     """The compiled cycle over one set of rows: gathered ones (``gathered``) or the sets of
     ``exchange.SharedRows`` (``shared``). Made with the rows, dropped with them."""
 
-    def __init__(self, row, rows, keep):
-        self._keep = keep  # what holds the rows and the handles (the request, the window)
+    def __init__(self, sets, keep):
+        """``sets``: (this rank's row, every rank's rows) of each set of rows, used in turn
+        (``turn``); ``keep``: what holds them and the handles (the request, the window)."""
+        self._keep = keep
         self._slot = np.array([_signed(MPI._handleof(MPI.REQUEST_NULL))], dtype=np.int64)
         self._flag = np.zeros(1, dtype=np.int32)
         self._status = np.zeros(16, dtype=np.int64)  # larger than either MPI's MPI_Status
@@ -46,17 +49,18 @@ class CompiledFold:
         fields[F_SLOT] = self._slot.ctypes.data
         fields[F_FLAG] = self._flag.ctypes.data
         fields[F_STATUS] = self._status.ctypes.data
-        self.turn(row, rows)
-        fields[F_SIZE] = rows.shape[0]
+        # each set's addresses, worked out once (``ctypes.data`` costs 1-2 us a call here)
+        self._sets = [(row.ctypes.data, rows.ctypes.data, rows.strides[0])
+                      for row, rows in sets]
+        self.turn(0)
+        fields[F_SIZE] = sets[0][1].shape[0]
         self._plan = self._bits = None  # the plan the fields were last set for, its bits
         self._test = None
 
-    def turn(self, row, rows):
-        """The rows the next cycle uses: this rank's ``row`` in every rank's ``rows``."""
+    def turn(self, index):
+        """Run the next cycle on set ``index`` of the rows."""
         fields = self.fields
-        fields[F_ROW] = row.ctypes.data
-        fields[F_ROWS] = rows.ctypes.data
-        fields[F_STRIDE] = rows.strides[0]
+        fields[F_ROW], fields[F_ROWS], fields[F_STRIDE] = self._sets[index]
 
     @classmethod
     def gathered(cls, row, rows, exchange):
@@ -66,15 +70,15 @@ class CompiledFold:
         persistent = getattr(exchange, "persistent", None)
         if persistent is None:
             return None
-        compiled = cls(row, rows, persistent)
+        compiled = cls([(row, rows)], persistent)
         compiled._slot[0] = _signed(MPI._handleof(persistent))
         return compiled
 
     @classmethod
-    def shared(cls, row, rows, window, node):
-        """The compiled cycle over rows in ``window`` (the SharedRows' MPI window), a
-        barrier of ``node`` the exchange; ``row`` and ``rows``: the first set's."""
-        compiled = cls(row, rows, window)
+    def shared(cls, sets, window, node):
+        """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
+        ``window`` (the SharedRows' MPI window), a barrier of ``node`` the exchange."""
+        compiled = cls(sets, window)
         fields = compiled.fields
         fields[F_SHARED] = 1
         fields[F_WIN] = _signed(MPI._handleof(window))

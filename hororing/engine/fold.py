@@ -115,9 +115,9 @@ class Fold:
             rank = self._exchange_with.rank
             self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
             if chunked is None:  # the chunks' second barrier is Python's
-                first = shared.sets[0]
-                self._compiled = CompiledFold.shared(first[rank], first, shared.window.window,
-                                                     shared.window.node)
+                self._compiled = CompiledFold.shared(
+                    [(rows[rank], rows) for rows in shared.sets], shared.window.window,
+                    shared.window.node)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)
@@ -158,7 +158,7 @@ class Fold:
             self._turn ^= 1
             self._row, self._fields, self._data, self.gathered, self._heads = \
                 turns[self._turn]
-            compiled.turn(self._row, self._exchange.sets[self._turn])
+            compiled.turn(self._turn)
         return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake)
 
     def free(self, clean=True):
