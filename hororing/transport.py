@@ -260,6 +260,10 @@ class Exchange:
 
     def __init__(self, comm, kind, sendbuf, recvbuf, **kwargs):
         """``kind``: "allreduce" or "allgather"; ``kwargs`` as the mpi4py call's (op=)."""
+        # MPI writes into the buffers on every start: they live as long as the exchange
+        # (mpi4py's persistent request does not hold them; a caller's temporary was freed
+        # and its memory reused while the request still wrote into it)
+        self._buffers = (sendbuf, recvbuf)
         self._persistent = None
         try:
             self._persistent = getattr(comm, kind.capitalize() + "_init")(sendbuf, recvbuf,

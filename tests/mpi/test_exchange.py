@@ -46,3 +46,28 @@ def test_started_again_on_new_contents_it_matches_the_blocking_collectives(persi
         votes.free()
         gathers.free()
         comm.Free()
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "nonblocking"])
+def test_buffers_given_as_temporaries_live_as_long_as_the_exchange(persistent):
+    """MPI writes into the receive buffer at every start: an exchange made on a temporary
+    (``Exchange(comm, kind, words, np.zeros_like(words))``) must keep it, or the writes land
+    in freed memory that something else reuses."""
+    import gc
+    import weakref
+
+    world = MPI.COMM_WORLD
+    comm = world.Dup()
+    words = np.full(7, world.Get_rank() + 1, dtype=np.int64)
+    received = np.zeros_like(words)
+    gone = weakref.ref(received)
+    exchange = transport.Exchange(comm if persistent else NoPersistent(comm), "allreduce",
+                                  words, received, op=MPI.SUM)
+    del received
+    gc.collect()
+    assert gone() is not None, "the exchange let its receive buffer go"
+    transport.wait(exchange.start())
+    expected = sum(range(1, world.Get_size() + 1))
+    np.testing.assert_array_equal(gone(), np.full(7, expected, dtype=np.int64))
+    exchange.free()
+    comm.Free()
