@@ -38,6 +38,7 @@ class _Backoff:
     spin_tests = 50
     yield_tests = 2000
     max_sleep_s = 0.001
+    version = 0  # counts ``set_backoff``'s changes (a compiled wait copies the counts once)
 
 
 Backoff = _Backoff  # read by a compiled wait (``engine/compiled_fold.py``) without a call
@@ -50,6 +51,7 @@ def set_backoff(spin_tests, yield_tests, max_sleep_s):
     _Backoff.spin_tests = int(spin_tests)
     _Backoff.yield_tests = int(yield_tests)
     _Backoff.max_sleep_s = float(max_sleep_s)
+    _Backoff.version += 1
 
 
 def backoff():

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import transport
 from .._mpi import MPI
-from ..algorithms.compiled import HALVES, carried
+from ..algorithms.compiled import HALVES, carried, handle
 from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_FLAG, F_HALF, F_OP,
                                          F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT, F_SPIN,
                                          F_STAGE, F_STATUS, F_STRIDE, F_WIN, F_YIELD, FIELDS,
@@ -30,10 +30,6 @@ from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_FLAG
 SPIN_SCALE = 8
 
 
-def _signed(handle):
-    return handle - (1 << 64) if handle >= 1 << 63 else handle
-
-
 class CompiledFold:
     """The compiled cycle over one set of rows: gathered ones (``gathered``) or the sets of
     ``exchange.SharedRows`` (``shared``). Made with the rows, dropped with them."""
@@ -42,7 +38,7 @@ class CompiledFold:
         """``sets``: (this rank's row, every rank's rows) of each set of rows, used in turn
         (``turn``); ``keep``: what holds them and the handles (the request, the window)."""
         self._keep = keep
-        self._slot = np.array([_signed(MPI._handleof(MPI.REQUEST_NULL))], dtype=np.int64)
+        self._slot = np.array([handle(MPI.REQUEST_NULL)], dtype=np.int64)
         self._flag = np.zeros(1, dtype=np.int32)
         self._status = np.zeros(16, dtype=np.int64)  # larger than either MPI's MPI_Status
         fields = self.fields = np.zeros(FIELDS, dtype=np.int64)
@@ -56,6 +52,7 @@ class CompiledFold:
         fields[F_SIZE] = sets[0][1].shape[0]
         self._plan = self._bits = None  # the plan the fields were last set for, its bits
         self._test = None
+        self._backoff = -1  # the back-off's version the spin fields were set from
 
     def turn(self, index):
         """Run the next cycle on set ``index`` of the rows."""
@@ -71,7 +68,7 @@ class CompiledFold:
         if persistent is None:
             return None
         compiled = cls([(row, rows)], persistent)
-        compiled._slot[0] = _signed(MPI._handleof(persistent))
+        compiled._slot[0] = handle(persistent)
         return compiled
 
     @classmethod
@@ -81,8 +78,8 @@ class CompiledFold:
         compiled = cls(sets, window)
         fields = compiled.fields
         fields[F_SHARED] = 1
-        fields[F_WIN] = _signed(MPI._handleof(window))
-        fields[F_COMM] = _signed(MPI._handleof(node))
+        fields[F_WIN] = handle(window)
+        fields[F_COMM] = handle(node)
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake):
@@ -97,10 +94,12 @@ class CompiledFold:
             fields[F_HALF] = HALVES.get(plan.dtype, 0)
             fields[F_CACHE_ID] = cache_id
             self._plan, self._bits = plan, carried(plan.dtype)
-        backoff = transport.Backoff  # read here: a test may change it between calls
-        spin = backoff.spin_tests * SPIN_SCALE
-        fields[F_SPIN] = spin
-        fields[F_YIELD] = backoff.yield_tests - backoff.spin_tests + spin
+        backoff = transport.Backoff
+        if backoff.version != self._backoff:  # set (again) since the last cycle
+            spin = backoff.spin_tests * SPIN_SCALE
+            fields[F_SPIN] = spin
+            fields[F_YIELD] = backoff.yield_tests - backoff.spin_tests + spin
+            self._backoff = backoff.version
         fields[F_STAGE] = 0
         if source.ndim != 1:
             source, output = source.reshape(-1), output.reshape(-1)

@@ -90,16 +90,21 @@ class Fold:
         caller holds it (a lane). The same cycle on every rank."""
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # rows of another size, made on every rank alike
-        turns = self._turns
-        if turns is not None:  # shared rows: this exchange's set
-            self._turn ^= 1
-            self._row, self._fields, self._data, self.gathered, self._heads = turns[self._turn]
+        if self._turns is not None:
+            self._next_set()
         fields = self._fields
         if waiting is not None and self._folding.contribute(waiting, self._data, plan):
             fields[0], fields[1] = -1, waiting.cache_id
         else:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
         return self._exchange.start()
+
+    def _next_set(self):
+        """Shared rows: take the other set of rows for this exchange (a rank writes one set
+        while a slow peer may still read the last); return its index."""
+        turn = self._turn = self._turn ^ 1
+        self._row, self._fields, self._data, self.gathered, self._heads = self._turns[turn]
+        return turn
 
     def _make(self, width):
         """The rows' buffers and exchange for rows of ``width`` bytes (collective)."""
@@ -138,9 +143,10 @@ class Fold:
         """A lane's cycle (``request``, agreed as ``response``, folded with ``plan``) as one
         compiled call, where it can run: gathered rows on a persistent exchange or rows in
         shared memory not reduced in chunks, the compiled cycle loaded for the dtype, a result
-        the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every rank folded it and its output holds
-        the rows reduced (not finalized); False: they did not all fold it (the rows are
-        exchanged; the cycle goes on to the vote); None: not run, nothing exchanged."""
+        the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
+        rank folded it and its output holds the rows reduced (not finalized); False: they did
+        not all fold it (the rows are exchanged; the cycle goes on to the vote); None: not
+        run, nothing exchanged."""
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
@@ -153,12 +159,8 @@ class Fold:
         output = self._folding.compiled_output(request, response, plan)
         if output is None:
             return None
-        turns = self._turns
-        if turns is not None:  # shared rows: this exchange's set, as ``start`` takes it
-            self._turn ^= 1
-            self._row, self._fields, self._data, self.gathered, self._heads = \
-                turns[self._turn]
-            compiled.turn(self._turn)
+        if self._turns is not None:
+            compiled.turn(self._next_set())
         return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake)
 
     def free(self, clean=True):

@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from ..._mpi import MPI
 from ...ops import BFLOAT16
 
 MODES = ("auto", "wait", "off")
@@ -41,6 +42,13 @@ def carried(dtype):
 
 
 _BITS = np.dtype(np.uint16)
+
+
+def handle(obj):
+    """An mpi4py object's MPI handle as an int64, as the compiled steps read it (mpi4py
+    gives handles as unsigned 64-bit values)."""
+    value = MPI._handleof(obj)
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 log = logging.getLogger("hororing")
 

@@ -9,7 +9,7 @@ import numpy as np
 from ... import transport
 from ..._mpi import MPI
 from ..segmented import Segmented
-from . import HALVES, carried, codes, module, ring_entry
+from . import HALVES, carried, codes, handle, module, ring_entry
 
 
 def entry_for(buffer, source):
@@ -50,20 +50,15 @@ def tables(pieces_by_chunk, schedule, cuts):
     return pieces, steps, np.array(part_starts, dtype=np.int64)
 
 
-def _signed(handle):
-    """A handle as an int64 (mpi4py gives them as unsigned 64-bit values)."""
-    return handle - (1 << 64) if handle >= 1 << 63 else handle
-
-
 class Native:
     """What a ring's compiled steps keep from call to call: its handles and request slots."""
 
     def __init__(self, comm, left, right):
         native = module()
         self.params = np.zeros(codes.PARAMS, dtype=np.int64)
-        self.params[codes.P_COMM] = _signed(MPI._handleof(comm))
-        self.params[codes.P_BYTE] = _signed(MPI._handleof(MPI.BYTE))
-        self.params[codes.P_NULL] = _signed(MPI._handleof(MPI.REQUEST_NULL))
+        self.params[codes.P_COMM] = handle(comm)
+        self.params[codes.P_BYTE] = handle(MPI.BYTE)
+        self.params[codes.P_NULL] = handle(MPI.REQUEST_NULL)
         self.params[codes.P_LEFT] = left
         self.params[codes.P_RIGHT] = right
         self.state = np.zeros(codes.STATE_FIELDS, dtype=np.int64)
