@@ -6,6 +6,7 @@ Every verb takes ``process_set`` (``hvd.global_process_set`` by default); ``root
 ``hvd.rank()`` numbering.
 """
 
+import numpy as np
 import torch
 
 from .. import collectives as core
@@ -24,6 +25,12 @@ from .autograd import (_Allgather, _Allreduce, _Alltoall, _Broadcast, _GroupedAl
 from .bridge import as_numpy, check_tensor, check_tensors, synchronize, to_torch
 from .compression import Compression
 
+# the dtypes the engine reduces whose CPU tensors ``Tensor.numpy`` views as they are
+# (bfloat16 travels as float32: ``as_numpy``)
+_PLAIN = frozenset([torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                    torch.int16, torch.int32, torch.int64])
+_STRIDED = torch.strided
+
 __all__ = [  # the blocking verbs here, the asynchronous ones of async_ops, as Horovod's module
     "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
@@ -33,6 +40,7 @@ __all__ = [  # the blocking verbs here, the asynchronous ones of async_ops, as H
     "grouped_reducescatter_async", "join", "reducescatter", "reducescatter_async",
     "sparse_allreduce_async", "synchronize"]
 
+
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over all ranks (differentiable). Every rank must call it, in order.
@@ -40,6 +48,22 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Example:
         >>> hvd.allreduce(torch.ones(3), op=hvd.Sum)
     """
+    if op is None and average is None:
+        op = ops.Average  # Horovod's default, as ``resolve_op`` gives it
+    if type(tensor) is torch.Tensor and compression is Compression.none and type(op) is int \
+            and average is None and op in ALLREDUCE_OPS and not tensor.requires_grad \
+            and tensor.dtype in _PLAIN and tensor.is_cpu and tensor.layout is _STRIDED:
+        # a plain CPU tensor, the common call: ``as_numpy``'s and ``to_torch``'s work
+        # written out, without their calls. ``numpy()`` holds the GIL, so the door checks
+        # the name itself (``check_free`` guards conversions that may release it)
+        array = tensor.numpy()
+        result = door.start("allreduce", array, name, process_set, now=True, op=op,
+                            prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor).synchronize()
+        if type(result) is np.ndarray and result.dtype is array.dtype \
+                and result.flags.c_contiguous:
+            return torch.from_numpy(result)
+        return to_torch(result, tensor)
     if not isinstance(tensor, torch.Tensor):  # a tensor passes without the call
         check_tensor(tensor)
     compression = compression or Compression.none

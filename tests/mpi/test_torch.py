@@ -409,3 +409,45 @@ def test_every_async_verb_refuses_a_name_in_flight_before_converting_its_tensor(
     if hvd.rank() != 0:
         handle = start(tensor, "twice")
     hvd.synchronize(handle)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.uint8,
+                                   torch.int8, torch.int16, torch.int32, torch.int64])
+def test_a_repeated_blocking_allreduce_of_a_plain_tensor_returns_new_tensors(dtype):
+    """The blocking allreduce of a CPU tensor that needs no gradient (the binding's plain
+    path): each call returns a new tensor of the input's dtype and shape holding the sum of
+    every rank's values, and leaves the input as it was, strided inputs and Horovod's
+    default op (Average) included."""
+    size, rank = hvd.size(), hvd.rank()
+    results = []
+    for step in range(6):  # repeated: the later calls run the name's lane
+        values = (torch.arange(1001) % 7 + rank + step).to(dtype)
+        tensor = values.clone()
+        result = hvd.allreduce(tensor, op=hvd.Sum, name=f"plain.{dtype}")
+        expected = sum((torch.arange(1001, dtype=torch.int64) % 7 + peer + step)
+                       for peer in range(size))
+        assert result.dtype == dtype and result.shape == tensor.shape
+        assert torch.equal(result, expected.to(dtype)), step
+        assert torch.equal(tensor, values)  # the input is left alone
+        assert result.data_ptr() != tensor.data_ptr()
+        results.append(result)
+    assert len({result.data_ptr() for result in results}) == len(results)  # none reused
+    strided = torch.full((4, 6), float(rank + 1))[:, ::2]
+    assert torch.equal(hvd.allreduce(strided, op=hvd.Sum),
+                       torch.full((4, 3), float(size * (size + 1) // 2)))
+    average = hvd.allreduce(torch.full((5,), float(rank)))
+    assert torch.allclose(average, torch.full((5,), (size - 1) / 2))
+
+
+def test_a_blocking_allreduce_under_a_name_in_flight_is_refused():
+    if hvd.size() < 2:
+        pytest.skip("a collective of one rank can finish at once")
+    tensor = torch.ones(3)
+    if hvd.rank() == 0:
+        handle = hvd.allreduce_async(tensor, op=hvd.Sum, name="plain.twice")
+        with pytest.raises(ValueError, match="named 'plain.twice' is already in flight"):
+            hvd.allreduce(tensor, op=hvd.Sum, name="plain.twice")
+    hvd.barrier()
+    if hvd.rank() != 0:
+        handle = hvd.allreduce_async(tensor, op=hvd.Sum, name="plain.twice")
+    assert torch.equal(hvd.synchronize(handle), torch.full((3,), float(hvd.size())))
