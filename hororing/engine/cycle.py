@@ -31,6 +31,7 @@ from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, WAITING, Negotiator, agreed
 
 FLAG_FAILED = 1
 FLAG_SHUTDOWN = 2
+NOT_RUN = "not run"  # ``run_lane``: the lane's call does not fold this cycle; nothing done
 
 
 class Decision(NamedTuple):
@@ -121,25 +122,23 @@ class Cycle:
             wake = None  # the peers have all taken part in this cycle already
         return self._after_fold(needs_gather, by_name, flags, message, deadline, wake, waiting)
 
-    def folds(self, lane):
-        """Whether the next cycle, announcing only ``lane``'s request (``lane.py``), folds it
-        on this rank: nothing else announced by bit, no gathered cycle asked for, the fold
-        expected at its size, its name cached with its metadata under its id, no rank joined."""
-        return (self._fold.bytes == lane.plan.nbytes and not self._by_bit
-                and not self._gather_asked
-                and self.negotiator.cached_id(lane.name, lane.meta) == lane.cache_id)
-
-    def run_lane(self, request, response, plan, wake):
-        """``run((request,), wake=wake)`` where ``folds`` said so for its
-        lane (the request carries its cache id; ``response`` and ``plan`` are its agreed
-        response and fold plan): the same cycle, its steps written out. Returns the gathered
-        rows when every rank folded it (``REDUCED`` where the cycle ran compiled and the
-        request's output holds them reduced), else None: then the cycle goes on with
-        ``resume_lane``."""
+    def run_lane(self, request, lane, wake):
+        """``run((request,), wake=wake)`` for a call that fits ``lane`` (``lane.py``; the
+        request carries its cache id), where the next cycle, announcing only it, folds it on
+        this rank: nothing else announced by bit, no gathered cycle asked for, the fold
+        expected at its size, its name cached with its metadata under its id, no rank joined.
+        Then the same cycle, its steps written out. Returns ``NOT_RUN`` where it does not fold
+        (nothing done: the call goes the usual way); the gathered rows when every rank folded
+        it (``REDUCED`` where the cycle ran compiled and the request's output holds them
+        reduced); else None: then the cycle goes on with ``resume_lane``."""
+        fold = self._fold
+        plan = lane.plan
+        if fold.bytes != plan.nbytes or self._by_bit or self._gather_asked \
+                or self.negotiator.cached_id(lane.name, lane.meta) != lane.cache_id:
+            return NOT_RUN
         self.number += 1
         request.announced = True
-        fold = self._fold
-        folded = fold.run_compiled(request, response, plan, wake)
+        folded = fold.run_compiled(request, lane.response, plan, wake)
         if folded is None:
             transport.wait_until(fold.start(request, plan).Test, None, wake)
             folded = fold.agreed() == request.cache_id

@@ -29,10 +29,10 @@ from .._mpi import MPI
 from ..errors import HorovodInternalError
 from . import stalls
 from .allreduce import moved_bytes
-from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, Cycle, JobEnded
+from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, NOT_RUN, Cycle, JobEnded
 from .exchange import MpiExchange
 from .executor import Executor
-from .fold import LatencyFolding
+from .fold import REDUCED, LatencyFolding
 from .lane import Lanes
 from .request import Handle, Request
 from .submissions import Submissions
@@ -145,8 +145,7 @@ class Engine:
                 or not self._drive_lock.acquire(blocking=False):
             return None
         try:
-            cycle = self.cycle
-            if self._stopped or not cycle.folds(lane):
+            if self._stopped:
                 return None
             name = lane.name
             request = Request(name, lane.meta, tensor, tensor if lane.door[1] else None,
@@ -159,13 +158,18 @@ class Engine:
             self._last_cycle_at = request.submitted = submissions.quiet_since = \
                 time.monotonic()
             with self._cycle_activity:
-                rows = cycle.run_lane(request, lane.response, lane.plan, self._wake_for_lane)
+                rows = self.cycle.run_lane(request, lane, self._wake_for_lane)
                 if rows is not None:
                     with submissions.lock:
                         submissions.pending.pop(name, None)
-                    self._folding.finish(lane.response, request, rows, lane.plan)
+                    if rows is NOT_RUN:
+                        return None
+                    if rows is REDUCED and lane.plan.finalize is None and request.writeback is None:
+                        request.handle.set_result(request.output)  # the rows reduced into it
+                    else:
+                        self._folding.finish(lane.response, request, rows, lane.plan)
                     return request.handle
-                self._run(cycle.resume_lane(request, self._blocked))  # the vote, as usual
+                self._run(self.cycle.resume_lane(request, self._blocked))  # the vote, as usual
         except JobEnded as ended:
             self._end(ended)
         except MPI.Exception as error:

@@ -156,9 +156,11 @@ class Fold:
         if entry is None and (plan.dtype in FOLD_ASKED or
                               (entry := fold_entry(plan.dtype)) is None):
             return None
-        output = self._folding.compiled_output(request, response, plan)
-        if output is None:
-            return None
+        output = request.output  # in place: the lane has found it writeable
+        if output is None or not plan.direct:
+            output = self._folding.compiled_output(request, response, plan)
+            if output is None:
+                return None
         if self._turns is not None:
             compiled.turn(self._next_set())
         return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake)
@@ -224,6 +226,9 @@ class _Plan(NamedTuple):
     finalize: object
     version: int  # the version of the route it was made under (allreduce.Route)
     op: Optional[str] = None  # the reduction's name (``REDUCE_BY_NAME``'s key)
+    # no prescale, the tensor's own dtype on the wire, in native byte order: a compiled cycle
+    # reduces the rows straight into a writeable output (``compiled_output``)
+    direct: bool = False
 
 
 class LatencyFolding:
@@ -300,9 +305,7 @@ class LatencyFolding:
         reduced: its output (taken now where out of place), or None where Python's steps
         must run: a prescale, a wire dtype of its own, an input that is not writeable, a
         byte order not native."""
-        tensor = request.tensor
-        if plan.prescale != 1.0 or tensor.dtype != plan.dtype or not plan.dtype.isnative \
-                or not tensor.flags.writeable:
+        if not plan.direct or not request.tensor.flags.writeable:
             return None
         output = request.output
         if output is None:
@@ -330,8 +333,9 @@ class LatencyFolding:
             else:
                 prescale, finalize = scaling(meta, self._size)
                 op = KERNEL_OP[meta.op]
-                plan = _Plan(nbytes, wire_dtype(meta.dtype, meta.wire), prescale,
-                             REDUCE_BY_NAME[op], finalize, version, op)
+                wire = wire_dtype(meta.dtype, meta.wire)
+                plan = _Plan(nbytes, wire, prescale, REDUCE_BY_NAME[op], finalize, version, op,
+                             prescale == 1.0 and wire == np.dtype(meta.dtype) and wire.isnative)
             self._plans[meta] = plan
         return plan
 
