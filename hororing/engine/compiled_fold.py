@@ -50,7 +50,8 @@ class CompiledFold:
                       for row, rows in sets]
         self.turn(0)
         fields[F_SIZE] = sets[0][1].shape[0]
-        self._plan = self._bits = None  # the plan the fields were last set for, its bits
+        # the plan and cache id the fields were last set for, and the plan's bits
+        self._plan = self._bits = self._cache_id = None
         self._test = None
         self._backoff = -1  # the back-off's version the spin fields were set from
 
@@ -82,17 +83,18 @@ class CompiledFold:
         fields[F_COMM] = handle(node)
         return compiled
 
-    def run(self, entry, source, output, plan, cache_id, wake):
+    def run(self, entry, source, output, plan, cache_id, wake, activity):
         """One fold cycle, compiled: this rank's row of ``source`` (folding ``cache_id``),
         the exchange, and where every rank folded the same, the rows reduced with ``plan``
         into ``output`` (not finalized). True then; False where the ranks' fields differ (the
         rows are exchanged: the cycle goes on to the vote). ``wake``: called once if the
-        exchange is not complete after the spin."""
+        exchange is not complete after the spin; ``activity`` (``transport.activity``):
+        entered around the sleeping wait."""
         fields = self.fields
-        if plan is not self._plan or cache_id != fields[F_CACHE_ID]:
+        if plan is not self._plan or cache_id != self._cache_id:
             fields[F_OP] = OPS[plan.op]
             fields[F_HALF] = HALVES.get(plan.dtype, 0)
-            fields[F_CACHE_ID] = cache_id
+            fields[F_CACHE_ID] = self._cache_id = cache_id
             self._plan, self._bits = plan, carried(plan.dtype)
         backoff = transport.Backoff
         if backoff.version != self._backoff:  # set (again) since the last cycle
@@ -116,7 +118,8 @@ class CompiledFold:
                 if wake is not None:
                     wake()
             elif event == WAIT:  # then tested once more, compiled: done
-                transport.wait_until(self._done, asleep=True)
+                with activity:  # what the stall watchdog names, should it stall
+                    transport.wait_until(self._done, asleep=True)
             else:
                 raise MPI.Exception(-int(event))
 

@@ -122,7 +122,7 @@ class Cycle:
             wake = None  # the peers have all taken part in this cycle already
         return self._after_fold(needs_gather, by_name, flags, message, deadline, wake, waiting)
 
-    def run_lane(self, request, lane, wake):
+    def run_lane(self, request, lane, wake, activity):
         """``run((request,), wake=wake)`` for a call that fits ``lane`` (``lane.py``; the
         request carries its cache id), where the next cycle, announcing only it, folds it on
         this rank: nothing else announced by bit, no gathered cycle asked for, the fold
@@ -130,7 +130,9 @@ class Cycle:
         Then the same cycle, its steps written out. Returns ``NOT_RUN`` where it does not fold
         (nothing done: the call goes the usual way); the gathered rows when every rank folded
         it (``REDUCED`` where the cycle ran compiled and the request's output holds them
-        reduced); else None: then the cycle goes on with ``resume_lane``."""
+        reduced); else None: then the cycle goes on with ``resume_lane``. ``activity``
+        (``transport.activity``): entered where the cycle waits, not around it (a compiled
+        cycle that completes at once has no need of it)."""
         fold = self._fold
         plan = lane.plan
         if fold.bytes != plan.nbytes or self._by_bit or self._gather_asked \
@@ -138,10 +140,11 @@ class Cycle:
             return NOT_RUN
         self.number += 1
         request.announced = True
-        folded = fold.run_compiled(request, lane.response, plan, wake)
+        folded = fold.run_compiled(request, lane.response, plan, wake, activity)
         if folded is None:
-            transport.wait_until(fold.start(request, plan).Test, None, wake)
-            folded = fold.agreed() == request.cache_id
+            with activity:
+                transport.wait_until(fold.start(request, plan).Test, None, wake)
+                folded = fold.agreed() == request.cache_id
             rows = fold.gathered
         else:
             rows = REDUCED

@@ -157,18 +157,20 @@ class Engine:
                 submissions.pending[name] = request
             self._last_cycle_at = request.submitted = submissions.quiet_since = \
                 time.monotonic()
-            with self._cycle_activity:
-                rows = self.cycle.run_lane(request, lane, self._wake_for_lane)
-                if rows is not None:
-                    with submissions.lock:
-                        submissions.pending.pop(name, None)
-                    if rows is NOT_RUN:
-                        return None
-                    if rows is REDUCED and lane.plan.finalize is None and request.writeback is None:
-                        request.handle.set_result(request.output)  # the rows reduced into it
-                    else:
+            activity = self._cycle_activity  # entered where the cycle waits (run_lane)
+            rows = self.cycle.run_lane(request, lane, self._wake_for_lane, activity)
+            if rows is not None:
+                with submissions.lock:
+                    submissions.pending.pop(name, None)
+                if rows is NOT_RUN:
+                    return None
+                if rows is REDUCED and lane.plan.finalize is None and request.writeback is None:
+                    request.handle.set_result(request.output)  # the rows reduced into it
+                else:
+                    with activity:
                         self._folding.finish(lane.response, request, rows, lane.plan)
-                    return request.handle
+                return request.handle
+            with activity:
                 self._run(self.cycle.resume_lane(request, self._blocked))  # the vote, as usual
         except JobEnded as ended:
             self._end(ended)

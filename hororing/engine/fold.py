@@ -33,6 +33,7 @@ from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
 from ..kernels import scale_into
 from ..ops import Adasum, KERNEL_OP
 from .allreduce import complete, wire_bytes, wire_dtype
+from .buffers import OutputPool
 from .compiled_fold import CompiledFold
 from .scaling import scaling
 
@@ -139,14 +140,14 @@ class Fold:
         gathered = data if chunked is None else _Chunked(data, chunked)
         return row, row[:_HEAD].view(np.int64), row[_HEAD:], gathered, rows[:, :_HEAD]
 
-    def run_compiled(self, request, response, plan, wake):
+    def run_compiled(self, request, response, plan, wake, activity):
         """A lane's cycle (``request``, agreed as ``response``, folded with ``plan``) as one
         compiled call, where it can run: gathered rows on a persistent exchange or rows in
         shared memory not reduced in chunks, the compiled cycle loaded for the dtype, a result
         the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
         rank folded it and its output holds the rows reduced (not finalized); False: they did
         not all fold it (the rows are exchanged; the cycle goes on to the vote); None: not
-        run, nothing exchanged."""
+        run, nothing exchanged. ``activity``: entered around a wait that sleeps."""
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
@@ -163,7 +164,8 @@ class Fold:
                 return None
         if self._turns is not None:
             compiled.turn(self._next_set())
-        return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake)
+        return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake,
+                            activity)
 
     def free(self, clean=True):
         """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``)."""
@@ -308,9 +310,10 @@ class LatencyFolding:
         if not plan.direct or not request.tensor.flags.writeable:
             return None
         output = request.output
-        if output is None:
-            output = request.output = self._pipeline.host.output(response, request,
-                                                                 plan.dtype, None)
+        if output is None:  # below the pool's size, as the pool would make it, without calls
+            output = request.output = np.empty_like(request.tensor) \
+                if plan.nbytes < OutputPool.MIN_BYTES \
+                else self._pipeline.host.output(response, request, plan.dtype, None)
         return output
 
     def plan_of(self, meta):
