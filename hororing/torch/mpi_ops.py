@@ -54,12 +54,13 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
             and average is None and op in ALLREDUCE_OPS and not tensor.requires_grad \
             and tensor.dtype in _PLAIN and tensor.is_cpu and tensor.layout is _STRIDED:
         # a plain CPU tensor, the common call: ``as_numpy``'s and ``to_torch``'s work
-        # written out, without their calls. ``numpy()`` holds the GIL, so the door checks
-        # the name itself (``check_free`` guards conversions that may release it)
+        # written out, without their calls. ``Tensor.numpy`` releases the GIL (as does
+        # every call that makes a tensor), so the name is checked first
+        door.check_free(name, process_set)
         array = tensor.numpy()
         result = door.start("allreduce", array, name, process_set, now=True, op=op,
-                            prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor).synchronize()
+                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                            name_checked=True).synchronize()
         if type(result) is np.ndarray and result.dtype is array.dtype \
                 and result.flags.c_contiguous:
             return torch.from_numpy(result)

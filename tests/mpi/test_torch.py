@@ -439,14 +439,23 @@ def test_a_repeated_blocking_allreduce_of_a_plain_tensor_returns_new_tensors(dty
     assert torch.allclose(average, torch.full((5,), (size - 1) / 2))
 
 
-def test_a_blocking_allreduce_under_a_name_in_flight_is_refused():
+def test_a_blocking_allreduce_under_a_name_in_flight_is_refused_before_converting(monkeypatch):
+    """``Tensor.numpy`` releases the GIL: a collective in flight under the name could
+    complete meanwhile, so the name is checked before the tensor is converted."""
     if hvd.size() < 2:
         pytest.skip("a collective of one rank can finish at once")
     tensor = torch.ones(3)
     if hvd.rank() == 0:
         handle = hvd.allreduce_async(tensor, op=hvd.Sum, name="plain.twice")
+        converted = []
+        numpy = torch.Tensor.numpy
+        monkeypatch.setattr(torch.Tensor, "numpy",
+                            lambda self, *args, **kwargs: converted.append(self) or
+                            numpy(self, *args, **kwargs))
         with pytest.raises(ValueError, match="named 'plain.twice' is already in flight"):
             hvd.allreduce(tensor, op=hvd.Sum, name="plain.twice")
+        monkeypatch.undo()
+        assert converted == []
     hvd.barrier()
     if hvd.rank() != 0:
         handle = hvd.allreduce_async(tensor, op=hvd.Sum, name="plain.twice")
