@@ -5,7 +5,7 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
 - ``Engine.submit(request, blocking)`` (``request.Request``), returning a ``request.Handle``;
   ``Handle.synchronize()`` waits for it, driving the engine from the caller's thread;
   ``Engine.submit_blocking(request)`` for a blocking verb (its cycle may run in the call);
-  ``Engine.lanes`` (name -> ``lane.Lane``: ``fits(kind, tensor, inplace, arguments)``) and
+  ``Engine.lanes`` (name -> ``lane.Lane``: its ``door``, ``dtype`` and ``shape``) and
   ``Engine.run_lane(lane, tensor)`` for a repeated blocking call, whose first call's
   request carries ``door_key(kind, inplace, arguments)`` as its ``door``;
   ``Engine.check_free(name)`` and ``Engine.in_flight`` (the names in flight, read only);

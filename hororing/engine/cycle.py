@@ -135,8 +135,12 @@ class Cycle:
         cycle that completes at once has no need of it)."""
         fold = self._fold
         plan = lane.plan
-        if fold.bytes != plan.nbytes or self._by_bit or self._gather_asked \
-                or self.negotiator.cached_id(lane.name, lane.meta) != lane.cache_id:
+        negotiator = self.negotiator
+        # ``cached_id`` gives the lane's id, without the call: nothing is in the table (so
+        # neither its name nor a join), and its cache entry is the one the lane was made
+        # with (``record`` makes a new Response whenever it changes an entry)
+        if fold.bytes != plan.nbytes or self._by_bit or self._gather_asked or negotiator.table \
+                or negotiator.cache.responses[lane.cache_id] is not lane.response:
             return NOT_RUN
         self.number += 1
         request.announced = True

@@ -165,7 +165,12 @@ class Engine:
                 if rows is NOT_RUN:
                     return None
                 if rows is REDUCED and lane.plan.finalize is None and request.writeback is None:
-                    request.handle.set_result(request.output)  # the rows reduced into it
+                    # the rows reduced into its output: ``set_result`` written out. The handle
+                    # is made above and returned below: no thread waits on it, none has a
+                    # callback on it, so it needs neither the lock nor the call
+                    handle = request.handle
+                    handle._outcome = (request.output, None)
+                    handle._done = True
                 else:
                     with activity:
                         self._folding.finish(lane.response, request, rows, lane.plan)

@@ -311,7 +311,9 @@ class LatencyFolding:
             return None
         output = request.output
         if output is None:  # below the pool's size, as the pool would make it, without calls
-            output = request.output = np.empty_like(request.tensor) \
+            # (np.empty, not empty_like: that one is a Python function; the input is C-contiguous)
+            tensor = request.tensor
+            output = request.output = np.empty(tensor.shape, tensor.dtype) \
                 if plan.nbytes < OutputPool.MIN_BYTES \
                 else self._pipeline.host.output(response, request, plan.dtype, None)
         return output

@@ -15,12 +15,11 @@ While it runs, the call is in flight under its name as a submitted call is, so a
 thread's call under that name is refused, whichever way the first one went.
 """
 
-import numpy as np
-
-
 class Lane:
     """One name's plan: ``door`` is (kind, in place, the verb's arguments as given, their
-    types); the rest is what the engine runs it with."""
+    types), ``dtype`` and ``shape`` the array's: what a later call must match to be this
+    lane's again (the door compares them, ``door.start``); the rest is what the engine runs
+    it with."""
 
     __slots__ = ("name", "door", "dtype", "shape", "meta", "cache_id", "response", "plan")
 
@@ -34,22 +33,9 @@ class Lane:
         self.response = response  # the cached Response (the same object while cached)
         self.plan = plan  # fold._Plan
 
-    def fits(self, kind, tensor, inplace, arguments):
-        """Whether a call is this lane's again: the same verb and arguments (each of the
-        same type: True is not the op 1), a C-contiguous numpy array of the same dtype and
-        shape, writable where the result goes into it."""
-        door = self.door  # compared as ``door_key`` builds it, written out: a call less
-        if not (type(tensor) is np.ndarray and tensor.dtype is self.dtype
-                and tensor.shape == self.shape and door[0] == kind and door[1] is inplace
-                and door[2] == arguments
-                and door[3] == tuple(map(type, arguments.values()))):
-            return False
-        flags = tensor.flags
-        return flags.c_contiguous and (flags.writeable or not inplace)
-
 
 def door_key(kind, inplace, arguments):
-    """What ``Lane.fits`` compares a later call with (``Request.door``)."""
+    """What the door compares a later call with (``Request.door``, ``Lane.door``)."""
     return kind, inplace, arguments, tuple(map(type, arguments.values()))
 
 

@@ -163,7 +163,7 @@ class Negotiator:
     def __init__(self, size, cache_capacity):
         self.size = size
         self.cache = ResponseCache(cache_capacity)
-        self._table = {}
+        self.table = {}  # name -> _Entry; read by the cycle (a lane runs only while it is empty)
         self._counter = itertools.count()
         self._join_order = {}  # rank -> when it joined, while a join is pending
 
@@ -189,14 +189,14 @@ class Negotiator:
     def backdate(self, name, since):
         """This rank submitted ``name`` at ``since``, before a gathered cycle put it in the
         table (it was announced by cache bit until then): count its wait from there."""
-        entry = self._table.get(name)
+        entry = self.table.get(name)
         if entry is not None and since < entry.first_seen:
             entry.first_seen = since
 
     def cached_id(self, name, meta):
         """The cache id ``name`` goes by this cycle, announced with ``meta``: None where it
         must go by name (not cached with exactly this metadata, or ``holds`` it)."""
-        table = self._table
+        table = self.table
         if name in table or JOIN_NAME in table:
             return None
         cache = self.cache  # its ``lookup``, written out: every announcement asks it
@@ -208,15 +208,15 @@ class Negotiator:
     def holds(self, name):
         """True if a tensor of this name must be announced by name, not by its cache bit:
         some rank's announcement of it is already in the table, or a rank has joined."""
-        return name in self._table or JOIN_NAME in self._table
+        return name in self.table or JOIN_NAME in self.table
 
     def ready(self):
         """Return the responses this cycle, in the same order on every rank, and drop them."""
-        join_entry = self._table.get(JOIN_NAME)
+        join_entry = self.table.get(JOIN_NAME)
         joined = frozenset(join_entry.metas) if join_entry else frozenset()
         everyone = frozenset(range(self.size))
         responses = []
-        for name, entry in list(self._table.items()):
+        for name, entry in list(self.table.items()):
             if name == JOIN_NAME:
                 continue
             present = frozenset(entry.metas)
@@ -251,10 +251,10 @@ class Negotiator:
         """Fail every pending tensor but ``join`` (called when every rank is blocked and none
         is ready: none of them can ever complete); the responses carry one message naming
         what each rank waits on and which ranks submitted each name."""
-        entries = {name: entry.metas for name, entry in self._table.items() if name != JOIN_NAME}
+        entries = {name: entry.metas for name, entry in self.table.items() if name != JOIN_NAME}
         if not entries:
             return []
-        message = deadlock_message(entries, self._table.get(JOIN_NAME), self.size)
+        message = deadlock_message(entries, self.table.get(JOIN_NAME), self.size)
         responses = [self._pop(name, error=message) for name in entries]
         for response in responses:
             response.deadlock = True
@@ -266,7 +266,7 @@ class Negotiator:
         Each entry is reported once per ``after_seconds`` interval.
         """
         everyone = set(range(self.size))
-        for name, entry in self._table.items():
+        for name, entry in self.table.items():
             waited = now - entry.first_seen
             if waited < after_seconds:
                 continue
@@ -275,18 +275,18 @@ class Negotiator:
                 yield name, sorted(everyone - set(entry.metas)), waited
 
     def pending_names(self):
-        return list(self._table)
+        return list(self.table)
 
     def _add(self, rank, name, meta, now):
-        entry = self._table.get(name)
+        entry = self.table.get(name)
         if entry is None:
-            entry = self._table[name] = _Entry(next(self._counter), now, {})
+            entry = self.table[name] = _Entry(next(self._counter), now, {})
         if name == JOIN_NAME:
             self._join_order.setdefault(rank, next(self._counter))  # for the last to join
         entry.metas.setdefault(rank, meta)
 
     def _pop(self, name, error=None):
-        entry = self._table.pop(name)
+        entry = self.table.pop(name)
         first_rank = min(entry.metas)
         return Response(name=name, meta=entry.metas[first_rank], metas=entry.metas, error=error)
 

@@ -16,9 +16,11 @@ import hororing as hvd
 from hororing import transport
 
 # the calls counted at this point (1-3 ranks, on a quiet machine and beside busy loops alike:
-# Sum 21, Average 26: its division is a few calls more; the repeated call runs its lane,
-# engine/lane.py), with one to spare; the bound for a repeated blocking call is 30.
-# Lower them when the path gets leaner
+# Sum 21, Average 26 where the lane's cycle runs Python's steps, 10 where it runs compiled:
+# the division is a few calls more; the repeated call runs its lane, engine/lane.py), with
+# one to spare; the bound for a repeated blocking call is 30. Lower them when the path
+# gets leaner. Fewer than FEWEST: the count itself is broken
+FEWEST = 6
 BUDGET = {hvd.Sum: 22, hvd.Average: 27}
 
 
@@ -65,7 +67,7 @@ def test_a_repeated_blocking_4_kib_allreduce_stays_within_its_call_budget(op):
     for _ in range(20):  # the steady state: the fold's plan made, the names cached
         call()
     calls = calls_per_allreduce(call)
-    assert 10 < calls <= BUDGET[op], f"{calls} Python calls per blocking 4 KiB allreduce_"
+    assert FEWEST <= calls <= BUDGET[op], f"{calls} Python calls per blocking 4 KiB allreduce_"
     expected = 1.0 if op == hvd.Average else float(hvd.size())
     np.testing.assert_array_equal(values, np.full(1024, expected, dtype=np.float32))
 
@@ -92,6 +94,6 @@ def test_the_torch_bindings_blocking_verbs_stay_within_their_call_budget(verb):
     for _ in range(20):
         call()
     calls = calls_per_allreduce(call)
-    assert 10 < calls <= TORCH_BUDGET[verb], f"{calls} Python calls per blocking torch {verb}"
+    assert FEWEST <= calls <= TORCH_BUDGET[verb], f"{calls} Python calls per blocking torch {verb}"
     expected = (sum(range(1, hvd.size() + 1)) if verb == "allreduce" else 1.0)
     assert all(torch.equal(result, torch.full((1024,), float(expected))) for result in results)

@@ -117,6 +117,34 @@ def test_a_different_call_under_the_lane_name_takes_the_usual_way():
                  np.full(LENGTH, 2.0, dtype=np.float32))
 
 
+def test_a_lane_whose_cache_entry_changed_goes_the_usual_way_then_resumes():
+    """An asynchronous call under the lane's name with another dtype of the same size (so the
+    fold still expects its bytes) changes the name's cache entry: the lane's next call (which the door still matches) is not folded by the
+    lane's id; it is negotiated again, gives the right sum, and the lane is taken again. Rank
+    0 forgets its lanes meanwhile, so its call is announced by name: a peer folding by the
+    stale id would be read as the other dtype and fail the call as a mismatch."""
+    values = np.full(LENGTH, 2.0, dtype=np.float32) + hvd.rank()
+    expected = np.full(LENGTH, 2.0 * hvd.size() + sum(range(hvd.size())), dtype=np.float32)
+
+    def call():
+        return hvd.allreduce_(values.copy(), name="lane.entry", op=hvd.Sum)
+    _settle(call)
+    if hvd.size() > 1:
+        _until_a_lane_is_taken(call)
+    other = hvd.synchronize(hvd.allreduce_async(values.astype(np.int32), name="lane.entry",
+                                                op=hvd.Sum))
+    np.testing.assert_array_equal(other, expected.astype(np.int32))
+    if hvd.rank() == 0:
+        _engine().lanes.clear()
+    else:
+        assert _engine().lanes["lane.entry"].dtype == np.float32  # the door would take it
+    for _ in range(3):
+        assert_close(call(), expected)
+    if hvd.size() > 1:
+        _until_a_lane_is_taken(call)
+    assert_close(call(), expected)
+
+
 def test_a_read_only_array_is_refused_on_every_rank_as_at_the_first_call():
     values = np.ones(LENGTH, dtype=np.float32)
     _settle(lambda: hvd.allreduce_(values, name="lane.readonly", op=hvd.Sum))
