@@ -3,8 +3,9 @@
 
 Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_call_cost.py --sizes 4KiB,64KiB,1MiB
 
-For each size, ``hvd.allreduce_`` (Sum, float32, numpy; with ``--api torch``, the torch
-binding's ``hvd.allreduce`` of a tensor that needs no gradient) and ``MPI_Allreduce`` on a
+For each size, ``hvd.allreduce_`` (Sum, float32, numpy; with ``--api numpy-out``, the
+out-of-place ``hvd.allreduce``; with ``--api torch``, the torch binding's ``hvd.allreduce``
+of a tensor that needs no gradient, also out of place) and ``MPI_Allreduce`` on a
 buffer of the same size take turns, a Barrier before every call; the time is the slowest rank's median.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
@@ -33,7 +34,8 @@ def main():
     for nbytes in args.sizes:
         count = nbytes // 4
         ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
-        library = numpy_call(ours, nbytes) if args.api == "numpy" else torch_call(ours, nbytes)
+        library = {"numpy": numpy_call, "numpy-out": numpy_out_call,
+                   "torch": torch_call}[args.api](ours, nbytes)
 
         def mpi():
             COMM.Allreduce(MPI.IN_PLACE, theirs, MPI.SUM)
@@ -48,7 +50,7 @@ def main():
                 if index >= args.warmup:
                     times[name].append(time.perf_counter() - started)
         expected = float(COMM.Get_size())
-        result = ours if args.api == "numpy" else library.result.numpy()
+        result = ours if args.api == "numpy" else np.asarray(library.result)
         wrong = int(np.count_nonzero(result != expected)) + \
             int(np.count_nonzero(theirs != expected))
         median = {name: COMM.allreduce(statistics.median(values), op=MPI.MAX)
@@ -70,6 +72,14 @@ def main():
 def numpy_call(ours, nbytes):
     def library():
         hvd.allreduce_(ours, op=hvd.Sum, name=f"cost.{nbytes}")
+    return library
+
+
+def numpy_out_call(ours, nbytes):
+    """The out-of-place allreduce of ``ours``; the last result is kept for the check."""
+    def library():
+        library.result = hvd.allreduce(ours, op=hvd.Sum, name=f"cost.out.{nbytes}")
+    library.result = None
     return library
 
 
@@ -114,7 +124,7 @@ def parse_args():
                         default=[4096, 65536, 1 << 20])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per size and side")
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--api", choices=["numpy", "torch"], default="numpy")
+    parser.add_argument("--api", choices=["numpy", "numpy-out", "torch"], default="numpy")
     return parser.parse_args()
 
 
