@@ -126,8 +126,8 @@ class Cycle:
         """``run((request,), wake=wake)`` for a call that fits ``lane`` (``lane.py``; the
         request carries its cache id), where the next cycle, announcing only it, folds it on
         this rank: nothing else announced by bit, no gathered cycle asked for, the fold
-        expected at its size, its name cached with its metadata under its id, no rank joined.
-        Then the same cycle, its steps written out. Returns ``NOT_RUN`` where it does not fold
+        expected at its size, nothing in the negotiation table (so neither its name nor a
+        join), its cache entry the lane's own. Then the same cycle, its steps written out. Returns ``NOT_RUN`` where it does not fold
         (nothing done: the call goes the usual way); the gathered rows when every rank folded
         it (``REDUCED`` where the cycle ran compiled and the request's output holds them
         reduced); else None: then the cycle goes on with ``resume_lane``. ``activity``

@@ -15,6 +15,7 @@ While it runs, the call is in flight under its name as a submitted call is, so a
 thread's call under that name is refused, whichever way the first one went.
 """
 
+
 class Lane:
     """One name's plan: ``door`` is (kind, in place, the verb's arguments as given, their
     types), ``dtype`` and ``shape`` the array's: what a later call must match to be this
