@@ -8,6 +8,7 @@ no binding reaches into an engine object itself.
 """
 
 import inspect
+from threading import get_ident
 
 import numpy as np
 
@@ -52,7 +53,8 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     whole = context is not None and (process_set is None or process_set is global_process_set)
     group = context.group if whole else group_of(process_set)
     if now and name is None:  # the same name every call (Group.blocking_name)
-        name = group.blocking_name(kind)
+        name = group.main_blocking_names[kind] if get_ident() == group.main_ident \
+            else group.blocking_name(kind)
     door = None
     if whole and now and into is None and kind == "allreduce":
         # a repeated blocking call runs its lane (engine/lane.py); its first, the usual way

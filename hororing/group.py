@@ -18,6 +18,10 @@ class Group:
         self._index = {rank: index for index, rank in enumerate(self.ranks)}
         self._name_counters = {}       # name prefix -> the next number it gives
         self._names_lock = threading.Lock()
+        # the main thread's blocking names (``blocking_name``), which the door takes without
+        # the call where the calling thread's ident is ``main_ident``
+        self.main_ident = threading.main_thread().ident
+        self.main_blocking_names = _BlockingNames()
         engine.on_missed_error = self.skip_name
 
     def set_rank(self, job_rank):
@@ -55,8 +59,9 @@ class Group:
         its thread in flight, and every member makes the same calls, so they pair as the
         numbered names would; it takes no number from ``auto_name``'s count."""
         thread = threading.current_thread()
-        prefix = kind if thread is threading.main_thread() else f"{kind}.{thread.name}"
-        return f"{prefix}.noname.blocking"
+        if thread is threading.main_thread():
+            return self.main_blocking_names[kind]
+        return f"{kind}.{thread.name}.noname.blocking"
 
     def skip_name(self, name):
         """Catch up with the peers after a generated ``name`` failed without this rank.
@@ -86,3 +91,12 @@ def stop_engine(engine, failure=None):
         engine.stop()
     else:
         engine.stop(message=failure, flags=FLAG_FAILED, deadline_s=10.0)
+
+
+class _BlockingNames(dict):
+    """kind -> the main thread's blocking name for it (``Group.blocking_name``), made on
+    first use."""
+
+    def __missing__(self, kind):
+        name = self[kind] = f"{kind}.noname.blocking"
+        return name

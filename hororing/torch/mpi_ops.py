@@ -55,8 +55,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
             and tensor.dtype in _PLAIN and tensor.is_cpu and tensor.layout is _STRIDED:
         # a plain CPU tensor, the common call: ``as_numpy``'s and ``to_torch``'s work
         # written out, without their calls. ``Tensor.numpy`` releases the GIL (as does
-        # every call that makes a tensor), so the name is checked first
-        door.check_free(name, process_set)
+        # every call that makes a tensor), so a name is checked first (None is named later)
+        if name is not None:
+            door.check_free(name, process_set)
         array = tensor.numpy()
         result = door.start("allreduce", array, name, process_set, now=True, op=op,
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,

@@ -268,6 +268,31 @@ def test_unnamed_blocking_calls_repeat_one_name_and_take_the_lane():
         assert_close(hvd.synchronize(handle), (expected * (call + 2)).astype(np.float32))
 
 
+def test_an_unnamed_blocking_call_from_another_thread_takes_that_threads_lane():
+    """The door names the main thread's unnamed blocking calls without a call (by its
+    ident); a call from another thread still carries that thread's name, and its loop takes
+    a lane of its own."""
+    values = np.arange(LENGTH, dtype=np.float32) * (hvd.rank() + 1)
+    expected = (np.arange(LENGTH, dtype=np.float64) * sum(range(1, hvd.size() + 1))
+                ).astype(np.float32)
+    failures = []
+
+    def work():
+        try:
+            _settle(lambda: hvd.allreduce(values, op=hvd.Sum))
+            if hvd.size() > 1:
+                _until_a_lane_is_taken(lambda: hvd.allreduce(values, op=hvd.Sum))
+            assert_close(hvd.allreduce(values, op=hvd.Sum), expected)
+        except BaseException as error:  # re-raised on the main thread
+            failures.append(error)
+    thread = threading.Thread(target=work, name="worker")
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
+    assert "allreduce.worker.noname.blocking" in _engine().lanes or hvd.size() == 1
+
+
 @SINGLE
 def test_unnamed_blocking_calls_that_differ_fail_every_rank_by_name():
     _settle(lambda: hvd.allreduce(np.ones(LENGTH, dtype=np.float32), op=hvd.Sum))
