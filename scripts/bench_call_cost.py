@@ -5,7 +5,8 @@ Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_call_cost.py --sizes 4KiB
 
 For each size, ``hvd.allreduce_`` (Sum, float32, numpy; with ``--api numpy-out``, the
 out-of-place ``hvd.allreduce``; with ``--api torch``, the torch binding's ``hvd.allreduce``
-of a tensor that needs no gradient, also out of place) and ``MPI_Allreduce`` on a
+of a tensor that needs no gradient, also out of place), each call named (``--unnamed``:
+without a name, as most training scripts call it) and ``MPI_Allreduce`` on a
 buffer of the same size take turns, a Barrier before every call; the time is the slowest rank's median.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
@@ -34,8 +35,9 @@ def main():
     for nbytes in args.sizes:
         count = nbytes // 4
         ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
+        name = None if args.unnamed else f"cost.{args.api}.{nbytes}"
         library = {"numpy": numpy_call, "numpy-out": numpy_out_call,
-                   "torch": torch_call}[args.api](ours, nbytes)
+                   "torch": torch_call}[args.api](ours, name)
 
         def mpi():
             COMM.Allreduce(MPI.IN_PLACE, theirs, MPI.SUM)
@@ -59,7 +61,9 @@ def main():
         rows.append((nbytes, median["hororing"], median["mpi"], calls,
                      COMM.allreduce(wrong)))
     if hvd.rank() == 0:
-        print(f"# {COMM.Get_size()} ranks, the {args.api} API; hororing from {hvd.__file__}")
+        unnamed = ", unnamed calls" if args.unnamed else ""
+        print(f"# {COMM.Get_size()} ranks, the {args.api} API{unnamed}; hororing from "
+              f"{hvd.__file__}")
         print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
               f"{'Python calls':>13}")
         for nbytes, ours_s, mpi_s, calls, wrong in rows:
@@ -69,21 +73,21 @@ def main():
     return 1 if any(row[4] for row in rows) else 0
 
 
-def numpy_call(ours, nbytes):
+def numpy_call(ours, name):
     def library():
-        hvd.allreduce_(ours, op=hvd.Sum, name=f"cost.{nbytes}")
+        hvd.allreduce_(ours, op=hvd.Sum, name=name)
     return library
 
 
-def numpy_out_call(ours, nbytes):
+def numpy_out_call(ours, name):
     """The out-of-place allreduce of ``ours``; the last result is kept for the check."""
     def library():
-        library.result = hvd.allreduce(ours, op=hvd.Sum, name=f"cost.out.{nbytes}")
+        library.result = hvd.allreduce(ours, op=hvd.Sum, name=name)
     library.result = None
     return library
 
 
-def torch_call(ours, nbytes):
+def torch_call(ours, name):
     """The torch binding's blocking allreduce of a tensor over ``ours`` (the input, reset to
     ones before each call); the last result is kept for the check."""
     import torch
@@ -92,7 +96,7 @@ def torch_call(ours, nbytes):
     tensor = torch.from_numpy(ours)
 
     def library():
-        library.result = hvd_torch.allreduce(tensor, op=hvd.Sum, name=f"cost.torch.{nbytes}")
+        library.result = hvd_torch.allreduce(tensor, op=hvd.Sum, name=name)
     library.result = None
     return library
 
@@ -125,6 +129,8 @@ def parse_args():
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per size and side")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--api", choices=["numpy", "numpy-out", "torch"], default="numpy")
+    parser.add_argument("--unnamed", action="store_true",
+                        help="calls without a name (each size's loop then shares one name)")
     return parser.parse_args()
 
 
