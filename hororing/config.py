@@ -23,6 +23,11 @@ RING_PIECE_CEILING_ACROSS_NODES = MiB
 # on the latency path against 551 us hierarchical at 1 Gbit/s, and the same at 10 Gbit/s
 # (323 against 314 us); 4 KiB stays faster on the latency path at both rates.
 SMALL_TOTAL_ACROSS_NODES = 256 * 1024
+# The waits' spin where a node runs more ranks than it has cores and none is set
+# (Config.spin_tests): at 4 and 8 ranks on 2 cores a 64 KiB allreduce took 0.57-0.61 and
+# 0.51-0.61 of MPI_Allreduce's speed with the 50 tests' spin, 0.83-0.96 and 0.62-1.03 with
+# one (scripts/bench_call_cost.py, docs/tuning.md); with a core per rank the spin stays.
+OVERSUBSCRIBED_SPIN_TESTS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +183,15 @@ class Config:
         if across_nodes and "small_allreduce_total_bytes" not in self.explicit:
             total = min(total, SMALL_TOTAL_ACROSS_NODES)
         return total // max(ranks, 1)
+
+    def spin_tests(self, ranks_on_node, cores):
+        """The waits' spin phase (``wait_spin_tests``) for a rank whose node runs
+        ``ranks_on_node`` ranks on ``cores`` cores: where the ranks outnumber the cores and
+        the spin is not set, one test, then the yields (a spinning rank holds a core that
+        a peer it waits for needs). Measured: docs/tuning.md, "Oversubscribed waits"."""
+        if ranks_on_node > cores and "wait_spin_tests" not in self.explicit:
+            return OVERSUBSCRIBED_SPIN_TESTS
+        return self.wait_spin_tests
 
     def subchunk_bytes(self, across_nodes):
         """The ring's sub-chunk for a ring within one node or one that crosses nodes."""

@@ -6,6 +6,7 @@ nothing else in the library keeps mutable module-level state.
 
 import atexit
 import logging
+import os
 import sys
 import time
 
@@ -151,6 +152,9 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             _State.context = Context(comm, config, reducer)
         else:
             _State.context = Context(user_comm.Dup(), config, origin=user_comm)
+        # where this node runs more ranks than it has cores, the waits barely spin
+        transport.set_backoff(config.spin_tests(_State.context.local_size, os.cpu_count() or 1),
+                              config.wait_yield_tests, config.wait_max_sleep_us / 1e6)
         slurm.set_framework_threads(_State.context.local_size)
         slurm.set_blas_threads(_State.context.local_size)
         global_process_set.ranks = list(range(_State.context.size))

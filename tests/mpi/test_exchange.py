@@ -71,3 +71,22 @@ def test_buffers_given_as_temporaries_live_as_long_as_the_exchange(persistent):
     np.testing.assert_array_equal(gone(), np.full(7, expected, dtype=np.int64))
     exchange.free()
     comm.Free()
+
+
+def test_init_spins_the_waits_by_the_nodes_ranks_per_core():
+    """After ``hvd.init`` a wait spins ``HORORING_WAIT_SPIN_TESTS`` tests (50 unset) where the
+    node has a core per rank, and one where its ranks outnumber its cores, unless set."""
+    import os
+
+    import hororing as hvd
+    hvd.shutdown()
+    hvd.init()
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks_on_node = node.Get_size()
+    node.Free()
+    given = os.environ.get("HORORING_WAIT_SPIN_TESTS")
+    if given is not None:
+        expected = int(given)
+    else:
+        expected = 1 if ranks_on_node > (os.cpu_count() or 1) else 50
+    assert transport.backoff()[0] == expected

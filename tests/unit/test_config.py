@@ -89,6 +89,15 @@ def test_tuning_settings_from_the_environment():
     assert config.staged_copy_bytes == 4096
 
 
+def test_waits_barely_spin_where_a_node_runs_more_ranks_than_cores_unless_the_spin_is_set():
+    default = Config.from_environ({})
+    assert default.spin_tests(ranks_on_node=2, cores=2) == default.wait_spin_tests == 50
+    assert default.spin_tests(ranks_on_node=3, cores=2) == 1
+    assert default.spin_tests(ranks_on_node=16, cores=2) == 1
+    assert Config.from_environ({"HORORING_WAIT_SPIN_TESTS": "50"}).spin_tests(16, 2) == 50
+    assert Config.from_environ({}, wait_spin_tests=7).spin_tests(16, 2) == 7
+
+
 def test_comm_hook_buckets_are_capped_by_their_own_size_and_the_fusion_threshold():
     from hororing.engine.allreduce import Route
 
