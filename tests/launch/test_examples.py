@@ -104,10 +104,18 @@ def test_ps_mode_trains_to_the_same_parameters_as_the_ring(tmp_path):
         np.testing.assert_allclose(ps_params[name], ring_params[name], atol=1e-4)
 
 
+def assert_same_parameters(path, reference):
+    import numpy as np
+    wanted = np.load(reference)
+    got = np.load(path)
+    assert sorted(got) == sorted(wanted)
+    for name in wanted:
+        np.testing.assert_allclose(got[name], wanted[name], rtol=1e-4, atol=1e-5)
+
+
 def test_sharded_optimizer_state_trains_to_the_same_parameters(tmp_path):
-    """examples/train.py --sharded (ZeRO stage 1) and --sharded 2: the same training as the
-    unsharded optimizer, within float tolerance, and a checkpoint of its full state that
-    resumes."""
+    """examples/train.py --sharded (ZeRO stage 1): the same training as the unsharded
+    optimizer, within float tolerance, and a checkpoint of its full state that resumes."""
     import numpy as np
     import torch
     args = ("--epochs", "2")
@@ -115,15 +123,9 @@ def test_sharded_optimizer_state_trains_to_the_same_parameters(tmp_path):
                 str(tmp_path / "plain.npz"))
     sharded = run(3, *args, "--sharded", "--checkpoint", str(tmp_path / "sharded.pt"),
                   "--save-params", str(tmp_path / "sharded.npz"))
-    stage_2 = run(3, *args, "--sharded", "2", "--save-params", str(tmp_path / "stage_2.npz"))
-    assert plain.returncode == 0 and sharded.returncode == 0 and stage_2.returncode == 0, \
-        (plain.stderr + sharded.stderr + stage_2.stderr)[-3000:]
-    plain_params = np.load(tmp_path / "plain.npz")
-    for kind in ("sharded", "stage_2"):
-        sharded_params = np.load(tmp_path / f"{kind}.npz")
-        for name in plain_params:
-            np.testing.assert_allclose(sharded_params[name], plain_params[name], rtol=1e-4,
-                                       atol=1e-5)
+    assert plain.returncode == 0 and sharded.returncode == 0, \
+        (plain.stderr + sharded.stderr)[-3000:]
+    assert_same_parameters(tmp_path / "sharded.npz", tmp_path / "plain.npz")
     # the checkpoint holds the full momentum, as the unsharded optimizer's does
     saved = [torch.load(tmp_path / f"{kind}.pt")["optimizer"] for kind in ("plain", "sharded")]
     assert sorted(saved[0]["state"]) == sorted(saved[1]["state"])
@@ -134,6 +136,17 @@ def test_sharded_optimizer_state_trains_to_the_same_parameters(tmp_path):
                   str(tmp_path / "sharded.pt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "epoch   2" in resumed.stdout and "epoch   1" not in resumed.stdout
+
+
+def test_sharded_stage_2_example_trains_to_the_same_parameters(tmp_path):
+    """examples/train.py --sharded 2 (gradients sharded too): the unsharded training's
+    parameters."""
+    args = ("--epochs", "2", "--checkpoint", str(tmp_path / "checkpoint.pt"))
+    plain = run(3, *args, "--save-params", str(tmp_path / "plain.npz"))
+    stage_2 = run(3, *args, "--sharded", "2", "--save-params", str(tmp_path / "stage_2.npz"))
+    assert plain.returncode == 0 and stage_2.returncode == 0, \
+        (plain.stderr + stage_2.stderr)[-3000:]
+    assert_same_parameters(tmp_path / "stage_2.npz", tmp_path / "plain.npz")
 
 
 def test_asynchronous_ps_training_converges_on_digits(tmp_path):
