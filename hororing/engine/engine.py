@@ -42,6 +42,11 @@ log = logging.getLogger("hororing")
 
 __all__ = ["Engine", "FLAG_FAILED", "FLAG_SHUTDOWN"]
 
+# A peer's wake-up that finds nothing pending here, while this rank's caller runs a loop of
+# lane calls, is left to the caller for up to LANE_GRACE_S (Engine._leave_for_the_caller)
+LANE_LOOP_S = 0.05
+LANE_GRACE_S = 0.002
+
 
 class Engine:
     """The per-rank collective engine. Created by ``hororing.init``; not public API."""
@@ -76,6 +81,11 @@ class Engine:
         self.in_flight = self._submissions.pending
         self.lanes = Lanes()  # the door's: name -> the Lane of a repeated blocking call
         self._last_cycle_at = 0.0
+        # the highest cycle a peer's wake-up asked for (seen wake-ups are kept here: the
+        # background thread may see one and leave it for this rank's caller, _progress)
+        self._asked = 0
+        self._lane_at = -LANE_LOOP_S  # when this rank's caller last started a lane's call
+        self._deferred = (0, 0.0)  # (the wake-up left for the caller, since when)
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
@@ -125,8 +135,10 @@ class Engine:
                 if alone:
                     request.awaited = True
                     request.submitted = submissions.quiet_since = time.monotonic()
-                    self._run_cycle(self._wakeups.latest(patience=1) <= self.cycle.number,
-                                    fresh=(request,))
+                    asked = self._wakeups.latest(patience=1)
+                    if asked > self._asked:
+                        self._asked = asked
+                    self._run_cycle(self._asked <= self.cycle.number, fresh=(request,))
                     return request.handle
             finally:
                 self._drive_lock.release()
@@ -155,8 +167,8 @@ class Engine:
                 if submissions.queue or submissions.pending or submissions.failure is not None:
                     return None
                 submissions.pending[name] = request
-            self._last_cycle_at = request.submitted = submissions.quiet_since = \
-                time.monotonic()
+            self._last_cycle_at = self._lane_at = request.submitted = \
+                submissions.quiet_since = time.monotonic()
             activity = self._cycle_activity  # entered where the cycle waits (run_lane)
             rows = self.cycle.run_lane(request, lane, self._wake_for_lane, activity)
             if rows is not None:
@@ -190,7 +202,10 @@ class Engine:
         """A lane's cycle has not completed after the spin: wake the peers, unless one of
         them started this cycle (its wake-up is in), as ``_run_cycle`` decides up front."""
         number = self.cycle.number
-        if self._wakeups.latest(patience=1) < number:
+        asked = self._wakeups.latest(patience=1)
+        if asked > self._asked:
+            self._asked = asked
+        if self._asked < number:
             self._wakeups.send(number)
 
     def batch(self):
@@ -349,10 +364,31 @@ class Engine:
         # arrives (measured: 100 us late ranks at 2 ranks, ~50 us more per step)
         thorough = not news and bool(submissions.pending)
         woken_for = self._wakeups.latest() if thorough else self._wakeups.latest(patience=1)
-        if woken_for > self.cycle.number or news:
-            self._run_cycle(initiate=woken_for <= self.cycle.number)
+        if woken_for > self._asked:
+            self._asked = woken_for
+        asked = self._asked > self.cycle.number
+        if asked and not news and not submissions.pending and self._leave_for_the_caller():
+            return False
+        if asked or news:
+            self._run_cycle(initiate=not asked)
             return True
         return False
+
+    def _leave_for_the_caller(self):
+        """A peer asked for the next cycle while nothing is pending here: True while this
+        rank's caller is likely on its way with its part (it ran a lane's call within
+        ``LANE_LOOP_S``) and the wake-up is younger than ``LANE_GRACE_S``. Answered at once,
+        the cycle would be empty on this rank: the peers' lane calls would go the usual way,
+        and so would this rank's own call arriving a moment later. A caller that does not come
+        costs its peers the grace once."""
+        now = time.monotonic()
+        if now - self._lane_at > LANE_LOOP_S:
+            return False
+        number, since = self._deferred
+        if number != self._asked:
+            self._deferred = (self._asked, now)
+            return True
+        return now - since < LANE_GRACE_S
 
     def _run_cycle(self, initiate, deadline=None, fresh=None):
         """Run the next cycle with what is queued (or ``fresh``, requests that bypassed the
