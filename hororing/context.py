@@ -6,7 +6,6 @@ nothing else in the library keeps mutable module-level state.
 
 import atexit
 import logging
-import os
 import sys
 import time
 
@@ -153,7 +152,8 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         else:
             _State.context = Context(user_comm.Dup(), config, origin=user_comm)
         # where this node runs more ranks than it has cores, the waits barely spin
-        transport.set_backoff(config.spin_tests(_State.context.local_size, os.cpu_count() or 1),
+        transport.set_backoff(config.spin_tests(_State.context.local_size,
+                                                _State.context.engine.executor.node_cores),
                               config.wait_yield_tests, config.wait_max_sleep_us / 1e6)
         slurm.set_framework_threads(_State.context.local_size)
         slurm.set_blas_threads(_State.context.local_size)

@@ -8,13 +8,12 @@ buffers, in the place their tensor lives (``buffers.py``, ``device.py``).
 """
 
 import math
-import os
 import time
 
 import numpy as np
 from .._mpi import MPI
 
-from .. import faults, transport
+from .. import cores, faults, transport
 from ..algorithms import compiled
 from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.halving import Rabenseifner, RecursiveDoubling
@@ -45,9 +44,10 @@ class Executor:
         # the ring priced with compiled steps where every rank runs them (the choice of
         # algorithm by size must be the same on every rank)
         compiled_ring = comm.allreduce(compiled.expected(config.compiled_steps), op=MPI.LAND)
+        # the cores this node's ranks may run on (their affinity, the cgroup's quota), and
         # ranks per core on the busiest node: an oversubscribed node's CPU work is priced so
-        contention = comm.allreduce(layout[0].Get_size() / max(1, os.cpu_count() or 1),
-                                    op=MPI.MAX)
+        self.node_cores = cores.on_node(layout[0])
+        contention = comm.allreduce(layout[0].Get_size() / self.node_cores, op=MPI.MAX)
         across_nodes = layout[1] > 1
         def subchunk():  # the algorithms read their sub-chunk from the route at each call
             return self.allreduce.route.subchunk_bytes

@@ -75,18 +75,27 @@ def test_buffers_given_as_temporaries_live_as_long_as_the_exchange(persistent):
 
 def test_init_spins_the_waits_by_the_nodes_ranks_per_core():
     """After ``hvd.init`` a wait spins ``HORORING_WAIT_SPIN_TESTS`` tests (50 unset) where the
-    node has a core per rank, and one where its ranks outnumber its cores, unless set."""
+    node has a core per rank, and one where its ranks outnumber its cores, unless set: the
+    cores its ranks may run on (the union of their affinity masks, at most the CPU quota of
+    their cgroup, whose reading tests/unit/test_cores.py checks)."""
     import os
 
     import hororing as hvd
+    from hororing import cores
+    from hororing.context import current
     hvd.shutdown()
     hvd.init()
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_on_node = node.Get_size()
+    masks = node.allgather(os.sched_getaffinity(0))
     node.Free()
+    node_cores = len(set().union(*masks))
+    if cores.quota() is not None:
+        node_cores = min(node_cores, cores.quota())
+    assert current().engine.executor.node_cores == node_cores
     given = os.environ.get("HORORING_WAIT_SPIN_TESTS")
     if given is not None:
         expected = int(given)
     else:
-        expected = 1 if ranks_on_node > (os.cpu_count() or 1) else 50
+        expected = 1 if ranks_on_node > node_cores else 50
     assert transport.backoff()[0] == expected
