@@ -13,7 +13,6 @@ memory; the ranks per core as its contention, where above 1) is printed beside i
 """
 
 import argparse
-import os
 import statistics
 import time
 
@@ -21,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from benchinfo import parse_size
+from hororing import cores
 from hororing.algorithms import compiled, cost
 from hororing.algorithms.halving import Rabenseifner, RecursiveDoubling
 from hororing.algorithms.ring import Ring
@@ -50,7 +50,10 @@ def main():
         "small": (GatherReduce(comm), "small", False),
     }
     shm = cost.PRESETS["shm"]
-    contention = max(1.0, size / (os.cpu_count() or 1))
+    # ranks per core on the busiest node, as the library prices it (engine/executor.py)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    contention = max(1.0, comm.allreduce(node.Get_size() / cores.on_node(node), op=MPI.MAX))
+    node.Free()
     if rank == 0:
         print(f"# {size} ranks, float32 Sum, median us of the slowest rank (model's us, "
               f"contention {contention:g})")
