@@ -42,8 +42,8 @@ log = logging.getLogger("hororing")
 
 __all__ = ["Engine", "FLAG_FAILED", "FLAG_SHUTDOWN"]
 
-# A peer's wake-up that finds nothing pending here, while this rank's caller runs a loop of
-# lane calls, is left to the caller for up to LANE_GRACE_S (Engine._leave_for_the_caller)
+# A peer's wake-up that finds nothing queued or pending here, while this rank's caller runs a
+# loop of lane calls, is left to the caller for up to LANE_GRACE_S (_leave_for_the_caller)
 LANE_LOOP_S = 0.05
 LANE_GRACE_S = 0.002
 
@@ -367,7 +367,8 @@ class Engine:
         if woken_for > self._asked:
             self._asked = woken_for
         asked = self._asked > self.cycle.number
-        if asked and not news and not submissions.pending and self._leave_for_the_caller():
+        if asked and not (news or submissions.queue or submissions.pending) \
+                and self._leave_for_the_caller():
             return False
         if asked or news:
             self._run_cycle(initiate=not asked)
@@ -375,12 +376,12 @@ class Engine:
         return False
 
     def _leave_for_the_caller(self):
-        """A peer asked for the next cycle while nothing is pending here: True while this
-        rank's caller is likely on its way with its part (it ran a lane's call within
-        ``LANE_LOOP_S``) and the wake-up is younger than ``LANE_GRACE_S``. Answered at once,
-        the cycle would be empty on this rank: the peers' lane calls would go the usual way,
-        and so would this rank's own call arriving a moment later. A caller that does not come
-        costs its peers the grace once."""
+        """A peer asked for the next cycle while nothing is queued or pending here: True
+        while this rank's caller is likely on its way with its part (it ran a lane's call
+        within ``LANE_LOOP_S``) and the wake-up is younger than ``LANE_GRACE_S``. Answered at
+        once, the cycle would be empty on this rank: the peers' lane calls would go the usual
+        way, and so would this rank's own call arriving a moment later. A caller that does not
+        come costs its peers the grace once."""
         now = time.monotonic()
         if now - self._lane_at > LANE_LOOP_S:
             return False
