@@ -60,6 +60,9 @@ class Context:
                                                     config.stall_check_seconds,
                                                     config.stall_shutdown_seconds)
         self.engine = Engine(comm, config, timeline, reducer)
+        # the cores this node's ranks may run on (hororing.cores), found where the engine
+        # prices its contention
+        self.node_cores = self.engine.executor.node_cores
         if config.autotune:
             from .tuning import autotune
 
@@ -153,7 +156,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             _State.context = Context(user_comm.Dup(), config, origin=user_comm)
         # where this node runs more ranks than it has cores, the waits barely spin
         transport.set_backoff(config.spin_tests(_State.context.local_size,
-                                                _State.context.engine.executor.node_cores),
+                                                _State.context.node_cores),
                               config.wait_yield_tests, config.wait_max_sleep_us / 1e6)
         slurm.set_framework_threads(_State.context.local_size)
         slurm.set_blas_threads(_State.context.local_size)

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 
+from . import cores
 from .environment import launch_environment
 
 __all__ = ["Allocation", "allocation", "expand_nodelist",
@@ -54,9 +55,10 @@ def local_tasks(launch=None):
 
 
 def per_rank_threads(local_size, cpus=None):
-    """Cores per rank when ``local_size`` ranks share this process's CPUs (at least 1)."""
+    """Cores per rank when ``local_size`` ranks share this process's cores (at least 1): its
+    affinity mask, at most its cgroup's CPU quota (``hororing.cores``), unless ``cpus`` says."""
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cpus = cores.node_cores([cores.affinity()], [cores.quota()])
     return max(1, (cpus or 1) // max(1, local_size))
 
 

@@ -36,16 +36,11 @@ from .fold import REDUCED, LatencyFolding
 from .lane import Lanes
 from .request import Handle, Request
 from .submissions import Submissions
-from .wakeups import Wakeups
+from .wakeups import CallerGrace, Wakeups
 
 log = logging.getLogger("hororing")
 
 __all__ = ["Engine", "FLAG_FAILED", "FLAG_SHUTDOWN"]
-
-# A peer's wake-up that finds nothing queued or pending here, while this rank's caller runs a
-# loop of lane calls, is left to the caller for up to LANE_GRACE_S (_leave_for_the_caller)
-LANE_LOOP_S = 0.05
-LANE_GRACE_S = 0.002
 
 
 class Engine:
@@ -81,11 +76,7 @@ class Engine:
         self.in_flight = self._submissions.pending
         self.lanes = Lanes()  # the door's: name -> the Lane of a repeated blocking call
         self._last_cycle_at = 0.0
-        # the highest cycle a peer's wake-up asked for (seen wake-ups are kept here: the
-        # background thread may see one and leave it for this rank's caller, _progress)
-        self._asked = 0
-        self._lane_at = -LANE_LOOP_S  # when this rank's caller last started a lane's call
-        self._deferred = (0, 0.0)  # (the wake-up left for the caller, since when)
+        self._grace = CallerGrace()  # a peer's wake-up left for this rank's caller
         self._outgoing_flags = 0
         self._outgoing_message = None
         self._failed_job = False  # this rank or a peer failed (not a clean shutdown)
@@ -135,10 +126,8 @@ class Engine:
                 if alone:
                     request.awaited = True
                     request.submitted = submissions.quiet_since = time.monotonic()
-                    asked = self._wakeups.latest(patience=1)
-                    if asked > self._asked:
-                        self._asked = asked
-                    self._run_cycle(self._asked <= self.cycle.number, fresh=(request,))
+                    self._run_cycle(self._wakeups.latest(patience=1) <= self.cycle.number,
+                                    fresh=(request,))
                     return request.handle
             finally:
                 self._drive_lock.release()
@@ -167,7 +156,7 @@ class Engine:
                 if submissions.queue or submissions.pending or submissions.failure is not None:
                     return None
                 submissions.pending[name] = request
-            self._last_cycle_at = self._lane_at = request.submitted = \
+            self._last_cycle_at = self._grace.lane_at = request.submitted = \
                 submissions.quiet_since = time.monotonic()
             activity = self._cycle_activity  # entered where the cycle waits (run_lane)
             rows = self.cycle.run_lane(request, lane, self._wake_for_lane, activity)
@@ -202,10 +191,7 @@ class Engine:
         """A lane's cycle has not completed after the spin: wake the peers, unless one of
         them started this cycle (its wake-up is in), as ``_run_cycle`` decides up front."""
         number = self.cycle.number
-        asked = self._wakeups.latest(patience=1)
-        if asked > self._asked:
-            self._asked = asked
-        if self._asked < number:
+        if self._wakeups.latest(patience=1) < number:
             self._wakeups.send(number)
 
     def batch(self):
@@ -364,32 +350,14 @@ class Engine:
         # arrives (measured: 100 us late ranks at 2 ranks, ~50 us more per step)
         thorough = not news and bool(submissions.pending)
         woken_for = self._wakeups.latest() if thorough else self._wakeups.latest(patience=1)
-        if woken_for > self._asked:
-            self._asked = woken_for
-        asked = self._asked > self.cycle.number
+        asked = woken_for > self.cycle.number
         if asked and not (news or submissions.queue or submissions.pending) \
-                and self._leave_for_the_caller():
+                and self._grace.leave(woken_for):
             return False
         if asked or news:
             self._run_cycle(initiate=not asked)
             return True
         return False
-
-    def _leave_for_the_caller(self):
-        """A peer asked for the next cycle while nothing is queued or pending here: True
-        while this rank's caller is likely on its way with its part (it ran a lane's call
-        within ``LANE_LOOP_S``) and the wake-up is younger than ``LANE_GRACE_S``. Answered at
-        once, the cycle would be empty on this rank: the peers' lane calls would go the usual
-        way, and so would this rank's own call arriving a moment later. A caller that does not
-        come costs its peers the grace once."""
-        now = time.monotonic()
-        if now - self._lane_at > LANE_LOOP_S:
-            return False
-        number, since = self._deferred
-        if number != self._asked:
-            self._deferred = (self._asked, now)
-            return True
-        return now - since < LANE_GRACE_S
 
     def _run_cycle(self, initiate, deadline=None, fresh=None):
         """Run the next cycle with what is queued (or ``fresh``, requests that bypassed the

@@ -8,7 +8,13 @@ cycle. A receive per peer is matched by that peer's messages in the order they w
 (MPI's non-overtaking rule), so each wake-up is seen. Each rank counts what it sent to each
 peer; at shutdown the counts are exchanged and every wake-up still in flight is received
 before the receives are cancelled, so no message is left for the transport to warn about.
+
+Whether a wake-up is answered at once is the engine's choice, with one exception kept here
+(``CallerGrace``): a wake-up that finds nothing to do on a rank whose caller is in a loop of
+lane calls is left for that caller for a moment.
 """
+
+import time
 
 import numpy as np
 
@@ -16,6 +22,11 @@ from .. import faults, transport
 from .._mpi import MPI
 
 WAKE_TAG = 1
+
+# A peer's wake-up that finds nothing queued or pending on a rank whose caller started a lane's
+# call within LANE_LOOP_S is left to that caller for up to LANE_GRACE_S (CallerGrace)
+LANE_LOOP_S = 0.05
+LANE_GRACE_S = 0.002
 
 
 class Wakeups:
@@ -32,9 +43,12 @@ class Wakeups:
         self._received = np.zeros(size, dtype=np.int64)
         self._sends = []
         self._patience = max(2, size)
+        self.asked = 0  # the highest cycle a peer has asked for, ever (0: none)
 
     def latest(self, patience=None):
-        """Return the highest cycle a peer has asked for since the last call (0: none).
+        """Take in the peers' wake-ups; return the highest cycle any peer has ever asked
+        for (0: none). Cumulative: a wake-up taken in by one caller (the background thread,
+        which may leave it for this rank's caller) is still known to the next.
 
         Tests until ``patience`` tests in a row find nothing (default: one per rank, at
         least 2). A progress call of MPICH's shared-memory transport takes in one message,
@@ -46,7 +60,7 @@ class Wakeups:
         """
         if patience is None:
             patience = self._patience
-        latest = 0
+        latest = self.asked
         if not self._receives:
             return latest
         quiet = 0
@@ -59,6 +73,7 @@ class Wakeups:
             if not done:  # None or empty: nothing has arrived
                 quiet += 1
                 if quiet >= patience:
+                    self.asked = latest
                     return latest
                 continue
             quiet = 0
@@ -107,3 +122,31 @@ class Wakeups:
             self.latest()
             return not (sent_to_me > self._received).any()
         transport.wait_until(all_received, deadline=deadline)
+
+
+class CallerGrace:
+    """Whether a peer's wake-up is left for this rank's caller.
+
+    A peer whose lane call spun out sends a wake-up; answered by the background thread while
+    this rank's caller is between two calls, the cycle is empty here, and the peers' lane
+    calls go the usual way, as does this rank's own call a moment later. So while the caller
+    is in a loop of lane calls (it started one within ``LANE_LOOP_S``: the engine sets
+    ``lane_at``) a wake-up younger than ``LANE_GRACE_S`` is left for it. A caller that does
+    not come costs its peers the grace once per cycle they start.
+    """
+
+    def __init__(self):
+        self.lane_at = -LANE_LOOP_S  # when this rank's caller last started a lane's call
+        self._deferred = (0, 0.0)  # (the wake-up left for the caller, since when)
+
+    def leave(self, asked):
+        """True while the wake-up for cycle ``asked`` (nothing queued or pending here) is
+        left for the caller."""
+        now = time.monotonic()
+        if now - self.lane_at > LANE_LOOP_S:
+            return False
+        number, since = self._deferred
+        if number != asked:
+            self._deferred = (asked, now)
+            return True
+        return now - since < LANE_GRACE_S

@@ -297,19 +297,19 @@ def test_an_unnamed_blocking_call_from_another_thread_takes_that_threads_lane():
 def test_a_peers_wake_up_waits_a_moment_for_a_caller_in_a_lane_loop_then_is_answered(
         monkeypatch):
     """While a rank's caller repeats a lane's call, a peer's wake-up that finds nothing
-    pending there is left for the caller for a moment (engine.LANE_GRACE_S), then answered
+    pending there is left for the caller for a moment (wakeups.LANE_GRACE_S), then answered
     by the background thread; the late caller's call then has the right result."""
-    from hororing.engine import engine as engine_module
-    monkeypatch.setattr(engine_module, "LANE_LOOP_S", 3600.0)  # every wake-up here is in the loop
+    from hororing.engine import wakeups
+    monkeypatch.setattr(wakeups, "LANE_LOOP_S", 3600.0)  # every wake-up here is in the loop
     engine = _engine()
     late = hvd.size() - 1
     left = []
-    leave = engine._leave_for_the_caller
+    leave = engine._grace.leave
 
-    def recorded():
-        left.append(leave())
+    def recorded(asked):
+        left.append(leave(asked))
         return left[-1]
-    monkeypatch.setattr(engine, "_leave_for_the_caller", recorded)
+    monkeypatch.setattr(engine._grace, "leave", recorded)
     values = np.arange(LENGTH, dtype=np.float64)
 
     def call(seed):

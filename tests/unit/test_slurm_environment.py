@@ -54,6 +54,18 @@ def test_ranks_per_node_come_from_mpiexec_or_from_srun():
     assert slurm.tensorflow_intra_op_threads(step(TF_NUM_INTRAOP_THREADS="4")) is None
 
 
+def test_a_ranks_threads_are_its_share_of_the_cores_it_may_use_not_of_the_machines(monkeypatch):
+    from hororing import cores
+    monkeypatch.setattr(cores, "affinity", lambda: list(range(8)))
+    monkeypatch.setattr(cores, "quota", lambda: None)
+    assert slurm.per_rank_threads(1) == 8 and slurm.per_rank_threads(3) == 2
+    monkeypatch.setattr(cores, "quota", lambda: 2.0)  # a container held to 2 CPUs
+    assert slurm.per_rank_threads(1) == 2 and slurm.per_rank_threads(3) == 1
+    monkeypatch.setattr(cores, "affinity", lambda: [5])  # bound to one core
+    monkeypatch.setattr(cores, "quota", lambda: None)
+    assert slurm.per_rank_threads(1) == 1
+
+
 def allocation_environment(monkeypatch, tasks="4", nodes="n[1-2]", per_node="2(x2)"):
     for name, value in {"SLURM_JOB_ID": "42", "SLURM_NTASKS": tasks,
                         "SLURM_JOB_NODELIST": nodes, "SLURM_TASKS_PER_NODE": per_node}.items():
