@@ -22,7 +22,13 @@ _ABORT_GRACE_S = 1.0
 _ABORT_GIVE_UP_S = 10.0
 
 log = logging.getLogger("hororing")
-_local = threading.local()
+
+
+class _Local(threading.local):
+    activity = None  # the innermost ``activity`` this thread is in (a class default: no raise)
+
+
+_local = _Local()
 
 
 class _Waits:
@@ -88,7 +94,7 @@ class activity:
         self.peers = peers
 
     def __enter__(self):
-        self.outer = getattr(_local, "activity", None)
+        self.outer = _local.activity
         _local.activity = self
         return self
 
@@ -129,7 +135,7 @@ def world_ranks(comm, ranks):
 
 
 def _register_wait():
-    current = getattr(_local, "activity", None)
+    current = _local.activity
     what, peers = current.describe() if current is not None else ("an MPI operation", None)
     with _Waits.lock:
         _Waits.active[threading.get_ident()] = [time.monotonic(), what, peers, None]

@@ -16,7 +16,8 @@ import numpy as np
 from .. import transport
 from .._mpi import MPI
 from ..algorithms.compiled import HALVES, carried, handle
-from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_FLAG, F_HALF, F_OP,
+from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG,
+                                         F_HALF, F_OP,
                                          F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT, F_SPIN,
                                          F_STAGE, F_STATUS, F_STRIDE, F_WIN, F_YIELD, FIELDS,
                                          OPS, SPUN, WAIT)
@@ -86,7 +87,8 @@ class CompiledFold:
     def run(self, entry, source, output, plan, cache_id, wake, activity):
         """One fold cycle, compiled: this rank's row of ``source`` (folding ``cache_id``),
         the exchange, and where every rank folded the same, the rows reduced with ``plan``
-        into ``output`` (not finalized). True then; False where the ranks' fields differ (the
+        into ``output`` (divided by ``plan.divisor`` where it is not 0; not otherwise
+        finalized). True then; False where the ranks' fields differ (the
         rows are exchanged: the cycle goes on to the vote). ``wake``: called once if the
         exchange is not complete after the spin; ``activity`` (``transport.activity``):
         entered around the sleeping wait."""
@@ -94,6 +96,7 @@ class CompiledFold:
         if plan is not self._plan or cache_id != self._cache_id:
             fields[F_OP] = OPS[plan.op]
             fields[F_HALF] = HALVES.get(plan.dtype, 0)
+            fields[F_DIVISOR] = plan.divisor
             fields[F_CACHE_ID] = self._cache_id = cache_id
             self._plan, self._bits = plan, carried(plan.dtype)
         backoff = transport.Backoff

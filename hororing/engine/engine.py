@@ -120,7 +120,7 @@ class Engine:
                 with submissions.lock:  # the queue's own checks, as ``add`` makes them
                     alone = not (submissions.queue or submissions.pending or self._stopped
                                  or submissions.failure is not None
-                                 or getattr(submissions.batches, "requests", None) is not None)
+                                 or submissions.batches.requests is not None)
                     if alone:
                         submissions.pending[request.name] = request
                 if alone:
@@ -142,7 +142,7 @@ class Engine:
                 or self.executor.timeline is not None \
                 or (self.tuner is not None and self.tuner.active) \
                 or lane.plan.version != self.allreduce.route.version \
-                or getattr(submissions.batches, "requests", None) is not None \
+                or submissions.batches.requests is not None \
                 or not self._drive_lock.acquire(blocking=False):
             return None
         try:
@@ -165,7 +165,8 @@ class Engine:
                     submissions.pending.pop(name, None)
                 if rows is NOT_RUN:
                     return None
-                if rows is REDUCED and lane.plan.finalize is None and request.writeback is None:
+                if rows is REDUCED and lane.plan.after_compiled is None \
+                        and request.writeback is None:
                     # the rows reduced into its output: ``set_result`` written out. The handle
                     # is made above and returned below: no thread waits on it, none has a
                     # callback on it, so it needs neither the lock nor the call

@@ -35,7 +35,7 @@ from ..ops import Adasum, KERNEL_OP
 from .allreduce import complete, wire_bytes, wire_dtype
 from .buffers import OutputPool
 from .compiled_fold import CompiledFold
-from .scaling import scaling
+from .scaling import plain_divisor, scaling
 
 # what a lane's cycle gives in place of the rows where it ran compiled and reduced them
 REDUCED = "reduced"
@@ -145,7 +145,8 @@ class Fold:
         compiled call, where it can run: gathered rows on a persistent exchange or rows in
         shared memory not reduced in chunks, the compiled cycle loaded for the dtype, a result
         the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
-        rank folded it and its output holds the rows reduced (not finalized); False: they did
+        rank folded it and its output holds the rows reduced (finalized only by the plan's
+        ``divisor``); False: they did
         not all fold it (the rows are exchanged; the cycle goes on to the vote); None: not
         run, nothing exchanged. ``activity``: entered around a wait that sleeps."""
         if self._width != _HEAD + self.bytes:
@@ -231,6 +232,10 @@ class _Plan(NamedTuple):
     # no prescale, the tensor's own dtype on the wire, in native byte order: a compiled cycle
     # reduces the rows straight into a writeable output (``compiled_output``)
     direct: bool = False
+    # what a compiled cycle divides its result by itself (an Average of float32 or float64
+    # values, ``scaling.plain_divisor``; 0: nothing), and the finalizer left after it
+    divisor: int = 0
+    after_compiled: object = None
 
 
 class LatencyFolding:
@@ -283,8 +288,8 @@ class LatencyFolding:
             output = self._pipeline.host.output(response, request, response.meta.dtype, None)
         flat = output.ravel()  # contiguous: a view
         if rows is REDUCED:  # a compiled cycle reduced them into the output (``run_compiled``)
-            if plan.finalize is not None:
-                plan.finalize(flat)
+            if plan.after_compiled is not None:
+                plan.after_compiled(flat)
         else:
             buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
             if type(rows) is np.ndarray:
@@ -339,8 +344,10 @@ class LatencyFolding:
                 prescale, finalize = scaling(meta, self._size)
                 op = KERNEL_OP[meta.op]
                 wire = wire_dtype(meta.dtype, meta.wire)
+                divisor = plain_divisor(meta, self._size) if wire.isnative else 0
                 plan = _Plan(nbytes, wire, prescale, REDUCE_BY_NAME[op], finalize, version, op,
-                             prescale == 1.0 and wire == np.dtype(meta.dtype) and wire.isnative)
+                             prescale == 1.0 and wire == np.dtype(meta.dtype) and wire.isnative,
+                             divisor, None if divisor else finalize)
             self._plans[meta] = plan
         return plan
 

@@ -3,6 +3,8 @@ division (Average) and postscale applied to each reduced piece after it."""
 
 import functools
 
+import numpy as np
+
 from ..kernels import divide_into, divide_trunc, round_to_fp16, scale_into
 from ..ops import Average, Sum, is_floating
 
@@ -14,6 +16,19 @@ def scaling(meta, contributors):
         # a 16-bit wire sum could overflow where the average would not: divide first
         return meta.prescale / contributors, finalizer(meta._replace(op=Sum), contributors)
     return meta.prescale, finalizer(meta, contributors)
+
+
+def plain_divisor(meta, size):
+    """``size`` where ``meta``'s finalizer is only an Average's division of float32 or float64
+    values (no postscale, no 16-bit wire): what a compiled fold cycle does itself
+    (``algorithms/compiled/folded.py``), bitwise as ``divide_into``. Else 0."""
+    if meta.op == Average and not meta.wire and meta.postscale == 1.0 \
+            and np.dtype(meta.dtype) in _PLAIN_FLOATS:
+        return size
+    return 0
+
+
+_PLAIN_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _rounds_to_fp16(meta):

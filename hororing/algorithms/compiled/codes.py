@@ -16,4 +16,4 @@ SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI
 SPUN, APART = 3, 4
 # the fields of its one int64 array: addresses, sizes, what to reduce, where it stands
 (F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_STRIDE, F_SIZE, F_OP, F_HALF,
- F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, FIELDS) = range(18)
+ F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, FIELDS) = range(19)

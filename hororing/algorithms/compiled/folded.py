@@ -19,18 +19,24 @@ It polls as ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` test
 caller wakes the peers and calls again) and WAIT after ``F_YIELD``, tests separated by
 sched_yield (the caller sleeps until the request completes and calls again). Then APART
 where the ranks' fields differ (the cycle goes on to the vote), or DONE with the result in
-the output.
+the output, divided by ``F_DIVISOR`` where that is not 0 (a float Average, which the caller
+would otherwise finalize in Python).
 """
 
 import numba
 from numba import types
 
-from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_FLAG, F_HALF, F_OP, F_ROW, F_ROWS,
+from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG, F_HALF, F_OP, F_ROW,
+                    F_ROWS,
                     F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS,
                     F_WIN, F_YIELD, SPUN, WAIT)
 from .native import _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
+# the result is reduced a block of this many bytes at a time, which stays in the L1 cache
+# while every rank's row is combined into it (whole rows: the result written, read back and
+# written again once per row, through L2 or memory beyond a few hundred KiB)
+_BLOCK_BYTES = 16 * 1024
 _start = types.ExternalFunction("MPI_Start", types.int32(types.voidptr))
 _win_sync = types.ExternalFunction("MPI_Win_sync", types.int32(types.int64))
 _ibarrier = types.ExternalFunction("MPI_Ibarrier", types.int32(types.int64, types.voidptr))
@@ -88,11 +94,22 @@ def cycle(source, out, p):
         head = numba.carray(_pointer(p[F_ROWS] + rank * width), 2, numba.int64)
         if head[0] != -1 or head[1] != cache_id:
             return APART
-    first = numba.carray(_pointer(p[F_ROWS] + _HEAD), count, dtype)
-    for i in range(count):
-        out[i] = first[i]
-    op, half = p[F_OP], p[F_HALF]
-    for rank in range(1, size):
-        row = numba.carray(_pointer(p[F_ROWS] + rank * width + _HEAD), count, dtype)
-        _combine(out, row, op, half)
+    op, half, divisor = p[F_OP], p[F_HALF], p[F_DIVISOR]
+    itemsize = out.itemsize
+    # a block of the result at a time, every row combined into it while it is in the
+    # cache: each value sees the same operations in the same order as whole rows would
+    for start in range(0, count, _BLOCK_BYTES // itemsize):
+        n = min(count - start, _BLOCK_BYTES // itemsize)
+        block = out[start:start + n]
+        first = numba.carray(_pointer(p[F_ROWS] + _HEAD + start * itemsize), n, dtype)
+        for i in range(n):
+            block[i] = first[i]
+        for rank in range(1, size):
+            row = numba.carray(_pointer(p[F_ROWS] + rank * width + _HEAD + start * itemsize),
+                               n, dtype)
+            _combine(block, row, op, half)
+        if divisor != 0:  # a float Average: each value divided in float64 and rounded
+            # once, which is the correctly rounded float32 quotient too (53 >= 2 * 24 + 2)
+            for i in range(n):
+                block[i] = block[i] / divisor
     return DONE
