@@ -22,7 +22,7 @@ from .async_ops import (allgather_async, allreduce_async, allreduce_async_, allt
                         start_allreduce)
 from .autograd import (_Allgather, _Allreduce, _Alltoall, _Broadcast, _GroupedAllgather,
                        _GroupedAllreduce, _GroupedReducescatter, _Reducescatter)
-from .bridge import as_numpy, check_tensor, check_tensors, synchronize, to_torch
+from .bridge import as_numpy, check_tensor, check_tensors, cpu_view, synchronize, to_torch
 from .compression import Compression
 
 # the dtypes the engine reduces whose CPU tensors ``Tensor.numpy`` views as they are
@@ -58,7 +58,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         # every call that makes a tensor), so a name is checked first (None is named later)
         if name is not None:
             door.check_free(name, process_set)
-        array = tensor.numpy()
+        array = cpu_view(tensor)
         result = door.start("allreduce", array, name, process_set, now=True, op=op,
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             name_checked=True).synchronize()

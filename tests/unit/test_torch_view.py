@@ -1,0 +1,61 @@
+"""A CPU tensor's numpy view (``bridge.cpu_view``): reused for the same tensor, made again
+whenever what it depends on changed, so a reused view never reads stale or wrong memory."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hororing.torch import bridge  # noqa: E402
+
+
+def _same_as_numpy(tensor):
+    view = bridge.cpu_view(tensor)
+    expected = tensor.numpy()
+    assert view.dtype == expected.dtype and view.shape == expected.shape
+    assert view.strides == expected.strides
+    assert view.__array_interface__["data"][0] == expected.__array_interface__["data"][0]
+    np.testing.assert_array_equal(view, expected)
+    return view
+
+
+def test_the_same_tensor_gets_its_view_again_and_sees_its_values_change():
+    tensor = torch.arange(8, dtype=torch.float32)
+    first = _same_as_numpy(tensor)
+    assert bridge.cpu_view(tensor) is first
+    tensor.mul_(3)  # in place: the same memory, the view sees it
+    np.testing.assert_array_equal(bridge.cpu_view(tensor), np.arange(8) * 3)
+
+
+@pytest.mark.parametrize("change", ["set_", "shrunk", "data", "dtype", "transpose_"])
+def test_a_tensor_whose_memory_shape_strides_or_dtype_changed_gets_a_new_view(change):
+    tensor = torch.arange(16, dtype=torch.float32).reshape(4, 4).clone()
+    first = _same_as_numpy(tensor)
+    if change == "set_":
+        tensor.set_(torch.full((4, 4), 7.0))
+    elif change == "shrunk":  # the same memory, another shape
+        tensor.resize_(2, 2)  # (growing it is refused: torch keeps a viewed storage's size)
+    elif change == "data":
+        tensor.data = torch.zeros(2, 8)
+    elif change == "dtype":  # the same memory, seen as int32
+        tensor.data = tensor.view(torch.int32)
+    else:  # the same memory and shape, other strides
+        tensor.transpose_(0, 1)
+    view = _same_as_numpy(tensor)
+    assert view is not first
+
+
+def test_another_tensor_over_the_same_memory_gets_its_own_view():
+    base = torch.arange(8, dtype=torch.float64)
+    first = _same_as_numpy(base)
+    alias = base.view(8)
+    assert _same_as_numpy(alias) is not first
+
+
+def test_a_large_tensor_is_not_kept_alive_by_its_view():
+    import weakref
+    tensor = torch.zeros(bridge.VIEW_BYTES // 4 + 1, dtype=torch.float32)
+    _same_as_numpy(tensor)
+    alive = weakref.ref(tensor)
+    del tensor
+    assert alive() is None
