@@ -8,6 +8,8 @@ out-of-place ``hvd.allreduce``; with ``--api torch``, the torch binding's ``hvd.
 of a tensor that needs no gradient, also out of place), each call named (``--unnamed``:
 without a name, as most training scripts call it) and ``MPI_Allreduce`` on a
 buffer of the same size take turns, a Barrier before every call; the time is the slowest rank's median.
+``--op average``: hororing's Average (the verbs' default op), against MPI_Allreduce's sum
+divided by the size in numpy, as an MPI program averages.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
 another checkout of hororing the same script measures that one, so two versions can be
@@ -36,11 +38,15 @@ def main():
         count = nbytes // 4
         ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
         name = None if args.unnamed else f"cost.{args.api}.{nbytes}"
+        op = hvd.Average if args.op == "average" else hvd.Sum
         library = {"numpy": numpy_call, "numpy-out": numpy_out_call,
-                   "torch": torch_call}[args.api](ours, name)
+                   "torch": torch_call}[args.api](ours, name, op)
+        divisor = np.float32(COMM.Get_size())
 
         def mpi():
             COMM.Allreduce(MPI.IN_PLACE, theirs, MPI.SUM)
+            if op == hvd.Average:
+                np.divide(theirs, divisor, out=theirs)
         times = {"hororing": [], "mpi": []}
         for index in range(args.warmup + args.calls):
             order = (("hororing", library), ("mpi", mpi))
@@ -51,7 +57,7 @@ def main():
                 run()
                 if index >= args.warmup:
                     times[name].append(time.perf_counter() - started)
-        expected = float(COMM.Get_size())
+        expected = 1.0 if op == hvd.Average else float(COMM.Get_size())
         result = ours if args.api == "numpy" else np.asarray(library.result)
         wrong = int(np.count_nonzero(result != expected)) + \
             int(np.count_nonzero(theirs != expected))
@@ -62,7 +68,7 @@ def main():
                      COMM.allreduce(wrong)))
     if hvd.rank() == 0:
         unnamed = ", unnamed calls" if args.unnamed else ""
-        print(f"# {COMM.Get_size()} ranks, the {args.api} API{unnamed}; hororing from "
+        print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}; hororing from "
               f"{hvd.__file__}")
         print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
               f"{'Python calls':>13}")
@@ -73,21 +79,21 @@ def main():
     return 1 if any(row[4] for row in rows) else 0
 
 
-def numpy_call(ours, name):
+def numpy_call(ours, name, op):
     def library():
-        hvd.allreduce_(ours, op=hvd.Sum, name=name)
+        hvd.allreduce_(ours, op=op, name=name)
     return library
 
 
-def numpy_out_call(ours, name):
+def numpy_out_call(ours, name, op):
     """The out-of-place allreduce of ``ours``; the last result is kept for the check."""
     def library():
-        library.result = hvd.allreduce(ours, op=hvd.Sum, name=name)
+        library.result = hvd.allreduce(ours, op=op, name=name)
     library.result = None
     return library
 
 
-def torch_call(ours, name):
+def torch_call(ours, name, op):
     """The torch binding's blocking allreduce of a tensor over ``ours`` (the input, reset to
     ones before each call); the last result is kept for the check."""
     import torch
@@ -96,7 +102,7 @@ def torch_call(ours, name):
     tensor = torch.from_numpy(ours)
 
     def library():
-        library.result = hvd_torch.allreduce(tensor, op=hvd.Sum, name=name)
+        library.result = hvd_torch.allreduce(tensor, op=op, name=name)
     library.result = None
     return library
 
@@ -129,6 +135,7 @@ def parse_args():
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per size and side")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--api", choices=["numpy", "numpy-out", "torch"], default="numpy")
+    parser.add_argument("--op", choices=["sum", "average"], default="sum")
     parser.add_argument("--unnamed", action="store_true",
                         help="calls without a name (each size's loop then shares one name)")
     return parser.parse_args()

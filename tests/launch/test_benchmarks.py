@@ -247,12 +247,12 @@ def test_bench_step_phases_times_each_part_of_a_step_for_both_libraries():
     assert len(cycles) == 2 and all("r1]" in line for line in cycles), job.stdout
 
 
-@pytest.mark.parametrize("api", ["numpy", "torch"])
-def test_bench_call_cost_times_both_sides_and_counts_the_calls(api):
+@pytest.mark.parametrize("api, op", [("numpy", "sum"), ("torch", "average")])
+def test_bench_call_cost_times_both_sides_and_counts_the_calls(api, op):
     if api == "torch":
         pytest.importorskip("torch")
     job = run_under_mpi(3, "bench_call_cost.py", "--sizes", "4KiB,24KiB", "--calls", "20",
-                        "--warmup", "5", "--api", api)
+                        "--warmup", "5", "--api", api, "--op", op)
     rows = [line.split() for line in job.stdout.splitlines()
             if line.strip() and not line.startswith("#") and not line.lstrip().startswith("bytes")]
     assert [row[0] for row in rows] == ["4096", "24576"] and "WRONG" not in job.stdout
