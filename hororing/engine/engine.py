@@ -64,7 +64,8 @@ class Engine:
         self._wakeups = Wakeups(comm)
         self.executor = Executor(faults.track(comm.Dup()), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
-        self._folding = LatencyFolding(self.allreduce, self.size, self.executor)
+        self._folding = LatencyFolding(self.allreduce, self.size, self.executor,
+                                       self.executor.rows_budget)
         self.cycle = Cycle(self._exchange, self._folding, config.cache_capacity)
         self._drive_lock = threading.Lock()
         self._work = threading.Event()

@@ -28,6 +28,7 @@ from ..ops import KERNEL_OP
 from .allreduce import AllreducePipeline, Route, complete, wire_dtype
 from .scaling import scaling
 from .buckets import assign, bucket_key
+from .fold import shared_rows_budget
 
 
 class Executor:
@@ -48,6 +49,8 @@ class Executor:
         # ranks per core on the busiest node: an oversubscribed node's CPU work is priced so
         self.node_cores = cores.on_node(layout[0])
         contention = comm.allreduce(layout[0].Get_size() / self.node_cores, op=MPI.MAX)
+        # the shared memory the fold's rows may take: the same on every rank
+        self.rows_budget = comm.allreduce(shared_rows_budget(), op=MPI.MIN)
         across_nodes = layout[1] > 1
         def subchunk():  # the algorithms read their sub-chunk from the route at each call
             return self.allreduce.route.subchunk_bytes

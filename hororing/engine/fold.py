@@ -14,7 +14,7 @@ decided from the responses alone, so every rank decides alike. Where every rank 
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
 bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
-(``algorithms/shared.py``, up to 2 MiB, where the rows fit ``SHARED_ROWS_BUDGET``), and from
+(``algorithms/shared.py``, up to 2 MiB, where the rows fit ``shared_rows_budget``), and from
 ``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
 reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
 after a second barrier every rank copies the result out (``_Chunked``), so no rank reduces
@@ -22,6 +22,7 @@ all n rows. The ranks agree on the fold from the same fields before any of them 
 all enter the second barrier or none does.
 """
 
+import os
 import time
 from typing import NamedTuple, Optional
 
@@ -49,9 +50,23 @@ _HEAD = FIELDS * 8
 CHUNKED_BYTES = 256 * 1024
 CHUNKED_RANKS = 4
 # the most shared memory the rows of a fold above the latency threshold may take (two sets of
-# a row per rank and the result row): a container's /dev/shm is often 64 MiB, which 16 ranks'
-# 2 MiB rows would exceed
+# a row per rank and the result row): a quarter of what the node's /dev/shm had free when the
+# job started (the MPI's own shared memory and the shared allreduce's come out of it too, and
+# a container's is often 64 MiB, which 16 ranks' 2 MiB rows alone would exceed), at most
+# SHARED_ROWS_MOST; SHARED_ROWS_BUDGET where it cannot be read
 SHARED_ROWS_BUDGET = 16 << 20
+SHARED_ROWS_MOST = 64 << 20
+SHM_PATH = "/dev/shm"
+
+
+def shared_rows_budget(path=SHM_PATH):
+    """This node's budget for the fold's shared rows, in bytes (see above). Every rank of a
+    job must use the same: the executor agrees on the smallest."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return SHARED_ROWS_BUDGET
+    return min(SHARED_ROWS_MOST, stat.f_bavail * stat.f_frsize // 4)
 
 
 class Fold:
@@ -241,12 +256,15 @@ class _Plan(NamedTuple):
 class LatencyFolding:
     """The data's side of the fold, for the allreduce ``pipeline`` (``AllreducePipeline``) of
     ``size`` ranks; ``recorder`` (the executor) records the timeline's activity with
-    ``span(items, activity, started)`` while its ``timeline`` is not None."""
+    ``span(items, activity, started)`` while its ``timeline`` is not None; ``rows_budget``:
+    the most bytes of shared memory the rows above the latency threshold may take (the same
+    on every rank, ``shared_rows_budget``)."""
 
-    def __init__(self, pipeline, size, recorder):
+    def __init__(self, pipeline, size, recorder, rows_budget=SHARED_ROWS_BUDGET):
         self._pipeline = pipeline
         self._size = size
         self._recorder = recorder
+        self.rows_budget = rows_budget
         self._plans = {}  # Meta -> _Plan
 
     def lone_bytes(self, response):
@@ -362,6 +380,6 @@ class LatencyFolding:
         small = nbytes < self._pipeline.route.small_bytes
         if kind == "small" and small:
             return nbytes
-        if kind == "shared" and (small or (2 * self._size + 1) * nbytes <= SHARED_ROWS_BUDGET):
+        if kind == "shared" and (small or (2 * self._size + 1) * nbytes <= self.rows_budget):
             return nbytes
         return None

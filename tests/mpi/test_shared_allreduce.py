@@ -323,10 +323,10 @@ def test_a_peer_that_changes_a_chunked_fold_fails_every_rank_by_name(change, mon
 
 @NEEDS_SHARED
 def test_rows_beyond_the_shared_memory_budget_do_not_fold(monkeypatch):
-    """Above the latency threshold the fold's rows must fit SHARED_ROWS_BUDGET: a repeated
-    call whose rows would not takes the shared allreduce every time, with the right sum."""
-    from hororing.engine import fold
-    monkeypatch.setattr(fold, "SHARED_ROWS_BUDGET", 1 << 20)
+    """Above the latency threshold the fold's rows must fit the node's budget
+    (fold.shared_rows_budget): a repeated call whose rows would not takes the shared allreduce
+    every time, with the right sum."""
+    monkeypatch.setattr(current().engine._folding, "rows_budget", 1 << 20)
     length = (1 << 20) // 4 + 5  # 1 MiB of float32 a row: over the budget at any rank count
     values = np.arange(length, dtype=np.float32) + hvd.rank()
     expected = np.arange(length, dtype=np.float64) * hvd.size() + sum(range(hvd.size()))
