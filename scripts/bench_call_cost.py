@@ -5,11 +5,13 @@ Run under MPI, e.g.  mpiexec -n 2 python scripts/bench_call_cost.py --sizes 4KiB
 
 For each size, ``hvd.allreduce_`` (Sum, float32, numpy; with ``--api numpy-out``, the
 out-of-place ``hvd.allreduce``; with ``--api torch``, the torch binding's ``hvd.allreduce``
-of a tensor that needs no gradient, also out of place), each call named (``--unnamed``:
+of a tensor that needs no gradient, also out of place; ``--api torch-inplace``, its
+``hvd.allreduce_``), each call named (``--unnamed``:
 without a name, as most training scripts call it) and ``MPI_Allreduce`` on a
 buffer of the same size take turns, a Barrier before every call; the time is the slowest rank's median.
 ``--op average``: hororing's Average (the verbs' default op), against MPI_Allreduce's sum
-divided by the size in numpy, as an MPI program averages.
+divided by the size in numpy, as an MPI program averages. ``--mpi-out-of-place``: MPI's side
+reduces into a second buffer, as the out-of-place APIs do (by default it reduces in place).
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
 another checkout of hororing the same script measures that one, so two versions can be
@@ -39,12 +41,15 @@ def main():
         ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
         name = None if args.unnamed else f"cost.{args.api}.{nbytes}"
         op = hvd.Average if args.op == "average" else hvd.Sum
-        library = {"numpy": numpy_call, "numpy-out": numpy_out_call,
-                   "torch": torch_call}[args.api](ours, name, op)
+        library = {"numpy": numpy_call, "numpy-out": numpy_out_call, "torch": torch_call,
+                   "torch-inplace": torch_inplace_call}[args.api](ours, name, op)
         divisor = np.float32(COMM.Get_size())
 
+        sent = np.ones(count, np.float32)  # MPI's input out of place (never changed)
+        source = sent if args.mpi_out_of_place else MPI.IN_PLACE
+
         def mpi():
-            COMM.Allreduce(MPI.IN_PLACE, theirs, MPI.SUM)
+            COMM.Allreduce(source, theirs, MPI.SUM)
             if op == hvd.Average:
                 np.divide(theirs, divisor, out=theirs)
         times = {"hororing": [], "mpi": []}
@@ -58,7 +63,7 @@ def main():
                 if index >= args.warmup:
                     times[name].append(time.perf_counter() - started)
         expected = 1.0 if op == hvd.Average else float(COMM.Get_size())
-        result = ours if args.api == "numpy" else np.asarray(library.result)
+        result = ours if args.api in ("numpy", "torch-inplace") else np.asarray(library.result)
         wrong = int(np.count_nonzero(result != expected)) + \
             int(np.count_nonzero(theirs != expected))
         median = {name: COMM.allreduce(statistics.median(values), op=MPI.MAX)
@@ -68,7 +73,9 @@ def main():
                      COMM.allreduce(wrong)))
     if hvd.rank() == 0:
         unnamed = ", unnamed calls" if args.unnamed else ""
-        print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}; hororing from "
+        placement = "out of place" if args.mpi_out_of_place else "in place"
+        print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}, MPI "
+              f"{placement}; hororing from "
               f"{hvd.__file__}")
         print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
               f"{'Python calls':>13}")
@@ -107,6 +114,18 @@ def torch_call(ours, name, op):
     return library
 
 
+def torch_inplace_call(ours, name, op):
+    """The torch binding's in-place blocking allreduce of a tensor over ``ours``."""
+    import torch
+
+    import hororing.torch as hvd_torch
+    tensor = torch.from_numpy(ours)
+
+    def library():
+        hvd_torch.allreduce_(tensor, op=op, name=name)
+    return library
+
+
 def python_calls(call, buffer, repeats=40):
     """The median count of Python function calls one ``call()`` makes in this thread."""
     counts = []
@@ -134,7 +153,10 @@ def parse_args():
                         default=[4096, 65536, 1 << 20])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per size and side")
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--api", choices=["numpy", "numpy-out", "torch"], default="numpy")
+    parser.add_argument("--api", choices=["numpy", "numpy-out", "torch", "torch-inplace"],
+                        default="numpy")
+    parser.add_argument("--mpi-out-of-place", action="store_true",
+                        help="MPI's side reduces into a second buffer, not in place")
     parser.add_argument("--op", choices=["sum", "average"], default="sum")
     parser.add_argument("--unnamed", action="store_true",
                         help="calls without a name (each size's loop then shares one name)")

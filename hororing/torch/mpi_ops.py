@@ -89,6 +89,18 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce (not differentiable)."""
+    if op is None and average is None:
+        op = ops.Average
+    if type(tensor) is torch.Tensor and type(op) is int and average is None \
+            and op in ALLREDUCE_OPS and not tensor.requires_grad and tensor.dtype in _PLAIN \
+            and tensor.is_cpu and tensor.layout is _STRIDED:
+        # a plain CPU tensor: ``start_allreduce``'s work written out, as ``allreduce``'s
+        if name is not None:
+            door.check_free(name, process_set)
+        door.start("allreduce", cpu_view(tensor), name, process_set, inplace=True, now=True,
+                   op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                   name_checked=True).synchronize()
+        return tensor
     return synchronize(start_allreduce(tensor, average, name, op, prescale_factor,
                                        postscale_factor, process_set, inplace=True,
                                        blocking=True))
