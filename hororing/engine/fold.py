@@ -161,9 +161,8 @@ class Fold:
         shared memory not reduced in chunks, the compiled cycle loaded for the dtype, a result
         the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
         rank folded it and its output holds the rows reduced (finalized only by the plan's
-        ``divisor``); False: they did
-        not all fold it (the rows are exchanged; the cycle goes on to the vote); None: not
-        run, nothing exchanged. ``activity``: entered around a wait that sleeps."""
+        ``divisor``); False: they did not all fold it (the rows are exchanged; the cycle goes
+        on to the vote); None: not run, nothing exchanged. ``activity``: entered around a wait that sleeps."""
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
