@@ -41,6 +41,15 @@ __all__ = [  # the blocking verbs here, the asynchronous ones of async_ops, as H
     "sparse_allreduce_async", "synchronize"]
 
 
+def _plain(tensor, op, average):
+    """Whether an allreduce of ``tensor`` is the common call the blocking verbs take straight
+    to the door: a dense CPU ``torch.Tensor`` of a dtype ``Tensor.numpy`` views as it is,
+    needing no gradient, with ``op`` one of Horovod's and no ``average``."""
+    return type(tensor) is torch.Tensor and type(op) is int and average is None \
+        and op in ALLREDUCE_OPS and not tensor.requires_grad and tensor.dtype in _PLAIN \
+        and tensor.is_cpu and tensor.layout is _STRIDED
+
+
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over all ranks (differentiable). Every rank must call it, in order.
@@ -50,9 +59,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """
     if op is None and average is None:
         op = ops.Average  # Horovod's default, as ``resolve_op`` gives it
-    if type(tensor) is torch.Tensor and compression is Compression.none and type(op) is int \
-            and average is None and op in ALLREDUCE_OPS and not tensor.requires_grad \
-            and tensor.dtype in _PLAIN and tensor.is_cpu and tensor.layout is _STRIDED:
+    if compression is Compression.none and _plain(tensor, op, average):
         # a plain CPU tensor, the common call: ``as_numpy``'s and ``to_torch``'s work
         # written out, without their calls. ``Tensor.numpy`` releases the GIL (as does
         # every call that makes a tensor), so a name is checked first (None is named later)
@@ -91,9 +98,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     """In-place allreduce (not differentiable)."""
     if op is None and average is None:
         op = ops.Average
-    if type(tensor) is torch.Tensor and type(op) is int and average is None \
-            and op in ALLREDUCE_OPS and not tensor.requires_grad and tensor.dtype in _PLAIN \
-            and tensor.is_cpu and tensor.layout is _STRIDED:
+    if _plain(tensor, op, average):
         # a plain CPU tensor: ``start_allreduce``'s work written out, as ``allreduce``'s
         if name is not None:
             door.check_free(name, process_set)
