@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -126,8 +127,9 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
                       "0.2", "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out", str(out),
                       "--progress", str(progress), "--step-sleep", "0.05", "--slow-file",
                       str(tmp_path / "slow"), *job_args)
+    # its own session: where it is stuck, it goes with every launch it started
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as process:
+                          text=True, start_new_session=True) as process:
         try:
             wait_for_progress(progress, 8, process)
             if grown is not None:
@@ -137,11 +139,31 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
                 wait_for_progress(progress, 0, process, size=grown)
                 (tmp_path / "slow").unlink()
             stdout, stderr = process.communicate(timeout=TIMEOUT)
+        except (AssertionError, subprocess.TimeoutExpired) as stuck:
+            lines = end_session(process)
+            said = [line for line in lines if line.startswith(("hororun", "hororing"))]
+            raise AssertionError(f"{stuck}; the launcher's events:\n" + "\n".join(said[-40:])
+                                 + "\nits output's last lines:\n" + "\n".join(lines[-20:])
+                                 ) from stuck
         except BaseException:
-            process.kill()
+            end_session(process)
             raise
     finished = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     return finished, json.loads(out.read_text()) if out.exists() else None
+
+
+def end_session(process):
+    """Kill ``process`` and everything in its session (mpiexec, the ranks); return the lines
+    of its stderr (the launcher's events and its ranks' output)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        _, stderr = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # something outside the session holds the pipe
+        return ["(the launcher's output could not be read)"]
+    return stderr.splitlines()
 
 
 def test_a_host_dropped_from_discovery_stops_the_job_at_a_commit_and_it_goes_on_smaller(
