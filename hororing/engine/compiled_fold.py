@@ -17,10 +17,9 @@ from .. import transport
 from .._mpi import MPI
 from ..algorithms.compiled import HALVES, carried, handle
 from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG,
-                                         F_HALF, F_OP,
-                                         F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT, F_SPIN,
-                                         F_STAGE, F_STATUS, F_STRIDE, F_WIN, F_YIELD, FIELDS,
-                                         OPS, SPUN, WAIT)
+                                         F_HALF, F_OP, F_RANK, F_RESULT, F_ROW, F_ROWS,
+                                         F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS,
+                                         F_STRIDE, F_WIN, F_YIELD, FIELDS, OPS, SPUN, WAIT)
 
 
 # a test of the request from compiled code takes a sixth to a fourth of one from Python here
@@ -74,14 +73,19 @@ class CompiledFold:
         return compiled
 
     @classmethod
-    def shared(cls, sets, window, node):
+    def shared(cls, sets, window, node, result=None, rank=0):
         """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
-        ``window`` (the SharedRows' MPI window), a barrier of ``node`` the exchange."""
+        ``window`` (the SharedRows' MPI window), a barrier of ``node`` the exchange.
+        ``result``: the window's result row where the rows are reduced chunk by chunk
+        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in ``node``)."""
         compiled = cls(sets, window)
         fields = compiled.fields
         fields[F_SHARED] = 1
         fields[F_WIN] = handle(window)
         fields[F_COMM] = handle(node)
+        if result is not None:
+            fields[F_RESULT] = result.ctypes.data
+            fields[F_RANK] = rank
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake, activity):

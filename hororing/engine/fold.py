@@ -17,8 +17,8 @@ bits, are the same. There the fold also takes the sizes the shared-memory allred
 (``algorithms/shared.py``, up to 2 MiB, where the rows fit ``shared_rows_budget``), and from
 ``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
 reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
-after a second barrier every rank copies the result out (``_Chunked``), so no rank reduces
-all n rows. The ranks agree on the fold from the same fields before any of them reduces, so
+after a second barrier every rank copies the result out (``_Chunked``; a lane's compiled
+cycle the same, ``algorithms/compiled/folded.py``), so no rank reduces all n rows. The ranks agree on the fold from the same fields before any of them reduces, so
 all enter the second barrier or none does.
 """
 
@@ -88,7 +88,10 @@ class Fold:
         self.gathered = None  # every rank's contribution once exchanged: (size, bytes) uint8
         self.received_bytes = 0  # what one exchange of the rows receives
         self._exchange = None  # the repeated allgather of the rows, or the SharedRows
-        self._compiled = None  # gathered rows' cycle in one compiled call (compiled_fold.py)
+        self._compiled = None  # the rows' cycle in one compiled call (compiled_fold.py)
+        # the rows are reduced chunk by chunk (``_Chunked``): each rank's chunk of the shared
+        # result is finalized before the others copy it, by whichever steps that rank runs
+        self._chunks = False
 
     def predict(self, responses):
         """Fold the next cycle when this one and the last that ran anything each ran one
@@ -135,10 +138,10 @@ class Fold:
                 self.size >= CHUNKED_RANKS else None
             rank = self._exchange_with.rank
             self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
-            if chunked is None:  # the chunks' second barrier is Python's
-                self._compiled = CompiledFold.shared(
-                    [(rows[rank], rows) for rows in shared.sets], shared.window.window,
-                    shared.window.node)
+            self._chunks = chunked is not None
+            self._compiled = CompiledFold.shared(
+                [(rows[rank], rows) for rows in shared.sets], shared.window.window,
+                shared.window.node, None if chunked is None else shared.result, shared.rank)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)
@@ -158,7 +161,7 @@ class Fold:
     def run_compiled(self, request, response, plan, wake, activity):
         """A lane's cycle (``request``, agreed as ``response``, folded with ``plan``) as one
         compiled call, where it can run: gathered rows on a persistent exchange or rows in
-        shared memory not reduced in chunks, the compiled cycle loaded for the dtype, a result
+        shared memory (whole or in chunks), the compiled cycle loaded for the dtype, a result
         the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
         rank folded it and its output holds the rows reduced (finalized only by the plan's
         ``divisor``); False: they did not all fold it (the rows are exchanged; the cycle goes
@@ -166,7 +169,10 @@ class Fold:
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
-        if compiled is None or plan.nbytes != self.bytes:
+        if compiled is None or plan.nbytes != self.bytes or \
+                (self._chunks and plan.after_compiled is not None):
+            # chunks: a finalizer the compiled cycle does not apply itself would be applied
+            # to the whole result after the copy, over the chunks Python's steps finalized
             return None
         entry = FOLD_READY.get(plan.dtype)
         if entry is None and (plan.dtype in FOLD_ASKED or
@@ -192,6 +198,7 @@ class Fold:
                 self._exchange.free()
             self._exchange = None
         self._turns = None
+        self._chunks = False
         self._width = 0
 
     def agreed(self):

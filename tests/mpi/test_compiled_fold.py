@@ -170,6 +170,57 @@ def test_a_prescaled_call_runs_pythons_steps_with_the_same_result():
     assert_close(native, reference_allreduce(inputs, hvd.Sum, prescale=0.5))
 
 
+CHUNKS = 9007  # shared rows reduced chunk by chunk under ``chunks``: a length no other test has
+
+
+@pytest.fixture
+def chunks(monkeypatch):
+    """Shared rows of 8 KiB and more reduced chunk by chunk at any rank count (fold._Chunked;
+    the default: 256 KiB and more, from 4 ranks); skipped where there are no shared rows (one
+    rank gathers its own; a job across nodes)."""
+    if SINGLE or hvd.local_size() != hvd.size():
+        pytest.skip("rows reduced chunk by chunk are shared rows: one node, two ranks or more")
+    from hororing.engine import fold
+    monkeypatch.setattr(fold, "CHUNKED_RANKS", 1)
+    monkeypatch.setattr(fold, "CHUNKED_BYTES", 8 * 1024)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "uint8"])
+@pytest.mark.parametrize("op", OPS, ids=lambda op: hvd.ops.op_name(op))
+def test_rows_reduced_chunk_by_chunk_run_compiled_with_the_bits_of_pythons_steps(
+        dtype, op, chunks):
+    """Each rank reduces its chunk of every row into the shared result, a second barrier,
+    the result copied out: compiled, the same bits as Python's steps. An integer Average,
+    whose division the compiled cycle leaves to Python, runs Python's steps (its chunks are
+    finalized before the others copy them)."""
+    from hororing.engine.fold import _Chunked
+    name = f"cfold.chunks.{dtype}.{hvd.ops.op_name(op)}"
+    inputs = _inputs(dtype, 7, op, length=CHUNKS)
+    python, ran = _repeat("off", name, inputs, op)
+    assert ran == 0
+    assert isinstance(current().engine.cycle._fold.gathered, _Chunked)
+    takes = op != hvd.Average or dtype.startswith("float")
+    native, ran = _repeat("wait", name, inputs, op, until_compiled=takes)
+    assert (ran > 0) == takes
+    assert native.tobytes() == python.tobytes()
+    _same_bits_everywhere(native)
+    assert_close(native, reference_allreduce(inputs, op))
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=lambda op: hvd.ops.op_name(op))
+def test_ranks_running_compiled_and_python_chunks_share_one_result(op, chunks):
+    """Ranks running the compiled cycle and ranks running Python's steps each reduce their
+    chunk into the one shared result: the same barriers, the chunks finalized alike."""
+    inputs = _inputs("float32", 8, op, length=CHUNKS)
+    name = f"cfold.chunks.mixed.{hvd.ops.op_name(op)}"
+    python, _ = _repeat("off", name, inputs, op)
+    mode = "wait" if hvd.rank() % 2 == 0 else "off"
+    mixed, ran = _repeat(mode, name, inputs, op, until_compiled=True)
+    assert (ran > 0) == (mode == "wait")
+    assert mixed.tobytes() == python.tobytes()
+    _same_bits_everywhere(mixed)
+
+
 @pytest.mark.skipif(SINGLE, reason="a mismatch needs two ranks")
 @pytest.mark.parametrize("length", [LENGTH, LONG])
 @pytest.mark.parametrize("change", ["op", "shape", "dtype"])

@@ -15,5 +15,8 @@ SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI
 # error's code, negated)
 SPUN, APART = 3, 4
 # the fields of its one int64 array: addresses, sizes, what to reduce, where it stands
+# (F_RESULT: the shared result row's address where the rows are reduced chunk by chunk, else
+# 0; F_RANK: this rank's chunk then)
 (F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_STRIDE, F_SIZE, F_OP, F_HALF,
- F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, FIELDS) = range(19)
+ F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, F_RESULT, F_RANK,
+ FIELDS) = range(21)

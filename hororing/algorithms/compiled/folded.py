@@ -15,7 +15,10 @@ running Python's steps exchange the same rows and get the same result.
 It takes the input and the output (the same array in place; 1-D, of the carried dtype,
 which selects the compiled version) and an int64 array of ``codes.F_*`` fields.
 ``F_STAGE`` says where it stands: 0 write the row and start, 1 wait, 2 compare and reduce.
-It polls as ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the
+Rows reduced chunk by chunk (``F_RESULT`` not 0, from ``fold.CHUNKED_RANKS`` ranks on, as
+``fold._Chunked`` reduces them): 2 reduces this rank's chunk of every row into the shared
+result row and starts a second barrier (the same fences around the same MPI_Ibarrier as
+``SharedRows.barrier``), 3 waits for it, then the result row is copied out. It polls as ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the
 caller wakes the peers and calls again) and WAIT after ``F_YIELD``, tests separated by
 sched_yield (the caller sleeps until the request completes and calls again). Then APART
 where the ranks' fields differ (the cycle goes on to the vote), or DONE with the result in
@@ -26,10 +29,9 @@ would otherwise finalize in Python).
 import numba
 from numba import types
 
-from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG, F_HALF, F_OP, F_ROW,
-                    F_ROWS,
-                    F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS,
-                    F_WIN, F_YIELD, SPUN, WAIT)
+from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG, F_HALF, F_OP,
+                    F_RANK, F_RESULT, F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT, F_SPIN,
+                    F_STAGE, F_STATUS, F_STRIDE, F_TESTS, F_WIN, F_YIELD, SPUN, WAIT)
 from .native import _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
@@ -65,42 +67,92 @@ def cycle(source, out, p):
         p[F_STAGE] = 1
         p[F_TESTS] = 0
     if p[F_STAGE] == 1:
-        flag = numba.carray(_pointer(p[F_FLAG]), 1, numba.int32)
-        spin, yields = p[F_SPIN], p[F_YIELD]
-        while True:
-            flag[0] = 0
-            code = _test(p[F_SLOT], p[F_FLAG], p[F_STATUS])
-            if code != 0:
-                return -code
-            if flag[0] != 0:
-                break
-            tests = p[F_TESTS] + 1  # the phases of ``transport.wait_until``
-            p[F_TESTS] = tests
-            if tests < spin:
-                continue
-            if tests == max(spin, 1):
-                return SPUN
-            if tests >= yields:
-                return WAIT
-            _sched_yield()
+        event = _poll(p, True)
+        if event != DONE:
+            return event
         p[F_STAGE] = 2
         if p[F_SHARED] != 0:  # the others' rows visible to this rank
             code = _win_sync(p[F_WIN])
             if code != 0:
                 return -code
+    if p[F_STAGE] == 2:
+        width, size = p[F_STRIDE], p[F_SIZE]
+        cache_id = p[F_CACHE_ID]
+        for rank in range(size):
+            head = numba.carray(_pointer(p[F_ROWS] + rank * width), 2, numba.int64)
+            if head[0] != -1 or head[1] != cache_id:
+                return APART
+        if p[F_RESULT] == 0:  # every row reduced whole, into the output
+            _reduce(out, p, 0, count)
+            return DONE
+        # chunk by chunk: this rank's chunk of every row into the shared result row (the
+        # chunks ``plan.chunk_bounds`` cuts), a second barrier, the whole result copied out
+        rank = p[F_RANK]
+        base, extra = count // size, count % size
+        low = rank * base + min(rank, extra)
+        high = low + base + (1 if rank < extra else 0)
+        _reduce(numba.carray(_pointer(p[F_RESULT] + _HEAD), count, dtype), p, low, high)
+        code = _win_sync(p[F_WIN])
+        if code == 0:
+            code = _ibarrier(p[F_COMM], p[F_SLOT])
+        if code != 0:
+            return -code
+        p[F_STAGE] = 3
+        p[F_TESTS] = 0
+    if p[F_STAGE] == 3:  # every rank in this cycle: no peer to wake, so never SPUN
+        event = _poll(p, False)
+        if event != DONE:
+            return event
+        p[F_STAGE] = 4
+        code = _win_sync(p[F_WIN])  # every chunk visible to this rank
+        if code != 0:
+            return -code
+        result = numba.carray(_pointer(p[F_RESULT] + _HEAD), count, dtype)
+        for i in range(count):
+            out[i] = result[i]
+    return DONE
+
+
+@numba.njit(cache=True, nogil=True)
+def _poll(p, spun):
+    """Test the request in ``F_SLOT`` until it completes (DONE), in the phases of
+    ``transport.wait_until``: SPUN once after ``F_SPIN`` tests where ``spun`` (the caller
+    wakes the peers), WAIT after ``F_YIELD`` (the caller sleeps), sched_yield between."""
+    flag = numba.carray(_pointer(p[F_FLAG]), 1, numba.int32)
+    spin, yields = p[F_SPIN], p[F_YIELD]
+    while True:
+        flag[0] = 0
+        code = _test(p[F_SLOT], p[F_FLAG], p[F_STATUS])
+        if code != 0:
+            return -code
+        if flag[0] != 0:
+            return DONE
+        tests = p[F_TESTS] + 1
+        p[F_TESTS] = tests
+        if tests < spin:
+            continue
+        if spun and tests == max(spin, 1):
+            return SPUN
+        if tests >= yields:
+            return WAIT
+        _sched_yield()
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce(into, p, low, high):
+    """Values ``low:high`` of every rank's row (``F_ROWS``) combined in rank order into the
+    same values of ``into``, a block of the result at a time: each value sees the same
+    operations in the same order as whole rows would. Divided by ``F_DIVISOR`` where it is
+    not 0 (a float Average: each value divided in float64 and rounded once, which is the
+    correctly rounded float32 quotient too, 53 >= 2 * 24 + 2)."""
+    dtype = into.dtype
+    itemsize = into.itemsize
     width, size = p[F_STRIDE], p[F_SIZE]
-    cache_id = p[F_CACHE_ID]
-    for rank in range(size):
-        head = numba.carray(_pointer(p[F_ROWS] + rank * width), 2, numba.int64)
-        if head[0] != -1 or head[1] != cache_id:
-            return APART
     op, half, divisor = p[F_OP], p[F_HALF], p[F_DIVISOR]
-    itemsize = out.itemsize
-    # a block of the result at a time, every row combined into it while it is in the
-    # cache: each value sees the same operations in the same order as whole rows would
-    for start in range(0, count, _BLOCK_BYTES // itemsize):
-        n = min(count - start, _BLOCK_BYTES // itemsize)
-        block = out[start:start + n]
+    step = _BLOCK_BYTES // itemsize
+    for start in range(low, high, step):
+        n = min(high - start, step)
+        block = into[start:start + n]
         first = numba.carray(_pointer(p[F_ROWS] + _HEAD + start * itemsize), n, dtype)
         for i in range(n):
             block[i] = first[i]
@@ -108,8 +160,6 @@ def cycle(source, out, p):
             row = numba.carray(_pointer(p[F_ROWS] + rank * width + _HEAD + start * itemsize),
                                n, dtype)
             _combine(block, row, op, half)
-        if divisor != 0:  # a float Average: each value divided in float64 and rounded
-            # once, which is the correctly rounded float32 quotient too (53 >= 2 * 24 + 2)
+        if divisor != 0:
             for i in range(n):
                 block[i] = block[i] / divisor
-    return DONE
