@@ -18,8 +18,9 @@ bits, are the same. There the fold also takes the sizes the shared-memory allred
 ``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
 reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
 after a second barrier every rank copies the result out (``_Chunked``; a lane's compiled
-cycle the same, ``algorithms/compiled/folded.py``), so no rank reduces all n rows. The ranks agree on the fold from the same fields before any of them reduces, so
-all enter the second barrier or none does.
+cycle the same, ``algorithms/compiled/folded.py``), so no rank reduces all n rows. The ranks
+agree on the fold from the same fields before any of them reduces, so all enter the second
+barrier or none does.
 """
 
 import os
@@ -165,7 +166,8 @@ class Fold:
         the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
         rank folded it and its output holds the rows reduced (finalized only by the plan's
         ``divisor``); False: they did not all fold it (the rows are exchanged; the cycle goes
-        on to the vote); None: not run, nothing exchanged. ``activity``: entered around a wait that sleeps."""
+        on to the vote); None: not run, nothing exchanged. ``activity``: entered around a
+        wait that sleeps."""
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled

@@ -18,12 +18,13 @@ which selects the compiled version) and an int64 array of ``codes.F_*`` fields.
 Rows reduced chunk by chunk (``F_RESULT`` not 0, from ``fold.CHUNKED_RANKS`` ranks on, as
 ``fold._Chunked`` reduces them): 2 reduces this rank's chunk of every row into the shared
 result row and starts a second barrier (the same fences around the same MPI_Ibarrier as
-``SharedRows.barrier``), 3 waits for it, then the result row is copied out. It polls as ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the
-caller wakes the peers and calls again) and WAIT after ``F_YIELD``, tests separated by
-sched_yield (the caller sleeps until the request completes and calls again). Then APART
-where the ranks' fields differ (the cycle goes on to the vote), or DONE with the result in
-the output, divided by ``F_DIVISOR`` where that is not 0 (a float Average, which the caller
-would otherwise finalize in Python).
+``SharedRows.barrier``), 3 waits for it, then the result row is copied out. It polls as
+``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the caller wakes the
+peers and calls again) and WAIT after ``F_YIELD``, tests separated by sched_yield (the
+caller sleeps until the request completes and calls again). Then APART where the ranks'
+fields differ (the cycle goes on to the vote), or DONE with the result in the output,
+divided by ``F_DIVISOR`` where that is not 0 (a float Average, which the caller would
+otherwise finalize in Python).
 """
 
 import numba
