@@ -6,10 +6,10 @@ rounding after a resize)."""
 import io
 import json
 import os
+import pathlib
 import pickle
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +19,9 @@ import pytest
 
 from conftest import JOBS, mpiexec
 from hororing.elastic import commits
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+from process_tree import ask_for_stacks, end_job  # noqa: E402
 
 JOB = [sys.executable, str(JOBS / "elastic_train.py")]
 TIMEOUT = 180
@@ -127,7 +130,7 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
                       "0.2", "--elastic-dir", str(tmp_path / "commits"), *JOB, "--out", str(out),
                       "--progress", str(progress), "--step-sleep", "0.05", "--slow-file",
                       str(tmp_path / "slow"), *job_args)
-    # its own session: where it is stuck, it goes with every launch it started
+    # its own session: where it is stuck, it ends with every launch it started (end_job)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True) as process:
         try:
@@ -140,30 +143,19 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
                 (tmp_path / "slow").unlink()
             stdout, stderr = process.communicate(timeout=TIMEOUT)
         except (AssertionError, subprocess.TimeoutExpired) as stuck:
-            lines = end_session(process)
+            ask_for_stacks(process, JOB[-1])  # the ranks' threads, where they are stuck
+            end_job(process)
+            lines = process.communicate()[1].splitlines()
             said = [line for line in lines if line.startswith(("hororun", "hororing"))]
             raise AssertionError(f"{stuck}; the launcher's events:\n" + "\n".join(said[-40:])
-                                 + "\nits output's last lines:\n" + "\n".join(lines[-20:])
+                                 + "\nits output's last lines:\n" + "\n".join(lines[-80:])
                                  ) from stuck
         except BaseException:
-            end_session(process)
+            end_job(process)
+            process.communicate()
             raise
     finished = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     return finished, json.loads(out.read_text()) if out.exists() else None
-
-
-def end_session(process):
-    """Kill ``process`` and everything in its session (mpiexec, the ranks); return the lines
-    of its stderr (the launcher's events and its ranks' output)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        _, stderr = process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # something outside the session holds the pipe
-        return ["(the launcher's output could not be read)"]
-    return stderr.splitlines()
 
 
 def test_a_host_dropped_from_discovery_stops_the_job_at_a_commit_and_it_goes_on_smaller(
