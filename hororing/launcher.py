@@ -122,7 +122,8 @@ def _elastic_driver(args, mpiexec, within):
                          in_process=in_process, cooldown=args.blacklist_cooldown_range,
                          warm=_warm_modules(args.warm_start, args.command),
                          handover=args.handover == "auto" and
-                         not (within is not None and within.managed))
+                         not (within is not None and within.managed),
+                         handover_timeout=args.handover_timeout)
 
 
 def _warm_modules(choice, command):
@@ -280,6 +281,10 @@ def _parser():
                               "the job's next commit; off: the job stops first, then the "
                               "bigger launch starts; auto: ahead, except inside a Slurm "
                               "allocation (a job step waits for the running step's resources)")
+    elastic.add_argument("--handover-timeout", type=float, default=120.0, metavar="SECONDS",
+                         help="seconds the launch started ahead has to start every rank and "
+                              "reach hvd.elastic.run; past them it is ended and the job grows "
+                              "by stopping first, then launching (default: 120)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 

@@ -32,7 +32,9 @@ few survivors, and for failures that are not a dead rank:
    reports them all there (``job.READY``). Only then is the running job asked to stop at its
    next commit; when it has, SIGUSR1 tells the waiting ranks to read that commit and go on.
    The job pauses for one commit's write and read instead of a launch. A launch started ahead
-   that ends, or no longer fits the hosts, is ended and the job relaunched as in 2-3.
+   that ends, no longer fits the hosts, or has not reported every rank ready within
+   ``--handover-timeout`` (a rank stuck in its start would otherwise hold the growth back for
+   ever), is ended and the job relaunched as in 2-3.
 5. In process (ULFM), the new rank 0 reports the survivors' size on stderr (``job.SHRUNK``).
    The dead ranks' slots are held out, as Horovod blacklists a failed worker's host: for a
    time drawn from ``--blacklist-cooldown-range``, else for the rest of the job (unless
@@ -94,12 +96,13 @@ class ElasticDriver:
         warm: the modules relaunched ranks find imported (``warm.py``; empty: none).
         handover: a launch that grows the job starts ahead, beside the running one, and takes
             over at its next commit (4. above).
+        handover_timeout: seconds a launch started ahead has to report every rank ready.
     """
 
     def __init__(self, command_for, command, discover, min_np, max_np=None,
                  elastic_timeout=600.0, reset_limit=None, directory=None, env=None,
                  interval=1.0, verbose=False, start=None, in_process=False, cooldown=None,
-                 warm=(), handover=False):
+                 warm=(), handover=False, handover_timeout=120.0):
         self.command_for = command_for
         self.command = list(command)
         self.discover = discover
@@ -122,6 +125,7 @@ class ElasticDriver:
         self.warm = list(warm)  # the modules relaunched ranks find imported (warm.py)
         self._warm = None  # (the warm process, its socket) while the job runs
         self.handover = handover
+        self.handover_timeout = handover_timeout
         self._ahead = None  # the launch started ahead, waiting to take over
         self._going = threading.Lock()  # told to go once, from the main or the stderr thread
         self._stopped_at = None  # the commit the running job stopped at, from its rank 0
@@ -373,6 +377,10 @@ class ElasticDriver:
                 change = self._change(self._running, placed, hosts)
                 if self._ahead is not None:
                     why = self._unfit(self._ahead, hosts)
+                    if why is None and not self._ahead.ready.is_set() and \
+                            time.monotonic() - self._ahead.started > self.handover_timeout:
+                        why = (f"was not ready within --handover-timeout "
+                               f"{self.handover_timeout:g} s")
                     if why is not None or short(placed, hosts):
                         log(f"launch {self._ahead.number}, started ahead, "
                             f"{why or 'is not wanted: a host in use is gone'}; ending it")

@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from ..elastic import commits, job
 from .output import copy_lines
@@ -22,6 +23,7 @@ class Launch:
         self.drained = drained  # waits until its output is consumed
         self.acknowledged = acknowledged  # its ranks agreed to stop at their next commit
         self.ready = threading.Event()  # started ahead: every rank waits to take over
+        self.started = time.monotonic()
         self.going = False  # started ahead: told to take over
 
 

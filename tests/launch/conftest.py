@@ -86,6 +86,7 @@ FULL_ONLY = {
     "test_elastic.py::test_a_keras_fit_killed_mid_epoch_resumes_with_its_optimizer_state[tf_keras]",  # keras3 kept
     "test_elastic.py::test_a_job_that_fails_before_every_commit_is_not_relaunched_forever",  # reset limit kept
     "test_elastic.py::test_more_slots_discovered_grow_the_job_up_to_max_np[off]",  # [auto] kept
+    "test_elastic.py::test_a_launch_ahead_that_never_gets_ready_is_ended_and_the_job_grows_by_a_relaunch",  # the driver's deadline in tests/unit
     "test_elastic.py::test_a_kill_in_the_middle_of_writing_a_commit_leaves_the_previous_one",
     "test_slurm.py::test_sbatch_job_trains_and_its_log_has_no_progress_bar_updates[1-hororun]",  # 2 nodes kept
     "test_slurm.py::test_hororun_inside_salloc_takes_the_allocations_tasks_and_nodes[1]",  # 2 nodes kept

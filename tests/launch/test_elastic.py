@@ -158,6 +158,25 @@ def run_with_changing_hosts(tmp_path, first_hosts, later_hosts, flags, job_args=
     return finished, json.loads(out.read_text()) if out.exists() else None
 
 
+def test_a_launch_ahead_that_never_gets_ready_is_ended_and_the_job_grows_by_a_relaunch(
+        tmp_path, reference):
+    # its ranks sleep before hvd.init(): past --handover-timeout the job stops and relaunches
+    finished, result = run_with_changing_hosts(
+        tmp_path, "localhost:2\n", "localhost:2\n127.0.0.1:4\n",
+        ["-np", "2", "--min-np", "2", "--max-np", "3", "--handover-timeout", "5"],
+        job_args=["--stall-ahead", "600"], grown=3)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = events(finished)
+    assert any("launch 1, started ahead, was not ready within --handover-timeout 5 s; "
+               "ending it" in line for line in lines), lines
+    # the launch that never took over leaves its number to the relaunch
+    assert any("launch 1: 3 ranks" in line and "started ahead" not in line
+               for line in lines), "\n".join(lines)
+    assert result["size"] == 3 and result["launch"] == 1 and result["step"] == 30
+    np.testing.assert_allclose(np.concatenate(result["params"]),
+                               np.concatenate(reference[2]), rtol=1e-5)
+
+
 def test_a_host_dropped_from_discovery_stops_the_job_at_a_commit_and_it_goes_on_smaller(
         tmp_path, reference):
     finished, result = run_with_changing_hosts(

@@ -103,11 +103,12 @@ class FakeMpiexec:
 class Job:
     """An elastic driver with handover running in a thread over fake launches."""
 
-    def __init__(self, tmp_path, hosts):
+    def __init__(self, tmp_path, hosts, handover_timeout=120.0):
         self.hosts, self.launches, self.status = list(hosts), [], None
         self.driver = ElasticDriver(lambda *args: ["mpiexec"], ["python", "train.py"],
                                     lambda: self.hosts, 2, 3, directory=str(tmp_path),
-                                    interval=0.01, start=self._start, handover=True)
+                                    interval=0.01, start=self._start, handover=True,
+                                    handover_timeout=handover_timeout)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -214,6 +215,27 @@ def test_a_launch_ahead_that_fails_is_ended_and_the_job_grows_by_a_relaunch(tmp_
     assert job.HANDOVER_ENV not in third.env and third.env[job.LAUNCH_ENV] == "1"
     third.end(0)
     assert made.finished() == 0
+
+
+def test_a_launch_ahead_never_ready_is_ended_at_the_handover_timeout_and_the_job_relaunched(
+        tmp_path, capsys):
+    # a rank stuck in its start must not hold the growth back for ever
+    made = Job(tmp_path, [("localhost", 2)], handover_timeout=0.3)
+    first = made.launch(0)
+    entered(made)
+    made.hosts = [("localhost", 3)]
+    ahead = made.launch(1)
+    until(lambda: ahead.signals == [signal.SIGTERM])
+    until(lambda: job.NOTICE_SIGNAL in first.signals)  # then the job stops at a commit
+    first.acknowledged.set()
+    first.end(job.RESCALE_STATUS)
+    third = made.launch(2)
+    assert job.HANDOVER_ENV not in third.env and third.env[job.LAUNCH_ENV] == "1"
+    third.end(0)
+    assert made.finished() == 0
+    said = capsys.readouterr().err
+    assert "launch 1, started ahead, was not ready within --handover-timeout 0.3 s; ending it" \
+        in said, said
 
 
 def test_a_launch_ahead_is_ended_when_the_job_finishes_first(tmp_path):

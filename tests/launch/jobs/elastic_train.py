@@ -33,6 +33,9 @@ parser.add_argument("--raise-every-launch", action="store_true",
                     help="--raise applies to every launch, whatever its L")
 parser.add_argument("--out", required=True)
 parser.add_argument("--progress", default=None, help="rank 0 writes 'launch size step' here")
+parser.add_argument("--stall-ahead", type=float, default=0.0,
+                    help="a launch started ahead to take over (HORORING_ELASTIC_HANDOVER=1) "
+                         "sleeps this long before hvd.init(): a start that never gets there")
 parser.add_argument("--sharded", action="store_true",
                     help="DistributedOptimizer(sharded=True): each rank holds a slice of the "
                          "momentum, laid out again for the job's size at every launch")
@@ -67,6 +70,8 @@ class BombInCommit:
 
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)  # a test that times out asks
+if os.environ.get("HORORING_ELASTIC_HANDOVER") == "1":
+    time.sleep(args.stall_ahead)
 hvd.init()
 torch.manual_seed(1234)
 model = torch.nn.Linear(8, 1)
