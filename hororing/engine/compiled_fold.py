@@ -16,10 +16,12 @@ import numpy as np
 from .. import transport
 from .._mpi import MPI
 from ..algorithms.compiled import HALVES, carried, handle
-from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG,
-                                         F_HALF, F_OP, F_RANK, F_RESULT, F_ROW, F_ROWS,
-                                         F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS,
-                                         F_STRIDE, F_WIN, F_YIELD, FIELDS, OPS, SPUN, WAIT)
+from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR,
+                                         F_FINALIZE, F_FLAG, F_HALF, F_HIGH, F_LOW, F_OP,
+                                         F_RESULT, F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT,
+                                         F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_WIN, F_YIELD,
+                                         FIELDS, FINALIZE, OPS, SPUN, WAIT)
+from ..algorithms.plan import chunk_bounds
 
 
 # a test of the request from compiled code takes a sixth to a fourth of one from Python here
@@ -54,6 +56,9 @@ class CompiledFold:
         self._plan = self._bits = self._cache_id = None
         self._test = None
         self._backoff = -1  # the back-off's version the spin fields were set from
+        # rows reduced chunk by chunk (``shared``): the shared result row, this rank's place
+        # among the rows, and its chunk of the result as the plan's dtype (what it finalizes)
+        self._result, self._rank, self._chunk = None, 0, None
 
     def turn(self, index):
         """Run the next cycle on set ``index`` of the rows."""
@@ -76,8 +81,9 @@ class CompiledFold:
     def shared(cls, sets, window, node, result=None, rank=0):
         """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
         ``window`` (the SharedRows' MPI window), a barrier of ``node`` the exchange.
-        ``result``: the window's result row where the rows are reduced chunk by chunk
-        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in ``node``)."""
+        ``result``: the data of the window's result row (uint8) where the rows are reduced
+        chunk by chunk (``fold._Chunked``), ``rank`` this rank's chunk (its rank in
+        ``node``)."""
         compiled = cls(sets, window)
         fields = compiled.fields
         fields[F_SHARED] = 1
@@ -85,17 +91,17 @@ class CompiledFold:
         fields[F_COMM] = handle(node)
         if result is not None:
             fields[F_RESULT] = result.ctypes.data
-            fields[F_RANK] = rank
+            compiled._result, compiled._rank = result, rank
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake, activity):
         """One fold cycle, compiled: this rank's row of ``source`` (folding ``cache_id``),
         the exchange, and where every rank folded the same, the rows reduced with ``plan``
-        into ``output`` (divided by ``plan.divisor`` where it is not 0; not otherwise
-        finalized). True then; False where the ranks' fields differ (the
-        rows are exchanged: the cycle goes on to the vote). ``wake``: called once if the
-        exchange is not complete after the spin; ``activity`` (``transport.activity``):
-        entered around the sleeping wait."""
+        into ``output`` (divided by ``plan.divisor`` where it is not 0; whole rows not
+        otherwise finalized, chunks finalized by ``plan.after_compiled`` too). True then;
+        False where the ranks' fields differ (the rows are exchanged: the cycle goes on to
+        the vote). ``wake``: called once if the exchange is not complete after the spin;
+        ``activity`` (``transport.activity``): entered around the sleeping wait."""
         fields = self.fields
         if plan is not self._plan or cache_id != self._cache_id:
             fields[F_OP] = OPS[plan.op]
@@ -103,6 +109,8 @@ class CompiledFold:
             fields[F_DIVISOR] = plan.divisor
             fields[F_CACHE_ID] = self._cache_id = cache_id
             self._plan, self._bits = plan, carried(plan.dtype)
+            if self._result is not None:
+                self._chunk_for(plan)
         backoff = transport.Backoff
         if backoff.version != self._backoff:  # set (again) since the last cycle
             spin = backoff.spin_tests * SPIN_SCALE
@@ -121,7 +129,9 @@ class CompiledFold:
                 return True
             if event == APART:
                 return False
-            if event == SPUN:
+            if event == FINALIZE:  # this rank's chunk, before the others copy it
+                plan.after_compiled(self._chunk)
+            elif event == SPUN:
                 if wake is not None:
                     wake()
             elif event == WAIT:  # then tested once more, compiled: done
@@ -129,6 +139,16 @@ class CompiledFold:
                     transport.wait_until(self._done, asleep=True)
             else:
                 raise MPI.Exception(-int(event))
+
+    def _chunk_for(self, plan):
+        """This rank's chunk of the shared result for ``plan``'s rows: the chunks
+        ``chunk_bounds`` cuts, as ``fold._Chunked`` reduces them."""
+        fields = self.fields
+        itemsize = plan.dtype.itemsize
+        low, high = chunk_bounds(plan.nbytes // itemsize, int(fields[F_SIZE]))[self._rank]
+        fields[F_LOW], fields[F_HIGH] = low, high
+        fields[F_FINALIZE] = plan.after_compiled is not None
+        self._chunk = self._result[low * itemsize:high * itemsize].view(plan.dtype)
 
     def _done(self):
         """One test of the exchange's request, compiled (the sleeping phase's)."""

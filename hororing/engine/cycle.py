@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import transport
 from .buckets import bucket_key
-from .fold import REDUCED, Fold
+from .fold import Fold
 from .negotiation import (CYCLE, FLAGS, NOTES_BYTES, WAITING, Negotiator, agreed_bits,
                           encode_header, encode_vote, header_words, vote_needs_gather, vote_words)
 
@@ -129,8 +129,8 @@ class Cycle:
         expected at its size, nothing in the negotiation table (so neither its name nor a
         join), its cache entry the lane's own. Then the same cycle, its steps written out. Returns ``NOT_RUN`` where it does not fold
         (nothing done: the call goes the usual way); the gathered rows when every rank folded
-        it (``REDUCED`` where the cycle ran compiled and the request's output holds them
-        reduced); else None: then the cycle goes on with ``resume_lane``. ``activity``
+        it (``fold.REDUCED`` or ``fold.FINALIZED`` where the cycle ran compiled and the
+        request's output holds them reduced); else None: then the cycle goes on with ``resume_lane``. ``activity``
         (``transport.activity``): entered where the cycle waits, not around it (a compiled
         cycle that completes at once has no need of it)."""
         fold = self._fold
@@ -151,7 +151,7 @@ class Cycle:
                 folded = fold.agreed() == request.cache_id
             rows = fold.gathered
         else:
-            rows = REDUCED
+            rows = folded
             self.stats["compiled_folds"] += 1
         stats = self.stats
         stats["inline_cycles"] += 1

@@ -32,7 +32,7 @@ from .allreduce import moved_bytes
 from .cycle import FLAG_FAILED, FLAG_SHUTDOWN, NOT_RUN, Cycle, JobEnded
 from .exchange import MpiExchange
 from .executor import Executor
-from .fold import REDUCED, LatencyFolding
+from .fold import FINALIZED, REDUCED, LatencyFolding
 from .lane import Lanes
 from .request import Handle, Request
 from .submissions import Submissions
@@ -166,8 +166,8 @@ class Engine:
                     submissions.pending.pop(name, None)
                 if rows is NOT_RUN:
                     return None
-                if rows is REDUCED and lane.plan.after_compiled is None \
-                        and request.writeback is None:
+                if (rows is REDUCED and lane.plan.after_compiled is None
+                        or rows is FINALIZED) and request.writeback is None:
                     # the rows reduced into its output: ``set_result`` written out. The handle
                     # is made above and returned below: no thread waits on it, none has a
                     # callback on it, so it needs neither the lock nor the call

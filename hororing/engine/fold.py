@@ -39,8 +39,11 @@ from .buffers import OutputPool
 from .compiled_fold import CompiledFold
 from .scaling import plain_divisor, scaling
 
-# what a lane's cycle gives in place of the rows where it ran compiled and reduced them
+# what a lane's cycle gives in place of the rows where it ran compiled and reduced them into
+# the output (finalized only by the plan's divisor: ``after_compiled`` is left to apply), or
+# reduced and finalized them (rows reduced chunk by chunk: each chunk finalized in the cycle)
 REDUCED = "reduced"
+FINALIZED = "finalized"
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
 # shared rows of this many data bytes or more, among this many ranks or more, are reduced
@@ -91,7 +94,8 @@ class Fold:
         self._exchange = None  # the repeated allgather of the rows, or the SharedRows
         self._compiled = None  # the rows' cycle in one compiled call (compiled_fold.py)
         # the rows are reduced chunk by chunk (``_Chunked``): each rank's chunk of the shared
-        # result is finalized before the others copy it, by whichever steps that rank runs
+        # result is finalized before the others copy it, by whichever steps that rank runs,
+        # so a compiled cycle's result is FINALIZED
         self._chunks = False
 
     def predict(self, responses):
@@ -142,7 +146,8 @@ class Fold:
             self._chunks = chunked is not None
             self._compiled = CompiledFold.shared(
                 [(rows[rank], rows) for rows in shared.sets], shared.window.window,
-                shared.window.node, None if chunked is None else shared.result, shared.rank)
+                shared.window.node, None if chunked is None else shared.result[_HEAD:],
+                shared.rank)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)
@@ -163,18 +168,15 @@ class Fold:
         """A lane's cycle (``request``, agreed as ``response``, folded with ``plan``) as one
         compiled call, where it can run: gathered rows on a persistent exchange or rows in
         shared memory (whole or in chunks), the compiled cycle loaded for the dtype, a result
-        the data's side writes as it lies (``LatencyFolding.compiled_output``). True: every
-        rank folded it and its output holds the rows reduced (finalized only by the plan's
-        ``divisor``); False: they did not all fold it (the rows are exchanged; the cycle goes
+        the data's side writes as it lies (``LatencyFolding.compiled_output``). REDUCED or
+        FINALIZED: every rank folded it and its output holds the rows reduced (and
+        finalized); False: they did not all fold it (the rows are exchanged; the cycle goes
         on to the vote); None: not run, nothing exchanged. ``activity``: entered around a
         wait that sleeps."""
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
-        if compiled is None or plan.nbytes != self.bytes or \
-                (self._chunks and plan.after_compiled is not None):
-            # chunks: a finalizer the compiled cycle does not apply itself would be applied
-            # to the whole result after the copy, over the chunks Python's steps finalized
+        if compiled is None or plan.nbytes != self.bytes:
             return None
         entry = FOLD_READY.get(plan.dtype)
         if entry is None and (plan.dtype in FOLD_ASKED or
@@ -187,8 +189,10 @@ class Fold:
                 return None
         if self._turns is not None:
             compiled.turn(self._next_set())
-        return compiled.run(entry, request.tensor, output, plan, request.cache_id, wake,
-                            activity)
+        if not compiled.run(entry, request.tensor, output, plan, request.cache_id, wake,
+                            activity):
+            return False
+        return FINALIZED if self._chunks else REDUCED
 
     def free(self, clean=True):
         """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``)."""
@@ -301,8 +305,9 @@ class LatencyFolding:
     def finish(self, response, request, rows, plan=None):
         """Complete ``request`` from every rank's contribution (the uint8 ``rows``, one per
         rank): reduced in rank order, as the latency path reduces its gathered rows, so the
-        result is bitwise what that path gives; ``REDUCED``: a compiled cycle has reduced them
-        so into the output (``Fold.run_compiled``). ``plan`` as for ``contribute``."""
+        result is bitwise what that path gives; ``REDUCED`` or ``FINALIZED``: a compiled cycle
+        has reduced them so into the output (``Fold.run_compiled``). ``plan`` as for
+        ``contribute``."""
         timeline = self._recorder.timeline
         started = time.monotonic() if timeline is not None else 0.0
         if plan is None:
@@ -316,7 +321,7 @@ class LatencyFolding:
         if rows is REDUCED:  # a compiled cycle reduced them into the output (``run_compiled``)
             if plan.after_compiled is not None:
                 plan.after_compiled(flat)
-        else:
+        elif rows is not FINALIZED:
             buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
             if type(rows) is np.ndarray:
                 reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)

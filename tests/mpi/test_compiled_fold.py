@@ -191,34 +191,40 @@ def test_rows_reduced_chunk_by_chunk_run_compiled_with_the_bits_of_pythons_steps
         dtype, op, chunks):
     """Each rank reduces its chunk of every row into the shared result, a second barrier,
     the result copied out: compiled, the same bits as Python's steps. An integer Average,
-    whose division the compiled cycle leaves to Python, runs Python's steps (its chunks are
-    finalized before the others copy them)."""
+    whose division the compiled cycle leaves to Python, has Python finalize this rank's chunk
+    in the middle of the cycle, before the others copy it."""
     from hororing.engine.fold import _Chunked
     name = f"cfold.chunks.{dtype}.{hvd.ops.op_name(op)}"
     inputs = _inputs(dtype, 7, op, length=CHUNKS)
     python, ran = _repeat("off", name, inputs, op)
     assert ran == 0
     assert isinstance(current().engine.cycle._fold.gathered, _Chunked)
-    takes = op != hvd.Average or dtype.startswith("float")
-    native, ran = _repeat("wait", name, inputs, op, until_compiled=takes)
-    assert (ran > 0) == takes
+    native, ran = _repeat("wait", name, inputs, op, until_compiled=True)
+    assert ran > 0
     assert native.tobytes() == python.tobytes()
     _same_bits_everywhere(native)
     assert_close(native, reference_allreduce(inputs, op))
 
 
-@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=lambda op: hvd.ops.op_name(op))
-def test_ranks_running_compiled_and_python_chunks_share_one_result(op, chunks):
+@pytest.mark.parametrize("out_of_place", [False, True], ids=["in_place", "out_of_place"])
+@pytest.mark.parametrize("op,dtype", [(hvd.Sum, "float32"), (hvd.Average, "float32"),
+                                      (hvd.Average, "int32")],
+                         ids=["sum-float32", "average-float32", "average-int32"])
+def test_ranks_running_compiled_and_python_chunks_share_one_result(op, dtype, out_of_place,
+                                                                   chunks):
     """Ranks running the compiled cycle and ranks running Python's steps each reduce their
-    chunk into the one shared result: the same barriers, the chunks finalized alike."""
-    inputs = _inputs("float32", 8, op, length=CHUNKS)
-    name = f"cfold.chunks.mixed.{hvd.ops.op_name(op)}"
-    python, _ = _repeat("off", name, inputs, op)
+    chunk into the one shared result: the same barriers, the chunks finalized alike (an
+    integer Average by Python on either kind of rank, before the others copy the chunk)."""
+    inputs = _inputs(dtype, 8, op, length=CHUNKS)
+    name = f"cfold.chunks.mixed.{dtype}.{hvd.ops.op_name(op)}.{out_of_place}"
+    python, _ = _repeat("off", name, inputs, op, out_of_place=out_of_place)
     mode = "wait" if hvd.rank() % 2 == 0 else "off"
-    mixed, ran = _repeat(mode, name, inputs, op, until_compiled=True)
+    mixed, ran = _repeat(mode, name, inputs, op, out_of_place=out_of_place,
+                         until_compiled=True)
     assert (ran > 0) == (mode == "wait")
     assert mixed.tobytes() == python.tobytes()
     _same_bits_everywhere(mixed)
+    assert_close(mixed, reference_allreduce(inputs, op))
 
 
 @pytest.mark.skipif(SINGLE, reason="a mismatch needs two ranks")

@@ -11,12 +11,13 @@ PC, INDEX, TAG, POSTED, SLOT, FIN_START, FIN_STOP, ERROR, STATE_FIELDS = range(9
 OPS = {"sum": 0, "min": 1, "max": 2, "product": 3}
 SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI
 
-# ``folded.cycle`` (a lane's fold cycle): its events, besides DONE and WAIT (< 0: an MPI
-# error's code, negated)
+# ``folded.cycle`` (a lane's fold cycle): its events, besides DONE, WAIT and FINALIZE (< 0:
+# an MPI error's code, negated)
 SPUN, APART = 3, 4
 # the fields of its one int64 array: addresses, sizes, what to reduce, where it stands
-# (F_RESULT: the shared result row's address where the rows are reduced chunk by chunk, else
-# 0; F_RANK: this rank's chunk then)
+# (F_RESULT: the address of the shared result row's data where the rows are reduced chunk by
+# chunk, else 0; F_LOW:F_HIGH this rank's chunk then, and F_FINALIZE whether Python finalizes
+# it)
 (F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_STRIDE, F_SIZE, F_OP, F_HALF,
- F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, F_RESULT, F_RANK,
- FIELDS) = range(21)
+ F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, F_RESULT, F_LOW, F_HIGH,
+ F_FINALIZE, FIELDS) = range(23)

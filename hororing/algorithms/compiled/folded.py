@@ -16,9 +16,11 @@ It takes the input and the output (the same array in place; 1-D, of the carried 
 which selects the compiled version) and an int64 array of ``codes.F_*`` fields.
 ``F_STAGE`` says where it stands: 0 write the row and start, 1 wait, 2 compare and reduce.
 Rows reduced chunk by chunk (``F_RESULT`` not 0, from ``fold.CHUNKED_RANKS`` ranks on, as
-``fold._Chunked`` reduces them): 2 reduces this rank's chunk of every row into the shared
-result row and starts a second barrier (the same fences around the same MPI_Ibarrier as
-``SharedRows.barrier``), 3 waits for it, then the result row is copied out. It polls as
+``fold._Chunked`` reduces them): 2 reduces this rank's chunk (``F_LOW:F_HIGH``) of every row
+into the shared result row and returns FINALIZE where ``F_FINALIZE`` says the caller
+finalizes that chunk (an integer Average: each chunk is finalized before the others copy
+it), 3 starts a second barrier (the same fences around the same MPI_Ibarrier as
+``SharedRows.barrier``), 4 waits for it, then the result row is copied out. It polls as
 ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the caller wakes the
 peers and calls again) and WAIT after ``F_YIELD``, tests separated by sched_yield (the
 caller sleeps until the request completes and calls again). Then APART where the ranks'
@@ -30,9 +32,10 @@ otherwise finalize in Python).
 import numba
 from numba import types
 
-from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FLAG, F_HALF, F_OP,
-                    F_RANK, F_RESULT, F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT, F_SPIN,
-                    F_STAGE, F_STATUS, F_STRIDE, F_TESTS, F_WIN, F_YIELD, SPUN, WAIT)
+from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FINALIZE, F_FLAG, F_HALF,
+                    F_HIGH, F_LOW, F_OP, F_RESULT, F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT,
+                    F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS, F_WIN, F_YIELD, FINALIZE,
+                    SPUN, WAIT)
 from .native import _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
@@ -86,29 +89,29 @@ def cycle(source, out, p):
         if p[F_RESULT] == 0:  # every row reduced whole, into the output
             _reduce(out, p, 0, count)
             return DONE
-        # chunk by chunk: this rank's chunk of every row into the shared result row (the
-        # chunks ``plan.chunk_bounds`` cuts), a second barrier, the whole result copied out
-        rank = p[F_RANK]
-        base, extra = count // size, count % size
-        low = rank * base + min(rank, extra)
-        high = low + base + (1 if rank < extra else 0)
-        _reduce(numba.carray(_pointer(p[F_RESULT] + _HEAD), count, dtype), p, low, high)
+        # chunk by chunk: this rank's chunk of every row into the shared result row, then
+        # (after the caller's finalizing) a second barrier, the whole result copied out
+        low, high = p[F_LOW], p[F_HIGH]
+        _reduce(numba.carray(_pointer(p[F_RESULT]), count, dtype), p, low, high)
+        p[F_STAGE] = 3
+        if p[F_FINALIZE] != 0 and high > low:
+            return FINALIZE
+    if p[F_STAGE] == 3:
         code = _win_sync(p[F_WIN])
         if code == 0:
             code = _ibarrier(p[F_COMM], p[F_SLOT])
         if code != 0:
             return -code
-        p[F_STAGE] = 3
+        p[F_STAGE] = 4
         p[F_TESTS] = 0
-    if p[F_STAGE] == 3:  # every rank in this cycle: no peer to wake, so never SPUN
+    if p[F_STAGE] == 4:  # every rank in this cycle: no peer to wake, so never SPUN
         event = _poll(p, False)
         if event != DONE:
             return event
-        p[F_STAGE] = 4
         code = _win_sync(p[F_WIN])  # every chunk visible to this rank
         if code != 0:
             return -code
-        result = numba.carray(_pointer(p[F_RESULT] + _HEAD), count, dtype)
+        result = numba.carray(_pointer(p[F_RESULT]), count, dtype)
         for i in range(count):
             out[i] = result[i]
     return DONE
