@@ -5,8 +5,9 @@ across the ranks there are, so the averaged gradient and the result do not depen
 size beyond rounding, and are bit-identical for the same size. Faults are injected in one
 launch only (HORORING_ELASTIC_LAUNCH): ``--kill L:R:S`` (repeatable) SIGKILLs the process that
 started launch L as rank R when it reaches step S (survivors that go on in process are
-renumbered; the kill stays with the process), ``--raise L:R:S`` raises there, ``--kill-in-write L:C`` SIGKILLs the writer of commit C of
-launch L half-way through writing it. Rank 0 writes the final parameters to ``--out``.
+renumbered; the kill stays with the process), ``--raise L:R:S`` raises there,
+``--kill-in-write L:C`` SIGKILLs the writer of commit C of launch L half-way through writing
+it. Rank 0 writes the final parameters to ``--out``.
 """
 import argparse
 import faulthandler
