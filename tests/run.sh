@@ -57,7 +57,9 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
 fi
 trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
 echo "== unit tests and whole-job launches == (${SECONDS} s in)"
-python -m pytest -q -p no:cacheprovider tests/unit tests/launch ${launches[@]+"${launches[@]}"}
+# the slowest 25 listed after the run: where the longest stage's time goes, run by run
+python -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/launch \
+    ${launches[@]+"${launches[@]}"}
 bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
 trap - EXIT
 unset SLURM_CONF
