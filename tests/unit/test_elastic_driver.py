@@ -200,6 +200,17 @@ def test_the_commit_a_job_stopped_at_is_the_one_its_rank_0_named(tmp_path, capsy
     assert "launch 1 takes over from commit 7" in said, said
 
 
+def stopped_and_relaunched(made, first):
+    """The running launch ``first`` stops at its commit; the job's next launch is a plain one
+    (not started ahead) that takes the ended launch's number and finishes."""
+    first.acknowledged.set()
+    first.end(job.RESCALE_STATUS)
+    third = made.launch(2)
+    assert job.HANDOVER_ENV not in third.env and third.env[job.LAUNCH_ENV] == "1"
+    third.end(0)
+    assert made.finished() == 0
+
+
 def test_a_launch_ahead_that_fails_is_ended_and_the_job_grows_by_a_relaunch(tmp_path):
     made = Job(tmp_path, [("localhost", 2)])
     first = made.launch(0)
@@ -209,12 +220,7 @@ def test_a_launch_ahead_that_fails_is_ended_and_the_job_grows_by_a_relaunch(tmp_
     until(lambda: job.NOTICE_SIGNAL in first.signals)
     time.sleep(0.1)
     assert len(made.launches) == 2  # not started ahead again for this launch
-    first.acknowledged.set()
-    first.end(job.RESCALE_STATUS)
-    third = made.launch(2)
-    assert job.HANDOVER_ENV not in third.env and third.env[job.LAUNCH_ENV] == "1"
-    third.end(0)
-    assert made.finished() == 0
+    stopped_and_relaunched(made, first)
 
 
 def test_a_launch_ahead_never_ready_is_ended_at_the_handover_timeout_and_the_job_relaunched(
@@ -227,12 +233,7 @@ def test_a_launch_ahead_never_ready_is_ended_at_the_handover_timeout_and_the_job
     ahead = made.launch(1)
     until(lambda: ahead.signals == [signal.SIGTERM])
     until(lambda: job.NOTICE_SIGNAL in first.signals)  # then the job stops at a commit
-    first.acknowledged.set()
-    first.end(job.RESCALE_STATUS)
-    third = made.launch(2)
-    assert job.HANDOVER_ENV not in third.env and third.env[job.LAUNCH_ENV] == "1"
-    third.end(0)
-    assert made.finished() == 0
+    stopped_and_relaunched(made, first)
     said = capsys.readouterr().err
     assert "launch 1, started ahead, was not ready within --handover-timeout 0.3 s; ending it" \
         in said, said
