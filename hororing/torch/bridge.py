@@ -11,11 +11,17 @@ import numpy as np
 import torch
 
 from .. import collectives as core
+from .. import door
 from ..engine import Meta
 from ..ops import BFLOAT16
 from ..validate import check_ndim
 
 _NUMPY_FREE = (torch.bfloat16,)
+# the dtypes the engine reduces whose CPU tensors ``Tensor.numpy`` views as they are
+# (bfloat16 travels as float32: ``as_numpy``)
+_PLAIN = frozenset([torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                    torch.int16, torch.int32, torch.int64])
+_STRIDED = torch.strided
 
 
 def zeros(count, dtype, device=None):
@@ -103,6 +109,29 @@ def check_tensors(tensors, verb, min_ndim=0):
 # that much memory.
 VIEW_BYTES = 1 << 20
 _view = (None, 0, None, None, None, None)
+
+
+def plain_view(tensor, name, process_set):
+    """The numpy view of ``tensor`` the blocking verbs hand straight to the door, and whether
+    ``name`` has been checked (``door.check_free``); (None, False) where ``tensor`` is not a
+    plain one: a dense CPU ``torch.Tensor`` of a dtype ``Tensor.numpy`` views as it is,
+    needing no gradient.
+
+    The last call's tensor again, unchanged (the same memory, dtype, shape and strides) and
+    still needing no gradient, has its view reused: nothing has released the GIL since the
+    call began, so the door checks the name. (That tensor was plain: ``.data =`` keeps a
+    tensor dense, and any other device's memory has another address.) Otherwise the name is
+    checked before ``Tensor.numpy``, which releases the GIL (None is named later)."""
+    last, pointer, shape, strides, dtype, array = _view
+    if tensor is last and not tensor.requires_grad and tensor.data_ptr() == pointer \
+            and tensor.dtype is dtype and tensor.shape == shape and tensor.stride() == strides:
+        return array, False
+    if type(tensor) is torch.Tensor and not tensor.requires_grad and tensor.dtype in _PLAIN \
+            and tensor.is_cpu and tensor.layout is _STRIDED:
+        if name is not None:
+            door.check_free(name, process_set)
+        return cpu_view(tensor), True
+    return None, False
 
 
 def cpu_view(tensor):

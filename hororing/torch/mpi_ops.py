@@ -22,14 +22,8 @@ from .async_ops import (allgather_async, allreduce_async, allreduce_async_, allt
                         start_allreduce)
 from .autograd import (_Allgather, _Allreduce, _Alltoall, _Broadcast, _GroupedAllgather,
                        _GroupedAllreduce, _GroupedReducescatter, _Reducescatter)
-from .bridge import as_numpy, check_tensor, check_tensors, cpu_view, synchronize, to_torch
+from .bridge import as_numpy, check_tensor, check_tensors, plain_view, synchronize, to_torch
 from .compression import Compression
-
-# the dtypes the engine reduces whose CPU tensors ``Tensor.numpy`` views as they are
-# (bfloat16 travels as float32: ``as_numpy``)
-_PLAIN = frozenset([torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
-                    torch.int16, torch.int32, torch.int64])
-_STRIDED = torch.strided
 
 __all__ = [  # the blocking verbs here, the asynchronous ones of async_ops, as Horovod's module
     "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
@@ -41,15 +35,6 @@ __all__ = [  # the blocking verbs here, the asynchronous ones of async_ops, as H
     "sparse_allreduce_async", "synchronize"]
 
 
-def _plain(tensor, op, average):
-    """Whether an allreduce of ``tensor`` is the common call the blocking verbs take straight
-    to the door: a dense CPU ``torch.Tensor`` of a dtype ``Tensor.numpy`` views as it is,
-    needing no gradient, with ``op`` one of Horovod's and no ``average``."""
-    return type(tensor) is torch.Tensor and type(op) is int and average is None \
-        and op in ALLREDUCE_OPS and not tensor.requires_grad and tensor.dtype in _PLAIN \
-        and tensor.is_cpu and tensor.layout is _STRIDED
-
-
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over all ranks (differentiable). Every rank must call it, in order.
@@ -59,24 +44,24 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """
     if op is None and average is None:
         op = ops.Average  # Horovod's default, as ``resolve_op`` gives it
-    if compression is Compression.none and _plain(tensor, op, average):
-        # a plain CPU tensor, the common call: ``as_numpy``'s and ``to_torch``'s work
-        # written out, without their calls. ``Tensor.numpy`` releases the GIL (as does
-        # every call that makes a tensor), so a name is checked first (None is named later)
-        if name is not None:
-            door.check_free(name, process_set)
-        array = cpu_view(tensor)
-        result = door.start("allreduce", array, name, process_set, now=True, op=op,
-                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                            name_checked=True).synchronize()
-        if type(result) is np.ndarray and result.dtype is array.dtype \
-                and result.flags.c_contiguous:
-            return torch.from_numpy(result)
-        return to_torch(result, tensor)
+    plain_op = type(op) is int and average is None and op in ALLREDUCE_OPS
+    if plain_op and compression is Compression.none:
+        # a plain CPU tensor needing no gradient, the common call: ``as_numpy``'s and
+        # ``to_torch``'s work written out, without their calls
+        array, checked = plain_view(tensor, name, process_set)
+        if array is not None:
+            result = door.start("allreduce", array, name, process_set, now=True, op=op,
+                                prescale_factor=prescale_factor,
+                                postscale_factor=postscale_factor,
+                                name_checked=checked).synchronize()
+            if type(result) is np.ndarray and result.dtype is array.dtype \
+                    and result.flags.c_contiguous:
+                return torch.from_numpy(result)
+            return to_torch(result, tensor)
     if not isinstance(tensor, torch.Tensor):  # a tensor passes without the call
         check_tensor(tensor)
     compression = compression or Compression.none
-    if not (type(op) is int and average is None and op in ALLREDUCE_OPS):
+    if not plain_op:
         op = resolve_op(op, average, allowed=ALLREDUCE_OPS)
     if compression is Compression.none and not (tensor.requires_grad and
                                                 torch.is_grad_enabled()):
@@ -98,14 +83,14 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     """In-place allreduce (not differentiable)."""
     if op is None and average is None:
         op = ops.Average
-    if _plain(tensor, op, average):
+    if type(op) is int and average is None and op in ALLREDUCE_OPS:
         # a plain CPU tensor: ``start_allreduce``'s work written out, as ``allreduce``'s
-        if name is not None:
-            door.check_free(name, process_set)
-        door.start("allreduce", cpu_view(tensor), name, process_set, inplace=True, now=True,
-                   op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                   name_checked=True).synchronize()
-        return tensor
+        array, checked = plain_view(tensor, name, process_set)
+        if array is not None:
+            door.start("allreduce", array, name, process_set, inplace=True, now=True, op=op,
+                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                       name_checked=checked).synchronize()
+            return tensor
     return synchronize(start_allreduce(tensor, average, name, op, prescale_factor,
                                        postscale_factor, process_set, inplace=True,
                                        blocking=True))

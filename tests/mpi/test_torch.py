@@ -60,6 +60,19 @@ def test_autograd_through_allreduce_allgather_broadcast():
     assert torch.equal(y.grad, torch.ones(4) if rank == 0 else torch.zeros(4))
 
 
+def test_a_tensor_reduced_plain_and_then_needing_a_gradient_gets_one():
+    """A plain tensor's view is reused by the next blocking call of it; once the tensor
+    needs a gradient that call is differentiable again."""
+    size = hvd.size()
+    x = torch.ones(3)
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum), torch.full((3,), float(size)))
+    x.requires_grad_()
+    reduced = hvd.allreduce(x, op=hvd.Sum)
+    assert reduced.grad_fn is not None
+    (reduced * torch.arange(3.0)).sum().backward()
+    assert torch.equal(x.grad, torch.arange(3.0) * size)
+
+
 @pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])
 def test_distributed_optimizer_averages_gradients(compression):
     model = make_model()
@@ -439,9 +452,13 @@ def test_a_repeated_blocking_allreduce_of_a_plain_tensor_returns_new_tensors(dty
     assert torch.allclose(average, torch.full((5,), (size - 1) / 2))
 
 
-def test_a_blocking_allreduce_under_a_name_in_flight_is_refused_before_converting(monkeypatch):
+@pytest.mark.parametrize("verb", ["allreduce", "allreduce_"])
+@pytest.mark.parametrize("tensor_of_the_call", ["its own", "the one in flight"])
+def test_a_blocking_allreduce_under_a_name_in_flight_is_refused_before_converting(
+        monkeypatch, verb, tensor_of_the_call):
     """``Tensor.numpy`` releases the GIL: a collective in flight under the name could
-    complete meanwhile, so the name is checked before the tensor is converted."""
+    complete meanwhile, so the name is checked before a tensor is converted. The tensor in
+    flight was converted already: its view is reused, and the door refuses the name."""
     if hvd.size() < 2:
         pytest.skip("a collective of one rank can finish at once")
     tensor = torch.ones(3)
@@ -452,11 +469,13 @@ def test_a_blocking_allreduce_under_a_name_in_flight_is_refused_before_convertin
         monkeypatch.setattr(torch.Tensor, "numpy",
                             lambda self, *args, **kwargs: converted.append(self) or
                             numpy(self, *args, **kwargs))
+        second = tensor if tensor_of_the_call == "the one in flight" else torch.ones(3)
         with pytest.raises(ValueError, match="named 'plain.twice' is already in flight"):
-            hvd.allreduce(tensor, op=hvd.Sum, name="plain.twice")
+            getattr(hvd, verb)(second, op=hvd.Sum, name="plain.twice")
         monkeypatch.undo()
         assert converted == []
     hvd.barrier()
     if hvd.rank() != 0:
         handle = hvd.allreduce_async(tensor, op=hvd.Sum, name="plain.twice")
     assert torch.equal(hvd.synchronize(handle), torch.full((3,), float(hvd.size())))
+    assert torch.equal(tensor, torch.ones(3))

@@ -59,3 +59,39 @@ def test_a_large_tensor_is_not_kept_alive_by_its_view():
     alive = weakref.ref(tensor)
     del tensor
     assert alive() is None
+
+
+def test_the_blocking_verbs_plain_view_reuses_the_last_tensors_view_while_it_stays_plain():
+    """``plain_view``: a plain tensor's view is made (after the name check: True), then
+    reused for the same tensor (the door checks the name: False) until it needs a gradient
+    or its memory, shape, strides or dtype change; a tensor that is not plain gets None."""
+    tensor = torch.arange(6, dtype=torch.float32)
+    first, checked = bridge.plain_view(tensor, None, None)
+    assert checked is True and first is bridge.cpu_view(tensor)
+    assert bridge.plain_view(tensor, None, None) == (first, False)
+    tensor.data = torch.arange(6, dtype=torch.float64)
+    again, checked = bridge.plain_view(tensor, None, None)
+    assert checked is True and again is not first and again.dtype == np.float64
+    np.testing.assert_array_equal(again, np.arange(6))
+    tensor.requires_grad_()
+    assert bridge.plain_view(tensor, None, None) == (None, False)
+    assert bridge.plain_view(tensor.detach(), None, None)[0] is not None
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "parameter", "sparse", "meta"])
+def test_a_tensor_that_is_not_plain_gets_no_view(kind):
+    tensor = {"bfloat16": lambda: torch.ones(4, dtype=torch.bfloat16),
+              "parameter": lambda: torch.nn.Parameter(torch.ones(4), requires_grad=False),
+              "sparse": lambda: torch.ones(4).to_sparse(),
+              "meta": lambda: torch.ones(4, device="meta")}[kind]()
+    assert bridge.plain_view(tensor, None, None) == (None, False)
+
+
+def test_a_view_made_by_as_numpy_is_reused_over_the_same_memory():
+    """A Parameter needing no gradient goes through ``as_numpy`` the first time; its view is
+    then the last one made, and the blocking verbs reuse it: the same memory as the
+    Parameter, so an in-place result still lands in it."""
+    tensor = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+    made = bridge.as_numpy(tensor)
+    assert bridge.plain_view(tensor, None, None) == (made, False)
+    assert made.__array_interface__["data"][0] == tensor.data_ptr()
