@@ -47,7 +47,7 @@ step() {
 
 mpi_pytest=(python -m pytest --with-mpi -q -p no:cacheprovider --timeout=200
             --timeout-method=thread tests/mpi/test_device.py tests/mpi/test_torch.py
-            tests/mpi/test_torch_buckets.py)
+            tests/mpi/test_torch_optimizer.py tests/mpi/test_torch_buckets.py)
 
 for name in "${steps[@]}"; do
     case $name in
