@@ -4,8 +4,8 @@
 # subpackage from outside the checkout and run a 2-rank allreduce with the installed copy; then
 # a script written for Horovod ('import horovod.torch as hvd') under the wheel's opt-in alias,
 # by mpiexec with HORORING_AS_HOROVOD=1 and by hororun --as-horovod. The ring's compiled
-# steps from the installed copy (numba caching them beside it), and the Python steps once
-# numba is uninstalled.
+# steps from the installed copy (made ahead into numba's cache beside it, then loaded), and
+# the Python steps once numba is uninstalled.
 # Usage, from the repository root: bash scripts/check_wheel.sh
 set -euo pipefail
 root=$(pwd)
@@ -106,8 +106,17 @@ expected = sys.argv[1]
 assert compiled.status().startswith(expected), (compiled.status(), expected)
 print(f"rank {hvd.rank()}: a ring from the installed wheel, steps: {compiled.status()}")
 PY
+# the float32 steps into the installed package's cache ahead, then the ring loads them
+timeout 300 "$work/venv/bin/python" -m hororing.algorithms.compiled --dtypes float32 \
+    | tee "$work/ahead.log"
+grep -q "loaded from the cache at $work/venv/.*/site-packages/hororing/" "$work/ahead.log"
 HORORING_COMPILED_STEPS=wait timeout 300 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/python" \
     "$work/compiled_ring.py" compiled
 "$work/venv/bin/pip" uninstall -q -y numba
+if "$work/venv/bin/python" -m hororing.algorithms.compiled 2> "$work/ahead.err"; then
+    echo "compiling ahead without numba should fail" >&2
+    exit 1
+fi
+grep -q "numba is not installed" "$work/ahead.err"
 HORORING_COMPILED_STEPS=wait timeout 120 "$work/venv/bin/mpiexec" -n 2 "$work/venv/bin/python" \
     "$work/compiled_ring.py" "python (ModuleNotFoundError"

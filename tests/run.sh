@@ -75,6 +75,12 @@ start_beside bash scripts/check_wheel.sh
 source scripts/install.sh
 finish_beside "the built wheel in a fresh venv"
 
+# The compiled steps into numba's disk cache once, two processes at once (about 95 s of CPU
+# for every dtype), before any job: else each rank of the first jobs to need a dtype compiles
+# it on its own, several ranks sharing a core
+echo "== the compiled steps' disk cache, made ahead == (${SECONDS} s in)"
+python -m hororing.algorithms.compiled --jobs 2
+
 # Slurm on this machine (installed from the distribution where missing, as root), two nodes in
 # network namespaces (one node where namespaces cannot be made), for tests/launch/test_slurm.py:
 # srun, salloc + hororun, sbatch; the tests skip where Slurm cannot run

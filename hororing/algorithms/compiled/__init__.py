@@ -164,6 +164,21 @@ def preload(mode):
     """
     if mode == "off" or not expected(mode):
         return "the compiled steps are off, or numba is not installed"
+    why = map_mpi_library()
+    if why is not None:
+        return why
+    with _Loader.compiling:
+        for dtype in PRELOADED:
+            _compile((dtype, False))
+        _compile(("fold", np.dtype(np.float32)))
+    return None if _Loader.error is None else str(_Loader.error)
+
+
+def map_mpi_library():
+    """Map the MPI library mpi4py links to into this process without initialising MPI
+    (``dlopen`` of mpi4py's extension, not its import), so that the compiled steps' MPI
+    symbols resolve. None once it is mapped, else why not (MPI imported already, which
+    this is for processes that have not: they fork ranks, or only compile)."""
     import ctypes
     import importlib.util
     import sys
@@ -176,11 +191,60 @@ def preload(mode):
         return f"mpi4py's extension could not be loaded ({error})"
     if mapped_library() is None:  # else native would import mpi4py.MPI, initialising MPI
         return "no MPI library was mapped with mpi4py's extension"
+    return None
+
+
+def every_key(dtypes=None):
+    """The loader's keys for ``dtypes`` (default: every dtype it takes), grouped by the
+    dtype the compiled code sees (float16, bfloat16 and uint16 are one compile): for each,
+    the ring with its input writable and read-only, and the fold cycle."""
+    groups = {}
+    for dtype in sorted(DTYPES if dtypes is None else dtypes, key=str):
+        groups.setdefault(carried(dtype), []).extend(
+            [(dtype, False), (dtype, True), ("fold", dtype)])
+    return list(groups.values())
+
+
+def compile_ahead(keys):
+    """Compile (or load from numba's disk cache) the steps for ``keys`` now, in this process,
+    which must not have initialised MPI; what ``python -m hororing.algorithms.compiled`` runs
+    to fill the cache before a job (an image's build, a read-only install). Returns
+    ``(seconds per key, None)``, or ``(the seconds so far, why it stopped)``."""
+    import time
+
+    why = map_mpi_library()
+    if why is not None:
+        return {}, why
+    seconds = {}
     with _Loader.compiling:
-        for dtype in PRELOADED:
-            _compile((dtype, False))
-        _compile(("fold", np.dtype(np.float32)))
-    return None if _Loader.error is None else str(_Loader.error)
+        for key in keys:
+            began = time.perf_counter()
+            _compile(key)
+            if _Loader.error is not None:
+                return seconds, _Loader.error
+            seconds[key] = time.perf_counter() - began
+    return seconds, None
+
+
+def cache_counts():
+    """(compiled, loaded from the disk cache): the compiled functions' signatures made this
+    process, each way, from numba's own counts."""
+    native = _Loader.native
+    if native is None:
+        return 0, 0
+    from . import folded
+    compiled = loaded = 0
+    for function in (native.ring, native.test_slot, folded.cycle):
+        compiled += sum(function.stats.cache_misses.values())
+        loaded += sum(function.stats.cache_hits.values())
+    return compiled, loaded
+
+
+def cache_path():
+    """Where numba keeps the compiled steps' disk cache for this installation."""
+    if _load() is None:
+        return None
+    return _Loader.native.ring._cache.cache_path
 
 
 def mapped_library():
