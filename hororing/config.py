@@ -116,10 +116,13 @@ class Config:
     poll_idle_us: float = 5000.0
     log_level: str = "warning"
     # The ring's steps compiled with numba (algorithms/compiled/): "auto" loads them in the
-    # background at the first ring and runs them once ready, "wait" waits for them at the
-    # first ring, "off" keeps the Python steps. Measured: scripts/bench_call_cost.py,
-    # docs/benchmarks.md.
+    # background once a kind of buffer has had compiled_steps_after calls and runs them once
+    # ready, "wait" waits for them at the first ring, "off" keeps the Python steps.
+    # Measured: scripts/bench_call_cost.py, docs/benchmarks.md. Loading takes about 1.5 s of
+    # a rank's CPU and pays back after about 750 calls of 1 MiB at 8 ranks (more for smaller
+    # buffers): a short job never loads them (docs/compiled.md).
     compiled_steps: str = "auto"
+    compiled_steps_after: int = 1000
     # "ring", or "ps": allreduce through parameter servers (the baseline the ring is
     # compared with; README, "Parameter-server mode").
     mode: str = "ring"
@@ -267,6 +270,9 @@ class Config:
         if self.compiled_steps not in COMPILED_STEPS:
             raise ValueError(f"compiled steps must be one of {', '.join(COMPILED_STEPS)} "
                              f"(HORORING_COMPILED_STEPS), got {self.compiled_steps!r}")
+        if self.compiled_steps_after < 1:
+            raise ValueError(f"compiled steps after must be >= 1 call "
+                             f"(HORORING_COMPILED_STEPS_AFTER), got {self.compiled_steps_after}")
         if self.device_ring not in DEVICE_RINGS:
             raise ValueError(f"device ring must be one of {', '.join(DEVICE_RINGS)} "
                              f"(HORORING_DEVICE_RING), got {self.device_ring!r}")
@@ -346,6 +352,7 @@ _ENV_FIELDS = {
     "hierarchical_threshold_bytes": (("HORORING_HIERARCHICAL_THRESHOLD_BYTES",), int),
     "log_level": (_names("LOG_LEVEL"), str),
     "compiled_steps": (("HORORING_COMPILED_STEPS",), str.lower),
+    "compiled_steps_after": (("HORORING_COMPILED_STEPS_AFTER",), int),
     "mode": (("HORORING_MODE",), str.lower),
     "ps_servers": (("HORORING_PS_SERVERS",), _servers),
     "ps_placement": (("HORORING_PS_PLACEMENT",), str),

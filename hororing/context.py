@@ -137,7 +137,7 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
         _configure_logging(config.log_level)
         transport.set_backoff(config.wait_spin_tests, config.wait_yield_tests,
                               config.wait_max_sleep_us / 1e6)
-        compiled.configure(config.compiled_steps)
+        compiled.configure(config.compiled_steps, config.compiled_steps_after)
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
             raise RuntimeError(

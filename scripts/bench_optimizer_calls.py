@@ -24,6 +24,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import benchinfo  # noqa: F401  (the steady state: the compiled steps load at the first ring)
+
 LAYERS = (64, 1024, 1024, 1024, 10)
 
 

@@ -64,6 +64,9 @@ def test_smoke_at_odd_and_oversubscribed_sizes(launch, ranks):
     # ranks' lines may interleave on the shared stdout: find them, do not split on newlines
     reported = sorted(int(rank) for rank in re.findall(rf"smoke ok rank (\d+) of {ranks}", job.stdout))
     assert reported == list(range(ranks))
+    # a few calls of each kind: the compiled steps are never asked for (numba never loads)
+    assert job.stdout.count("compiled steps: python (until 1000 calls of a kind)") == ranks, \
+        job.stdout
 
 
 def test_init_with_a_list_of_ranks(launch):

@@ -4,13 +4,16 @@ A ring step in Python costs microseconds of interpreter time (posting, testing, 
 reducing a piece); compiled, the whole schedule runs as one call into machine code that calls
 MPI itself (``native.py``). numba takes a second or more to import and each kind of buffer
 compiles (or loads from numba's disk cache) on first use, so none of that happens on
-``import hororing`` or ``hvd.init()``: the first ring on a buffer of a new dtype asks for its
-compiled steps and runs its Python steps while a background thread loads them; later calls
-run compiled (a job that never runs a ring never loads numba). Both
-give the same bits, and their messages match, so ranks may switch at different calls.
+``import hororing`` or ``hvd.init()``: once a kind of buffer (a dtype; for the ring, also
+whether its input is read-only) has had ``after`` calls, it asks for its compiled steps and
+runs its Python steps while a background thread loads them; later calls run compiled (a job
+that never runs that many never loads numba: loading costs more CPU than a short job's
+Python steps). Both give the same bits, and their messages match, so ranks may switch at
+different calls.
 
-Modes (Config.compiled_steps, HORORING_COMPILED_STEPS): "auto" as above; "wait": load at
-first use and wait for it (tests and benchmarks that compare the two); "off": Python only.
+Modes (Config.compiled_steps, HORORING_COMPILED_STEPS): "auto" as above (``after``:
+Config.compiled_steps_after); "wait": load at first use and wait for it (tests and
+benchmarks); "off": Python only.
 Where numba (or the MPI library's symbols) cannot be loaded, the Python steps run and
 ``status()`` says why.
 """
@@ -57,6 +60,8 @@ class _Loader:
     lock = threading.Lock()  # the queue's: held for moments, never across a compile
     compiling = threading.Lock()  # held while numba loads or compiles
     mode = "auto"
+    after = 1  # the call of a kind that asks for its steps in "auto" mode
+    calls = {}  # key -> calls that found no steps, until the key is asked for
     native = None  # the loaded module
     error = None  # why it could not be loaded
     entries = {}  # (dtype, source read-only) -> the compiled ring's entry point
@@ -65,12 +70,18 @@ class _Loader:
     wanted = []  # keys the background thread has still to compile
 
 
-def configure(mode):
-    """Set the mode (one of ``MODES``); a process-wide setting, as the waits' back-off is."""
+def configure(mode, after=1):
+    """Set the mode (one of ``MODES``) and, for "auto", the call of a kind of buffer that asks
+    for its steps (``after``, from 1); a process-wide setting, as the waits' back-off is."""
     if mode not in MODES:
         raise ValueError(f"compiled steps must be one of {', '.join(MODES)} "
                          f"(HORORING_COMPILED_STEPS), got {mode!r}")
+    if after < 1:
+        raise ValueError(f"the compiled steps are asked for at call 1 at the earliest "
+                         f"(HORORING_COMPILED_STEPS_AFTER), got {after}")
     _Loader.mode = mode
+    _Loader.after = after
+    _Loader.calls = {}
     FOLD_ASKED.clear()
     FOLD_READY.clear()
     if mode != "off":
@@ -94,12 +105,15 @@ def expected(mode):
 
 
 def status():
-    """"compiled", "loading", "python (off)" or "python (<why numba could not load>)"."""
+    """"compiled", "loading", "python (off)", "python (until <after> calls of a kind)" or
+    "python (<why numba could not load>)"."""
     if _Loader.mode == "off":
         return "python (off)"
     if _Loader.error is not None:
         return f"python ({_Loader.error})"
-    return "compiled" if _Loader.entries else "loading"
+    if _Loader.entries:
+        return "compiled"
+    return "loading" if _Loader.queued else f"python (until {_Loader.after} calls of a kind)"
 
 
 def ring_entry(dtype, read_only=False):
@@ -117,21 +131,26 @@ def ring_entry(dtype, read_only=False):
         with _Loader.compiling:
             _compile(key)
         return _Loader.entries.get(key)
-    _ask(key)
+    # counted per kind, inline (the lane's hot path); a count a racing thread loses only
+    # asks a call later
+    calls = _Loader.calls[key] = _Loader.calls.get(key, 0) + 1
+    if calls >= _Loader.after:
+        _ask(key)
     return None
 
 
 # the compiled fold cycles ready to run, by dtype (read by the lane without a call), and
-# the dtypes ``fold_entry`` has answered None for since the mode was last set (not asked
-# again: in "auto" mode the loader adds the dtype to FOLD_READY once it is compiled)
+# the dtypes ``fold_entry`` has answered None for since the mode was last set, once asked
+# for or never to be had (not asked again: in "auto" mode the loader adds the dtype to
+# FOLD_READY once it is compiled)
 FOLD_READY = {}
 FOLD_ASKED = set()
 
 
 def fold_entry(dtype):
     """The compiled fold cycle (``folded.cycle``) for rows of ``dtype``, or None, as
-    ``ring_entry`` answers (in "auto" mode asked for on the first None). The caller looks in
-    FOLD_READY first, and asks here only for a dtype not in FOLD_ASKED."""
+    ``ring_entry`` answers (in "auto" mode asked for at the ``after``-th None). The caller
+    looks in FOLD_READY first, and asks here only for a dtype not in FOLD_ASKED."""
     entry = None
     if _Loader.mode != "off" and _Loader.error is None and dtype in DTYPES:
         key = ("fold", dtype)
@@ -142,6 +161,9 @@ def fold_entry(dtype):
         else:
             entry = _Loader.entries.get(key)
             if entry is None:
+                calls = _Loader.calls[key] = _Loader.calls.get(key, 0) + 1  # as ring_entry
+                if calls < _Loader.after:
+                    return None  # asked again at the next call, until it is due
                 _ask(key)
     if entry is None:
         FOLD_ASKED.add(dtype)
