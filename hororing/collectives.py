@@ -146,7 +146,7 @@ def compressed_allreduce_async_(tensor, compression, name=None, op=None, prescal
     if wire and gpu.is_device_array(tensor):
         if wire != "float16" or str(getattr(tensor, "dtype", "")) not in _DEVICE_FLOAT16:
             wire = ""  # no bfloat16 on the device: the ordinary path
-    elif wire and (not isinstance(tensor, np.ndarray) or tensor.dtype != np.dtype(wire)):
+    elif wire and (not isinstance(tensor, np.ndarray) or tensor.dtype != ops.numpy_dtype(wire)):
         kind = getattr(compression, "__name__", compression)
         raise TypeError(f"compressed_allreduce_async_ with {kind} takes the {wire} numpy array "
                         f"its compress() made, got "
@@ -264,7 +264,7 @@ def reducescatter_async_(tensor, name=None, op=ops.Average, process_set=None,
                         f"{type(tensor).__name__}"
                         f"{'' if not isinstance(tensor, np.ndarray) else ' (not contiguous)'}; "
                         f"use reducescatter_async, which copies")
-    if wire and tensor.dtype != np.dtype(wire):
+    if wire and tensor.dtype != ops.numpy_dtype(wire):
         raise TypeError(f"reducescatter_async_ with wire={wire!r} takes a {wire} numpy array, "
                         f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
     return door.start("reducescatter", tensor, name, process_set, inplace=True, op=op,

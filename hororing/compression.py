@@ -15,7 +15,7 @@ Example:
 import numpy as np
 
 from .kernels import from_bf16, from_fp16, to_bf16, to_fp16
-from .ops import BFLOAT16, is_floating
+from .ops import bfloat16, is_bfloat16, is_floating, numpy_dtype
 
 
 class Compressor:
@@ -62,7 +62,7 @@ class CastCompressor(Compressor):
         in-place path; use compress)."""
         if not isinstance(tensor, np.ndarray):
             return None
-        return np.empty(tensor.shape, BFLOAT16 if cls.target == "bfloat16" else cls.target)
+        return np.empty(tensor.shape, numpy_dtype(cls.target))
 
     @classmethod
     def compress_into(cls, tensor, payload):
@@ -129,12 +129,12 @@ class BF16Compressor(CastCompressor):
 
     @classmethod
     def is_target(cls, tensor):
-        return np.dtype(tensor.dtype) == BFLOAT16
+        return is_bfloat16(np.dtype(tensor.dtype))
 
     @staticmethod
     def cast_to_target(tensor):
         if isinstance(tensor, np.ndarray):
-            return tensor.astype(BFLOAT16)
+            return tensor.astype(bfloat16())
         single = tensor if np.dtype(tensor.dtype) == np.float32 else tensor.astype(np.float32)
         bits = _empty_like(single, np.uint16)
         to_bf16(single, bits)

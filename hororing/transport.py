@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from ._mpi import MPI
-from .ops import BFLOAT16
+from .ops import CARRIED_AS, is_bfloat16
 
 _ABORT_GRACE_S = 1.0
 # a rank whose MPI_Abort has not ended it by then (its proxy cut off) exits by itself
@@ -360,11 +360,12 @@ def byte_view(array):
     return array.reshape(-1).view(np.uint8)
 
 
-_BITS_OF = {BFLOAT16: np.dtype(np.uint16)}  # dtypes MPI has no type for
-
-
 def sendable(array):
     """``array`` as MPI takes it: itself, or a view of its memory as unsigned integers of
     its width where MPI has no type for its dtype (bfloat16)."""
-    bits = _BITS_OF.get(array.dtype) if isinstance(array, np.ndarray) else None
+    if not isinstance(array, np.ndarray):
+        return array
+    bits = CARRIED_AS.get(array.dtype)
+    if bits is None and array.dtype.kind == "V" and is_bfloat16(array.dtype):
+        bits = CARRIED_AS[array.dtype]  # ml_dtypes' bfloat16 from outside hororing, now known
     return array if bits is None else array.view(bits)

@@ -41,7 +41,7 @@ import numpy as np
 from ..algorithms import cost
 from ..kernels import pack, scale_into, unpack
 from ..algorithms.segmented import Segmented
-from ..ops import BFLOAT16, Adasum, KERNEL_OP
+from ..ops import Adasum, KERNEL_OP, numpy_dtype
 from .buffers import HostBuffers
 from .scaling import scaling
 from .segments import lay_out, plan as segment_plan, split_pays
@@ -259,7 +259,7 @@ class AllreducePipeline:
         meta = items[0][0].meta
         place = self.place_of(meta)
         place.prepare(items)
-        dtype = _dtype(meta.dtype)
+        dtype = numpy_dtype(meta.dtype)
         reduce_dtype = wire_dtype(meta.dtype, meta.wire)
         inputs = [place.input(response, request, dtype) for response, request in items]
         outputs = [place.output(response, request, dtype, source)
@@ -382,12 +382,7 @@ _BANDWIDTH = ("ring", "rabenseifner", "shared")
 _SEGMENTED = ("ring", "shared")  # the algorithms that reduce a bucket laid out in segments
 
 
-# cached: numpy builds dtypes from names in Python, and these run on every allreduce
-@functools.cache
-def _dtype(dtype_name):
-    return np.dtype(dtype_name)
-
-
+# cached: numpy builds dtypes from names in Python, and this runs on every allreduce
 @functools.cache
 def wire_dtype(dtype_name, chosen=""):
     """The dtype a tensor travels and is reduced in: the sender's choice (``Meta.wire``), or
@@ -395,13 +390,13 @@ def wire_dtype(dtype_name, chosen=""):
 
     A 16-bit wire (a compressor's choice) halves the bytes: every hop widens what it
     receives to float32, adds, and rounds the sum to 16 bits before it is sent on."""
-    dtype = np.dtype(chosen or dtype_name)
+    dtype = numpy_dtype(chosen or dtype_name)
     # 16-bit sums of the tensors' own accumulate in float32: a 16-bit partial sum loses
     # precision (and float16 overflows)
-    return np.dtype(np.float32) if dtype in _HALF and not chosen else dtype
+    return np.dtype(np.float32) if dtype.name in _HALF and not chosen else dtype
 
 
-_HALF = (np.dtype(np.float16), BFLOAT16)
+_HALF = ("float16", "bfloat16")
 
 
 def wire_bytes(meta):

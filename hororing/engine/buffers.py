@@ -25,6 +25,7 @@ import threading
 import numpy as np
 
 from ..algorithms.base import Algorithm
+from ..ops import numpy_dtype
 from ..transport import byte_view
 
 
@@ -66,7 +67,7 @@ class OutputPool:
         self._lock = threading.Lock()
 
     def empty(self, shape, dtype):
-        dtype = np.dtype(dtype)
+        dtype = numpy_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.MIN_BYTES or nbytes > self.capacity:
             return np.empty(shape, dtype=dtype)
@@ -140,7 +141,7 @@ class HostBuffers:
 
     # what the other collectives need of a place
     def new(self, shape, dtype):
-        return np.empty(shape, dtype=dtype)
+        return np.empty(shape, dtype=numpy_dtype(dtype))
 
     def scratch(self, dtype, count):
         """A flat array of ``count`` elements to work in, from the result pool: reused

@@ -24,7 +24,7 @@ from ..algorithms.shared import SharedMemory
 from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
-from ..ops import KERNEL_OP
+from ..ops import KERNEL_OP, numpy_dtype
 from .allreduce import AllreducePipeline, Route, complete, wire_dtype
 from .scaling import scaling
 from .buckets import assign, bucket_key
@@ -156,7 +156,7 @@ class Executor:
         meta = response.meta
         dim0s = [response.metas[rank].shape[0] for rank in range(self.size)]
         rest = tuple(meta.shape[1:])
-        row_bytes = math.prod(rest) * np.dtype(meta.dtype).itemsize
+        row_bytes = math.prod(rest) * numpy_dtype(meta.dtype).itemsize
         shape = (sum(dim0s),) + rest
         counts = [dim0 * row_bytes for dim0 in dim0s]
         displacements = _displacements(counts)
@@ -184,7 +184,7 @@ class Executor:
     def _alltoall(self, response, request, place):
         meta = response.meta
         rest = tuple(meta.shape[1:])
-        row_bytes = math.prod(rest) * np.dtype(meta.dtype).itemsize
+        row_bytes = math.prod(rest) * numpy_dtype(meta.dtype).itemsize
         sent_rows = [_splits_of(response.metas[rank], self.size) for rank in range(self.size)]
         received = [sent_rows[rank][self.rank] for rank in range(self.size)]
         output = place.new((sum(received),) + rest, meta.dtype)

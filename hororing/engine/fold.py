@@ -33,7 +33,7 @@ from ..algorithms.compiled import FOLD_ASKED, FOLD_READY, fold_entry
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
 from ..kernels import scale_into
-from ..ops import Adasum, KERNEL_OP
+from ..ops import Adasum, KERNEL_OP, numpy_dtype
 from .allreduce import complete, wire_bytes, wire_dtype
 from .buffers import OutputPool
 from .compiled_fold import CompiledFold
@@ -377,7 +377,7 @@ class LatencyFolding:
                 wire = wire_dtype(meta.dtype, meta.wire)
                 divisor = plain_divisor(meta, self._size) if wire.isnative else 0
                 plan = _Plan(nbytes, wire, prescale, REDUCE_BY_NAME[op], finalize, version, op,
-                             prescale == 1.0 and wire == np.dtype(meta.dtype) and wire.isnative,
+                             prescale == 1.0 and wire == numpy_dtype(meta.dtype) and wire.isnative,
                              divisor, None if divisor else finalize)
             self._plans[meta] = plan
         return plan

@@ -6,7 +6,7 @@ import functools
 import numpy as np
 
 from ..kernels import divide_into, divide_trunc, round_to_fp16, scale_into
-from ..ops import Average, Sum, is_floating
+from ..ops import Average, Sum, is_floating, numpy_dtype
 
 
 @functools.lru_cache(maxsize=1024)  # a training loop repeats the same few tensors
@@ -23,7 +23,7 @@ def plain_divisor(meta, size):
     values (no postscale, no 16-bit wire): what a compiled fold cycle does itself
     (``algorithms/compiled/folded.py``), bitwise as ``divide_into``. Else 0."""
     if meta.op == Average and not meta.wire and meta.postscale == 1.0 \
-            and np.dtype(meta.dtype) in _PLAIN_FLOATS:
+            and numpy_dtype(meta.dtype) in _PLAIN_FLOATS:
         return size
     return 0
 

@@ -7,7 +7,7 @@ views them in the library the engine runs on, and hands results back in the call
 
 import numpy as np
 
-from ..ops import SUPPORTED_DTYPES
+from ..ops import DTYPE_NAMES, SUPPORTED_NAMES, is_bfloat16
 from .memory import torch_numpy_dtype
 
 
@@ -46,10 +46,9 @@ def device_dtype(array):
 def check_device_array(array, argument="tensor"):
     """Raise a clear error for a device array the kernels or transports cannot take."""
     dtype = device_dtype(array)
-    if dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(supported.name for supported in SUPPORTED_DTYPES)
+    if dtype not in DTYPE_NAMES and not is_bfloat16(dtype):
         raise TypeError(f"{argument} is a device array of unsupported dtype {dtype}; supported "
-                        f"dtypes: {names}. Convert it with .astype(...)")
+                        f"dtypes: {', '.join(SUPPORTED_NAMES)}. Convert it with .astype(...)")
     if not _c_contiguous(array):
         strides = getattr(array, "strides", None)
         if strides is None or callable(strides):  # torch: a method; the interface has them

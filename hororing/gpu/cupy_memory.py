@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from ..ops import numpy_dtype
+
 
 class CupyMemory:
     """Device memory through cupy; arrays handed out are cupy arrays."""
@@ -81,7 +83,7 @@ class CupyMemory:
     def from_pointer(self, pointer, shape, dtype, owner, device_id=None):
         """A cupy array over ``pointer`` (kept valid by ``owner``)."""
         cupy = self.cupy
-        dtype = np.dtype(dtype)
+        dtype = numpy_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes == 0 or pointer == 0:
             return cupy.empty(shape, dtype)

@@ -22,12 +22,12 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import PreconditionError
-from ..ops import SUPPORTED_DTYPES
+from ..ops import supported_dtypes
 from .errors import as_tf_error
 from .graph import raise_on_failure
 
 _CARRIED = {tf.bool: tf.uint8}  # bfloat16 is the engine's own (ml_dtypes, as TF's numpy)
-_ENGINE_DTYPES = tuple(tf.as_dtype(dtype) for dtype in SUPPORTED_DTYPES)  # the engine's list
+_ENGINE_DTYPES = tuple(tf.as_dtype(dtype) for dtype in supported_dtypes())  # the engine's list
 _NAMES = ", ".join(dtype.name for dtype in _ENGINE_DTYPES + tuple(_CARRIED))
 
 

@@ -135,7 +135,7 @@ def _reduce(kind, tensors, op, prescale_factor, postscale_factor, name, process_
         handles = []
         for index, array in enumerate(arrays):
             member = base if alone else _sub(base, index)
-            if wire and array.dtype == np.dtype(wire):
+            if wire and array.dtype == ops.numpy_dtype(wire):
                 handles.append(core.compressed_allreduce_async_(
                     array.copy(), compression, member, op, prescale_factor, postscale_factor,
                     process_set))

@@ -13,7 +13,7 @@ import torch
 from .. import collectives as core
 from .. import door
 from ..engine import Meta
-from ..ops import BFLOAT16
+from .. import ops
 from ..validate import check_ndim
 
 _NUMPY_FREE = (torch.bfloat16,)
@@ -159,7 +159,7 @@ def as_numpy(tensor, argument="tensor", bfloat16=False):
     detached = tensor.detach() if tensor.requires_grad else tensor
     if detached.dtype in _NUMPY_FREE:
         if bfloat16 and detached.is_cpu:
-            return detached.view(torch.int16).numpy().view(BFLOAT16)
+            return detached.view(torch.int16).numpy().view(ops.bfloat16())
         detached = detached.float()
     if detached.is_cpu:
         return cpu_view(detached)
@@ -172,13 +172,13 @@ def as_numpy(tensor, argument="tensor", bfloat16=False):
 def from_numpy(array):
     """A tensor over a C-contiguous numpy array's memory (ml_dtypes' bfloat16 as
     torch.bfloat16)."""
-    if array.dtype == BFLOAT16:
+    if ops.is_bfloat16(array.dtype):
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 
 
 def to_torch(array, like):
-    if type(array) is np.ndarray and array.dtype is not BFLOAT16 and array.flags.c_contiguous:
+    if type(array) is np.ndarray and array.dtype.kind != "V" and array.flags.c_contiguous:
         result = torch.from_numpy(array)  # the common case, without the calls below
     elif isinstance(array, torch.Tensor):
         result = array
@@ -198,7 +198,7 @@ def in_place(tensor, submit, bfloat16=False):
             and array.data_ptr() != tensor.data_ptr()):
         raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
                          ".contiguous() first or use the out-of-place form")
-    if tensor.dtype in _NUMPY_FREE and array.dtype != BFLOAT16:
+    if tensor.dtype in _NUMPY_FREE and not ops.is_bfloat16(array.dtype):
         # the float32 copy comes back into the bf16 tensor
         def finish(result):
             tensor.data.copy_(to_torch(result, tensor))

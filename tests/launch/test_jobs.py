@@ -67,6 +67,8 @@ def test_smoke_at_odd_and_oversubscribed_sizes(launch, ranks):
     # a few calls of each kind: the compiled steps are never asked for (numba never loads)
     assert job.stdout.count("compiled steps: python (until 1000 calls of a kind)") == ranks, \
         job.stdout
+    # nothing before the bfloat16 join imported ml_dtypes (a second of CPU a rank)
+    assert job.stdout.count("ml_dtypes before bfloat16: not imported") == ranks, job.stdout
 
 
 def test_init_with_a_list_of_ranks(launch):

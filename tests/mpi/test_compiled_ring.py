@@ -219,6 +219,7 @@ def test_16_bit_floats_reduce_as_numpys_loops(op, dtype):
         else:
             native._reduce_bfloat16(into, values, code)
     kind = np.dtype(np.float16) if dtype == "float16" else BFLOAT16
+    assert compiled.admitted(kind)
     rng = np.random.default_rng(13)
     first = np.arange(1 << 16, dtype=np.uint16)
     ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}[op]

@@ -9,9 +9,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_import_does_not_pull_in_frameworks_or_start_mpi():
-    # importing mpi4py.MPI initializes MPI: that belongs to hvd.init(), not to the import
+    # importing mpi4py.MPI initializes MPI: that belongs to hvd.init(), not to the import;
+    # ml_dtypes (a second to import) waits for the first bfloat16 array (ops.bfloat16)
     code = ("import sys, hororing, hororing.kernels, hororing.engine.negotiation; "
-            "print(sorted(m for m in ('torch', 'cupy', 'numba', 'mpi4py.MPI') "
+            "print(sorted(m for m in ('torch', 'cupy', 'numba', 'mpi4py.MPI', 'ml_dtypes') "
             "if m in sys.modules))")
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert output.stdout.strip() == "[]"

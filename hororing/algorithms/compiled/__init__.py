@@ -25,17 +25,36 @@ import threading
 import numpy as np
 
 from ..._mpi import MPI
-from ...ops import BFLOAT16
+from ...ops import bfloat16, is_bfloat16
 
 MODES = ("auto", "wait", "off")
 # dtypes whose compiled reductions are numpy's (and ml_dtypes') bit for bit: the 16-bit
 # floats as their bits, each operation widened to float32 and rounded back; bool and complex
-# take the Python steps
-DTYPES = frozenset([np.dtype(name) for name in (
+# take the Python steps. bfloat16 joins them (``admitted``) once ml_dtypes is loaded, which
+# hororing leaves to the first bfloat16 array (``ops.bfloat16``)
+DTYPES = {np.dtype(name) for name in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-    "uint32", "uint64")] + [BFLOAT16])
+    "uint32", "uint64")}
 # what params[P_HALF] says 16-bit bits are (0: integers)
-HALVES = {np.dtype(np.float16): 1, BFLOAT16: 2}
+HALVES = {np.dtype(np.float16): 1}
+
+
+def admitted(dtype):
+    """Whether the compiled steps take ``dtype``'s buffers: one of DTYPES, or ml_dtypes'
+    bfloat16, which joins DTYPES and HALVES here."""
+    if dtype in DTYPES:
+        return True
+    if not is_bfloat16(dtype):
+        return False
+    HALVES[dtype] = 2
+    DTYPES.add(dtype)
+    return True
+
+
+def every_dtype():
+    """Every dtype the compiled steps take (bfloat16's loaded and admitted)."""
+    admitted(bfloat16())
+    return DTYPES
 
 
 def carried(dtype):
@@ -125,7 +144,7 @@ def ring_entry(dtype, read_only=False):
         return None
     key = (dtype, read_only)
     entry = _Loader.entries.get(key)
-    if entry is not None or dtype not in DTYPES:
+    if entry is not None or (dtype not in DTYPES and not admitted(dtype)):
         return entry
     if _Loader.mode == "wait":
         with _Loader.compiling:
@@ -152,7 +171,7 @@ def fold_entry(dtype):
     ``ring_entry`` answers (in "auto" mode asked for at the ``after``-th None). The caller
     looks in FOLD_READY first, and asks here only for a dtype not in FOLD_ASKED."""
     entry = None
-    if _Loader.mode != "off" and _Loader.error is None and dtype in DTYPES:
+    if _Loader.mode != "off" and _Loader.error is None and (dtype in DTYPES or admitted(dtype)):
         key = ("fold", dtype)
         if _Loader.mode == "wait":
             with _Loader.compiling:
@@ -171,7 +190,8 @@ def fold_entry(dtype):
 
 
 # what a warm process loads ahead for the ranks it forks (``preload``): gradients' dtypes
-PRELOADED = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+# (and bfloat16, ``ops.bfloat16``)
+PRELOADED = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
 
 def preload(mode):
@@ -186,14 +206,11 @@ def preload(mode):
     """
     if mode == "off" or not expected(mode):
         return "the compiled steps are off, or numba is not installed"
-    why = map_mpi_library()
-    if why is not None:
-        return why
-    with _Loader.compiling:
-        for dtype in PRELOADED:
-            _compile((dtype, False))
-        _compile(("fold", np.dtype(np.float32)))
-    return None if _Loader.error is None else str(_Loader.error)
+    preloaded = PRELOADED + (bfloat16(),)
+    admitted(preloaded[-1])
+    keys = [(dtype, False) for dtype in preloaded] + [("fold", np.dtype(np.float32))]
+    why = compile_ahead(keys)[1]
+    return None if why is None else str(why)
 
 
 def map_mpi_library():
@@ -221,7 +238,7 @@ def every_key(dtypes=None):
     dtype the compiled code sees (float16, bfloat16 and uint16 are one compile): for each,
     the ring with its input writable and read-only, and the fold cycle."""
     groups = {}
-    for dtype in sorted(DTYPES if dtypes is None else dtypes, key=str):
+    for dtype in sorted(every_dtype() if dtypes is None else dtypes, key=str):
         groups.setdefault(carried(dtype), []).extend(
             [(dtype, False), (dtype, True), ("fold", dtype)])
     return list(groups.values())

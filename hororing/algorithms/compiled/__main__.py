@@ -13,8 +13,6 @@ import argparse
 import subprocess
 import sys
 
-import numpy as np
-
 
 def _arguments(argv):
     parser = argparse.ArgumentParser(
@@ -29,20 +27,21 @@ def _arguments(argv):
 
 
 def _dtypes(names):
-    from . import DTYPES
-    from ...ops import BFLOAT16
+    from . import every_dtype
+    from ...ops import numpy_dtype
 
     if names is None:
         return None
+    taken = every_dtype()
     chosen = []
     for name in (part.strip() for part in names.split(",")):
         try:
-            dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
+            dtype = numpy_dtype(name)
         except TypeError:
             dtype = None
-        if dtype not in DTYPES:
+        if dtype not in taken:
             raise SystemExit(f"--dtypes: {name!r} is not a dtype the compiled steps take; they "
-                             f"take {', '.join(sorted(str(d) for d in DTYPES))}")
+                             f"take {', '.join(sorted(str(d) for d in taken))}")
         chosen.append(dtype)
     return chosen
 
