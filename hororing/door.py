@@ -17,7 +17,8 @@ from .context import current
 from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request, door_key
 from .process_sets import global_process_set, group_of
 from .running import _State
-from .validate import (ALLREDUCE_OPS, DTYPE_NAMES, check_adasum_dtype, check_array,
+from .ops import DTYPE_NAMES
+from .validate import (ALLREDUCE_OPS, check_adasum_dtype, check_array,
                        check_factor, check_name, check_ndim, check_root, check_splits,
                        check_writable, resolve_op)
 

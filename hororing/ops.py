@@ -33,6 +33,12 @@ def bfloat16():
     return _BFLOAT16[0]
 
 
+def supported(dtype):
+    """Whether the collectives take arrays of the numpy ``dtype`` (bfloat16's answered without
+    importing ml_dtypes where nothing has: no array can be of it then)."""
+    return dtype in DTYPE_NAMES or is_bfloat16(dtype)
+
+
 def is_bfloat16(dtype):
     """Whether the numpy ``dtype`` is ml_dtypes' bfloat16; ml_dtypes is not imported for the
     answer where nothing has imported it (no array can be of its bfloat16 then)."""

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import ops
 from .errors import UnsupportedOpError
-from .ops import DTYPE_NAMES, SUPPORTED_NAMES, is_bfloat16
+from .ops import SUPPORTED_NAMES, supported
 
 _SUPPORTED_NAMES = ", ".join(SUPPORTED_NAMES)
 REDUCE_OPS = (ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product)
@@ -19,7 +19,7 @@ def check_array(tensor, argument="tensor", min_ndim=0):
         got = "None" if tensor is None else type(tensor).__name__
         raise TypeError(f"{argument} must be a numpy array, got {got}; convert it with "
                         f"numpy.asarray(...) (hororing.torch takes torch tensors)")
-    if tensor.dtype not in DTYPE_NAMES and not is_bfloat16(tensor.dtype):  # (which loads it)
+    if not supported(tensor.dtype):
         raise TypeError(f"{argument} has unsupported dtype {tensor.dtype}; supported dtypes: "
                         f"{_SUPPORTED_NAMES}. Convert it with .astype(...)")
     check_ndim(tensor.shape, min_ndim, argument)

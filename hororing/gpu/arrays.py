@@ -7,7 +7,7 @@ views them in the library the engine runs on, and hands results back in the call
 
 import numpy as np
 
-from ..ops import DTYPE_NAMES, SUPPORTED_NAMES, is_bfloat16
+from ..ops import SUPPORTED_NAMES, supported
 from .memory import torch_numpy_dtype
 
 
@@ -46,7 +46,7 @@ def device_dtype(array):
 def check_device_array(array, argument="tensor"):
     """Raise a clear error for a device array the kernels or transports cannot take."""
     dtype = device_dtype(array)
-    if dtype not in DTYPE_NAMES and not is_bfloat16(dtype):
+    if not supported(dtype):
         raise TypeError(f"{argument} is a device array of unsupported dtype {dtype}; supported "
                         f"dtypes: {', '.join(SUPPORTED_NAMES)}. Convert it with .astype(...)")
     if not _c_contiguous(array):

@@ -206,9 +206,8 @@ def preload(mode):
     """
     if mode == "off" or not expected(mode):
         return "the compiled steps are off, or numba is not installed"
-    preloaded = PRELOADED + (bfloat16(),)
-    admitted(preloaded[-1])
-    keys = [(dtype, False) for dtype in preloaded] + [("fold", np.dtype(np.float32))]
+    every_dtype()  # bfloat16's loaded and admitted beside PRELOADED
+    keys = [(dtype, False) for dtype in PRELOADED + (bfloat16(),)] + [("fold", np.dtype(np.float32))]
     why = compile_ahead(keys)[1]
     return None if why is None else str(why)
 
