@@ -16,6 +16,7 @@ from .algorithms import compiled
 from .config import Config
 from .environment import launch_environment
 from .errors import NotInitializedError
+from .liveness import LocalPeers, identity
 from .engine import Engine
 from .group import Group, stop_engine
 from .process_sets import Registry, global_process_set
@@ -45,20 +46,25 @@ class Context:
         self.cross_size = self.cross_comm.Get_size()
         # every node runs as many ranks as every other (Horovod's is_homogeneous), and each
         # rank's host, to name it in stall warnings
-        layout = comm.allgather((self.local_size, MPI.Get_processor_name()))
-        self.homogeneous = len({local_size for local_size, _ in layout}) == 1
-        self.hosts = [host for _, host in layout]
+        # (and each rank's process, for the watchdog to see whether this host's are running)
+        layout = comm.allgather((self.local_size, MPI.Get_processor_name(), identity()))
+        self.homogeneous = len({local_size for local_size, _, _ in layout}) == 1
+        self.hosts = [host for _, host, _ in layout]
         # one GPU per rank, where a GPU library is in use and the user has not chosen one
         self.device = gpu.select_device(self.local_rank, config.select_device)
         timeline = None
         if config.timeline_path and self.rank == 0:
             timeline = Timeline(config.timeline_path, config.timeline_mark_cycles)
         transport.set_world(comm)
+        # an MPI with ULFM reports a dead peer itself (faults.py): the elastic layer goes on
+        peers = None if faults.supported() else \
+            LocalPeers(self.rank, self.hosts, [process for _, _, process in layout])
         self.watchdog = None
-        if config.stall_check_enabled and config.stall_check_seconds > 0:
-            self.watchdog = transport.StallWatchdog(self.rank, self.hosts,
-                                                    config.stall_check_seconds,
-                                                    config.stall_shutdown_seconds)
+        stalls = config.stall_check_enabled and config.stall_check_seconds > 0
+        if stalls or (peers is not None and peers.watched):
+            self.watchdog = transport.StallWatchdog(
+                self.rank, self.hosts, config.stall_check_seconds if stalls else 0,
+                config.stall_shutdown_seconds if stalls else 0, peers=peers)
         self.engine = Engine(comm, config, timeline, reducer)
         # the cores this node's ranks may run on (hororing.cores), found where the engine
         # prices its contention

@@ -151,14 +151,23 @@ class StallWatchdog:
     leaves a rank waiting inside a collective, where the engine's own stall check (which
     looks at ranks that never submit) cannot run. The warning names the collective or the
     negotiation cycle, and the ranks and hosts waited on. Past ``shutdown_s`` (> 0) it ends
-    the job. One per process, a daemon thread that checks once a second."""
+    the job. ``check_s`` 0: no warnings (HOROVOD_STALL_CHECK_DISABLE).
 
-    def __init__(self, rank, hosts, check_s, shutdown_s, interval_s=1.0):
+    ``peers`` (``liveness.LocalPeers``, or None): once a wait has lasted ``DEAD_PEER_AFTER_S``,
+    a rank of this host whose process has ended ends the job, named: the launcher should
+    have, and waiting longer cannot help. One per process, a daemon thread that checks once
+    a second."""
+
+    DEAD_PEER_AFTER_S = 5.0
+
+    def __init__(self, rank, hosts, check_s, shutdown_s, interval_s=1.0, peers=None):
         self.rank = rank
         self.hosts = hosts
         self.check_s = check_s
         self.shutdown_s = shutdown_s
         self.interval_s = interval_s
+        self.peers = peers if peers is not None and peers.watched else None
+        self._gone = {}  # the waited-on peers seen ended at the last check: rank -> pid
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hororing-stall-watchdog",
                                         daemon=True)
@@ -170,13 +179,14 @@ class StallWatchdog:
             self._thread.join(timeout=5.0)
 
     def _watch(self):
+        check_s = self.check_s if self.check_s > 0 else float("inf")
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
             with _Waits.lock:
                 waits = [list(entry) for entry in _Waits.active.values()]
                 for entry in _Waits.active.values():
-                    if now - entry[0] >= self.check_s and \
-                            (entry[3] is None or now - entry[3] >= self.check_s):
+                    if now - entry[0] >= check_s and \
+                            (entry[3] is None or now - entry[3] >= check_s):
                         entry[3] = now
             for since, what, peers, warned_at in waits:
                 waited = now - since
@@ -184,9 +194,33 @@ class StallWatchdog:
                     end_job(f"{self.describe(waited, what, peers)} Ending the job: no progress "
                             f"for longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
                             f"{self.shutdown_s:g}.")
-                if waited >= self.check_s and (warned_at is None or
-                                               now - warned_at >= self.check_s):
+                if waited >= check_s and (warned_at is None or now - warned_at >= check_s):
                     log.warning(self.describe(waited, what, peers))
+            if self.peers is not None:
+                self._check_peers(now, waits)
+
+    def _check_peers(self, now, waits):
+        """End the job where a rank of this host that a wait of ``DEAD_PEER_AFTER_S`` or more
+        waits on has ended, seen so at two checks in a row (a peer that sent its last bytes
+        and exited a moment ago ends no wait that is about to complete). Waits that name no
+        peers are not judged: a rank that finished and left may not be what they wait on."""
+        waited_on = {}  # rank -> the longest wait on it: (seconds, what)
+        for since, what, peers, _ in waits:
+            if now - since >= self.DEAD_PEER_AFTER_S and peers:
+                for peer in peers:
+                    if peer in self.peers.watched and now - since > waited_on.get(peer, (0,))[0]:
+                        waited_on[peer] = (now - since, what)
+        gone = self.peers.gone(waited_on) if waited_on else {}
+        confirmed = {peer: pid for peer, pid in gone.items() if peer in self._gone}
+        self._gone = gone
+        if confirmed:
+            waited, what = max(waited_on[peer] for peer in confirmed)
+            named = ", ".join(f"rank {peer} (pid {pid})" for peer, pid in sorted(confirmed.items()))
+            host = self.hosts[self.rank] if self.rank < len(self.hosts) else "?"
+            end_job(f"hororing: rank {self.rank} ({host}) has waited {waited:.0f} s in {what} "
+                    f"on {named}, whose process on this host has ended without the launcher "
+                    f"ending the job. Ending it now; that rank's own output says why it "
+                    f"stopped.")
 
     def describe(self, waited, what, peers):
         host = self.hosts[self.rank] if self.rank < len(self.hosts) else "?"

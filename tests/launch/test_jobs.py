@@ -2,8 +2,11 @@
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
+from conftest import JOBS, mpiexec
 
 
 def test_an_exception_on_one_rank_fails_the_others_with_its_reason(launch):
@@ -117,3 +120,24 @@ def test_a_peer_frozen_inside_a_collective_is_named_then_ends_the_job(launch):
     assert any(re.search(r"rank\(s\) (\d \(\S+\), )?2 \(", line) or
                "every rank of the collective" in line for line in warnings), warnings
     assert all("A link or a host may have failed." in line for line in warnings)
+
+
+def test_a_rank_whose_process_ended_unseen_by_the_launcher_ends_the_job_named():
+    # Hydra told not to clean up a job whose process dies: the ranks waiting on it look
+    # (liveness.py) and end it within seconds, each naming rank 1 and its pid
+    command = [mpiexec(), "-disable-auto-cleanup", "-n", "3", sys.executable,
+               str(JOBS / "dead_peer.py")]
+    if "HYDRA" not in subprocess.run([mpiexec(), "--version"], capture_output=True,
+                                     text=True).stdout:
+        pytest.skip("-disable-auto-cleanup is an option of MPICH's mpiexec (Hydra)")
+    job = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert job.returncode != 0
+    pid = re.search(r"rank 1 pid (\d+) summed", job.stdout).group(1)
+    assert "went on without rank 1" not in job.stdout
+    ends = [line for line in job.stderr.splitlines() if "whose process on this host has ended"
+            in line]
+    assert ends, job.stderr[-3000:]
+    for line in ends:
+        assert re.search(rf"rank [02] \(\S+\) has waited \d+ s in negotiation cycle \d+ on "
+                         rf"rank 1 \(pid {pid}\), whose process on this host has ended without "
+                         rf"the launcher ending the job", line), line
