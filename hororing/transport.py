@@ -216,14 +216,16 @@ class StallWatchdog:
         if confirmed:
             waited, what = max(waited_on[peer] for peer in confirmed)
             named = ", ".join(f"rank {peer} (pid {pid})" for peer, pid in sorted(confirmed.items()))
-            host = self.hosts[self.rank] if self.rank < len(self.hosts) else "?"
-            end_job(f"hororing: rank {self.rank} ({host}) has waited {waited:.0f} s in {what} "
-                    f"on {named}, whose process on this host has ended without the launcher "
-                    f"ending the job. Ending it now; that rank's own output says why it "
-                    f"stopped.")
+            end_job(f"hororing: rank {self.rank} ({self._host()}) has waited {waited:.0f} s "
+                    f"in {what} on {named}, whose process on this host has ended without the "
+                    f"launcher ending the job. Ending it now; that rank's own output says why "
+                    f"it stopped.")
+
+    def _host(self):
+        """This rank's host, as the warnings name it ("?" where the layout lacks it)."""
+        return self.hosts[self.rank] if self.rank < len(self.hosts) else "?"
 
     def describe(self, waited, what, peers):
-        host = self.hosts[self.rank] if self.rank < len(self.hosts) else "?"
         if peers:
             peers = sorted(set(peer for peer in peers if peer is not None))
             on = ", ".join(f"{peer} ({self.hosts[peer]})" if 0 <= peer < len(self.hosts)
@@ -232,8 +234,8 @@ class StallWatchdog:
             waits_on = f"rank(s) {on}{more}"
         else:
             waits_on = "every rank of the collective"
-        return (f"hororing stall: rank {self.rank} ({host}) has waited {waited:.0f} s in {what} "
-                f"for {waits_on}, and no data came. A link or a host may have failed.")
+        return (f"hororing stall: rank {self.rank} ({self._host()}) has waited {waited:.0f} s "
+                f"in {what} for {waits_on}, and no data came. A link or a host may have failed.")
 
 
 def wait(request, deadline=None, unless_soon=None):

@@ -206,8 +206,10 @@ def preload(mode):
     """
     if mode == "off" or not expected(mode):
         return "the compiled steps are off, or numba is not installed"
-    every_dtype()  # bfloat16's loaded and admitted beside PRELOADED
-    keys = [(dtype, False) for dtype in PRELOADED + (bfloat16(),)] + [("fold", np.dtype(np.float32))]
+    brain = bfloat16()
+    admitted(brain)  # it joins DTYPES and HALVES beside PRELOADED
+    keys = [(dtype, False) for dtype in PRELOADED + (brain,)]
+    keys.append(("fold", np.dtype(np.float32)))
     why = compile_ahead(keys)[1]
     return None if why is None else str(why)
 
