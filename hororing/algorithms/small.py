@@ -22,9 +22,13 @@ def reduce_rows(ufunc, rows, out):
     of ``out``'s length) into ``out`` with ``ufunc``, one row after another.
 
     A 2-D array of more than two rows takes ``ufunc.reduce`` over axis 0, which combines
-    them in the same order, element by element, so a list gives the same bits. Two rows take
-    one binary call, at about half ``reduce``'s fixed cost (0.54 against 0.93 us, 4 KiB);
-    one row is copied. ``out`` may be one of a list's rows only where it is the first.
+    them in the same order, element by element, so a list gives the same bits; but not rows
+    of one element: numpy reduces that column as a 1-D array, from 8 elements up in eight
+    interleaved partial sums (the float bits of 1-element allreduces at 8 ranks and more
+    differed from the other paths'), so a column takes ``ufunc.accumulate``, which combines
+    one row after another. Two rows take one binary call, at about half ``reduce``'s fixed
+    cost (0.54 against 0.93 us, 4 KiB); one row is copied. ``out`` may be one of a list's
+    rows only where it is the first.
     """
     count = len(rows)
     if count == 2:
@@ -35,6 +39,8 @@ def reduce_rows(ufunc, rows, out):
         ufunc(rows[0], rows[1], out=out)
         for row in rows[2:]:
             ufunc(out, row, out=out)
+    elif rows.shape[1] == 1:
+        out[...] = ufunc.accumulate(rows[:, 0])[-1:]
     else:
         ufunc.reduce(rows, axis=0, out=out)
 
