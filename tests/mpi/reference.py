@@ -49,14 +49,31 @@ def reference_allreduce(inputs, op, prescale=1.0, postscale=1.0):
     if op == hvd.Average:
         if dtype.kind == "f":
             result = result / size
-        else:  # C integer division: toward zero
+        else:  # the sum in the dtype (wrapped, as MPI's), then C division: toward zero
+            result = _wrapped(result, dtype)
             result = np.array([(abs(v) // size) * (1 if v >= 0 else -1) for v in result.ravel()],
                               dtype=object).reshape(result.shape)
     if dtype.kind == "f":
         result = result * postscale
     elif postscale != 1.0:
         result = np.trunc(result.astype(np.float64) * postscale)
+    if dtype.kind in "iu":  # wrapped to the dtype's range (a product of 8 twos in uint8 is 0)
+        wrapped = _wrapped(np.asarray(result), dtype)
+        return np.array(wrapped.ravel().tolist(), dtype=dtype).reshape(wrapped.shape)
     return np.asarray(result).astype(dtype)
+
+
+def _wrapped(values, dtype):
+    """Integer ``values`` wrapped to ``dtype``'s range, as arithmetic in the dtype wraps (sums
+    of 8 ranks' int8 values leave it)."""
+    bits = 8 * dtype.itemsize
+    wrapped = []
+    for value in values.ravel():
+        value = int(value) % (1 << bits)
+        if dtype.kind == "i" and value >= 1 << (bits - 1):
+            value -= 1 << bits
+        wrapped.append(value)
+    return np.array(wrapped, dtype=object).reshape(values.shape)
 
 
 def tolerance(dtype):

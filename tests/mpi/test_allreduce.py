@@ -99,7 +99,12 @@ def test_compressed_average_divides_before_summing_so_float16_cannot_overflow():
     values = np.full(1000, 40000.0, dtype=np.float16)
     hvd.synchronize(compressed_allreduce_async_(values, hvd.Compression.fp16,
                                                 name="wire.average"))
-    np.testing.assert_array_equal(values, np.full(1000, 40000.0, dtype=np.float16))
+    # finite, and 40000 within float16's rounding of each partial sum (exact at 1-3 ranks; at
+    # 8, 8 x 5000 summed in float16 rounds to 39968)
+    assert np.isfinite(values).all()
+    np.testing.assert_allclose(values.astype(np.float64), 40000.0, rtol=2e-3)
+    if hvd.size() <= 3:
+        np.testing.assert_array_equal(values, np.full(1000, 40000.0, dtype=np.float16))
 
 
 def test_integer_average_truncates_toward_zero():

@@ -222,7 +222,9 @@ def test_a_bucket_of_large_members_reduced_where_they_lie(in_place):
                 results = hvd.grouped_allreduce(mine, name=name, op=hvd.Average)
         finally:
             _pipeline().observers.remove(observe)
-        if 4 * sum(lengths) < 2 << 20:
+        # members are large from the cost model's size, which grows with the rank count
+        # (218 KB at 3 ranks, 764 KB at 8: there the first bucket is packed whole)
+        if 4 * sum(lengths) < 2 << 20 and 4 * max(lengths) >= _pipeline().route.member_bytes:
             assert laid_out == [("shared", "Segmented")], laid_out
         for result, values in zip(results, inputs):
             assert_close(result, reference_allreduce(values, hvd.Average))
