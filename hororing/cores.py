@@ -7,7 +7,9 @@ cgroup's CPU quota (``docker --cpus``, a Kubernetes CPU limit: ``cpu.max`` under
 says. A node's ranks may run on the union of their masks, at most the quota.
 
 Whether a node is oversubscribed (more ranks than cores) decides how its waits spin
-(``Config.spin_tests``) and how the cost model prices CPU work (``Route``'s contention).
+(``Config.spin_tests``) and how the cost model prices CPU work (``Route``'s contention);
+with the size of its last-level cache (``last_level_cache``), the segments of the allreduce
+through its shared memory (``cost.shared_segment_bytes``).
 """
 
 import math
@@ -15,6 +17,7 @@ import os
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
+CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
 
 
 def affinity():
@@ -92,3 +95,28 @@ def on_node(local_comm):
     """``node_cores`` of the ranks of ``local_comm`` (one node's ranks; collective)."""
     gathered = local_comm.allgather((affinity(), quota()))
     return node_cores([mask for mask, _ in gathered], [limit for _, limit in gathered])
+
+
+def last_level_cache(root=CACHE_ROOT):
+    """The bytes of the largest data cache the first core sees (its last level, shared with
+    the cores listed beside it in sysfs), or None where sysfs does not say."""
+    sizes = []
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(root, entry, "type")) as file:
+                kind = file.read().strip()
+            with open(os.path.join(root, entry, "size")) as file:
+                text = file.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if kind in ("Data", "Unified") and digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None

@@ -38,7 +38,8 @@ ring's 1 MiB steps stay in cache: measured, the ring takes 14 ms and Rabenseifne
 
 The allreduce through a node's shared memory (``shared.py``) is not priced here: where every
 rank is on one node it takes the message algorithms' sizes below ``SHARED_LARGEST_BYTES``
-(``with_shared``), a range placed by measurement.
+(``with_shared``), a range placed by measurement, and every size where ranks crowd the cores
+of a node with a large cache and its segments grow (``shared_segment_bytes``).
 """
 
 import dataclasses
@@ -296,11 +297,48 @@ def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=No
 # copied once where the shared rows are copied in and out.
 SHARED_LARGEST_BYTES = 2 << 20
 _MESSAGES = ("ring", "rabenseifner", "recursive_doubling")
+# Its segments (a row of its window each, two barriers each) are SHARED_SEGMENT_BYTES. Where
+# ranks crowd their cores (SHARED_CROWDED or more to a core), a barrier waits for every rank
+# to be scheduled in turn, about 1 ms at 8 ranks on 2 cores: there, on a node whose last-level
+# cache holds SHARED_CROWDED_CACHE_BYTES, the segments are SHARED_CROWDED_SEGMENT_BYTES where
+# the node's shared memory holds the window, and it takes every size a message algorithm
+# would. Measured (docs/benchmarks.md, "Fewer barriers where ranks crowd the cores"): on a
+# 2-core Xeon VM with a 105 MiB L3 it ran 16 MiB at 8 ranks in 0.89-0.94 of the ring's time
+# and at 16 ranks in 0.80, where with 1 MiB segments it was slower than the ring from 16 MiB;
+# on a 2-core EPYC VM with a 32 MiB L3, 16 MiB segments ran 16 MiB at 8 ranks in 1.3 times the
+# ring's. The cache is the one difference between the two measured that bears on it (the
+# ring's chunks pass through MPI's cells in the cache; the rows stream through memory); the
+# threshold lies between them, unmeasured there. At 2 and 4 ranks 1 MiB segments ran faster
+# than 4 or 16 MiB ones (a segment's rows stay in the caches).
+SHARED_SEGMENT_BYTES = 1 << 20
+SHARED_CROWDED = 4
+SHARED_CROWDED_SEGMENT_BYTES = 16 << 20
+SHARED_CROWDED_CACHE_BYTES = 64 << 20
+
+
+def shared_segment_bytes(ranks, contention, window_budget, cache_bytes):
+    """The shared allreduce's segment for ``ranks`` ranks on one node at ``contention`` ranks
+    per core whose last-level cache is ``cache_bytes`` (None: unknown), its window ((ranks
+    + 1) segments) taking at most ``window_budget`` bytes beyond what 1 MiB segments take.
+    Every rank must use the same: the executor agrees on the smallest."""
+    if contention >= SHARED_CROWDED and cache_bytes is not None and \
+            cache_bytes >= SHARED_CROWDED_CACHE_BYTES and \
+            (ranks + 1) * SHARED_CROWDED_SEGMENT_BYTES <= window_budget:
+        return SHARED_CROWDED_SEGMENT_BYTES
+    return SHARED_SEGMENT_BYTES
+
+
+def shared_largest(segment_bytes):
+    """The size from which a message algorithm takes over from the shared allreduce with
+    segments of ``segment_bytes`` (None: it takes every size)."""
+    return None if segment_bytes >= SHARED_CROWDED_SEGMENT_BYTES else SHARED_LARGEST_BYTES
 
 
 def with_shared(table, largest=SHARED_LARGEST_BYTES):
     """``table`` (``choices``) with ``shared`` wherever it gives one of the message
-    algorithms to a buffer below ``largest`` bytes."""
+    algorithms to a buffer below ``largest`` bytes (None: of any size)."""
+    if largest is None:
+        largest = float("inf")
     ranges, start = [], 0
     for below, kind in table:
         stop = float("inf") if below is None else below

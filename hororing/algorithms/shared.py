@@ -18,7 +18,8 @@ A bucket laid out in segments (its large members reduced where they lie,
 
 A rank copies in and out about the buffer's size once each and reduces 1/n of it, whatever
 the rank count, and it waits for two barriers a segment: the ring's 2(n-1) steps with their
-copies through MPI's own shared memory are gone. The elements are combined in rank order, as
+copies through MPI's own shared memory are gone. Segments are 1 MiB, 16 MiB where ranks crowd
+their cores (``cost.shared_segment_bytes``: there a barrier costs more than a segment's copies). The elements are combined in rank order, as
 the gathered path combines them (``small.reduce_rows``), so the two give the same bits, and
 every rank gets the same bits.
 
@@ -30,14 +31,30 @@ The input is read before the second barrier and the output written after it, so 
 be one buffer.
 """
 
+import os
+
 from .. import transport
 from .base import Algorithm
+from .cost import SHARED_SEGMENT_BYTES as SEGMENT_BYTES  # a row: the window holds ranks + 1
 from .plan import chunk_bounds
 from .ring import copy_flat
 from .segmented import Segmented
 from .small import REDUCE_BY_NAME, reduce_rows
 
-SEGMENT_BYTES = 1 << 20  # a row's size: the window holds (ranks + 1) of them
+SHM_PATH = "/dev/shm"
+
+
+def shm_quarter(path=SHM_PATH):
+    """A quarter of what this node's /dev/shm has free, in bytes (None where that cannot be
+    read): the most that one user of it, the window here with segments larger than
+    ``SEGMENT_BYTES`` (``cost.shared_segment_bytes``) or the fold's rows
+    (``engine/fold.py``), may take; the MPI's own shared memory comes out of it too. Every
+    rank of a job must use the same: the executor agrees on the smallest."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize // 4
 
 
 class SharedMemory(Algorithm):

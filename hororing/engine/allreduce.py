@@ -19,7 +19,8 @@ hierarchical threshold (``Route.hierarchical_bytes``). At 2 and 3 ranks the mode
 ``small`` below the threshold and the ring above; from 4 ranks the halving algorithms
 take over where their fewer steps pay. Where every rank is on one node, ``shared`` (the
 ranks read each other's values in a shared-memory window) takes what the model gives a
-message algorithm below ``cost.SHARED_LARGEST_BYTES``.
+message algorithm below ``cost.SHARED_LARGEST_BYTES``, or at every size where ranks crowd
+the cores (``cost.shared_segment_bytes``).
 ``force(kind)`` overrides the choice (tests and benchmarks); ``observers`` are told of each
 buffer handed to an algorithm.
 
@@ -70,7 +71,9 @@ class Route(NamedTuple):
     member_bytes: int = 0
     compiled_ring: bool = False  # the table priced the ring's steps compiled
     contention: float = 1.0  # ... and the CPU's work at this many ranks per core
-    shared: bool = False  # ... and offered the allreduce through the node's shared memory
+    # ... and offered the allreduce through the node's shared memory in segments of this many
+    # bytes (0: the job has none)
+    shared: int = 0
 
     def bucket_bytes(self, hooked=False):
         """The most bytes an optimizer's gradient bucket holds: the fusion threshold, and
@@ -81,10 +84,11 @@ class Route(NamedTuple):
 
     @classmethod
     def configured(cls, config, size, across_nodes, compiled_ring=False, contention=1.0,
-                   shared=False):
+                   shared=0):
         """The route ``config`` sets for a job of ``size`` ranks (``compiled_ring``: every
         rank can run the ring's compiled steps; ``contention``: ranks per core on the
-        busiest node, at least 1; ``shared``: the job has the shared-memory allreduce)."""
+        busiest node, at least 1; ``shared``: the shared-memory allreduce's segment bytes,
+        0 where the job has none)."""
         threshold = config.hierarchical_threshold_bytes
         small_bytes = config.small_threshold(size, across_nodes)
         subchunk_bytes = config.subchunk_bytes(across_nodes=across_nodes)
@@ -125,14 +129,16 @@ def in_place_member_bytes(size, across_nodes):
 
 
 def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceiling=0,
-                    compiled_ring=False, contention=1.0, shared=False):
+                    compiled_ring=False, contention=1.0, shared=0):
     """The cost model's choice of algorithm by size for ``size`` ranks (``cost.choices``):
     the fitted host constants (``cost.HOST``; ``cost.COMPILED_RING`` where the ring's steps
     are compiled on every rank), a node's memory as the link within it (shared by every rank
     where the job is on one node) and 10 Gbit/s Ethernet between nodes; ``contention``:
     ranks per core on the busiest node, where it has more ranks than cores; ``shared``: the
-    job has the allreduce through the node's shared memory, which takes the sizes below
-    ``cost.SHARED_LARGEST_BYTES`` that a message algorithm would (``cost.with_shared``).
+    segment bytes of the job's allreduce through the node's shared memory (0: none), which
+    takes the sizes below ``cost.SHARED_LARGEST_BYTES`` that a message algorithm would, or
+    every size with segments as large as ``cost.SHARED_CROWDED_SEGMENT_BYTES``
+    (``cost.with_shared``, ``cost.shared_largest``).
     The same on every rank: it depends on nothing measured at run time, and its inputs are
     agreed."""
     far, per_node = _links(size, across_nodes)
@@ -140,7 +146,7 @@ def algorithm_table(size, across_nodes, small_bytes, subchunk_bytes, piece_ceili
     table = cost.choices(size, host, far, cost.PRESETS["shm"], per_node=per_node,
                          small_bytes=small_bytes, subchunk_bytes=subchunk_bytes,
                          piece_ceiling=piece_ceiling, contention=contention)
-    return cost.with_shared(table) if shared else table
+    return cost.with_shared(table, cost.shared_largest(shared)) if shared else table
 
 
 class AllreducePipeline:

@@ -14,13 +14,13 @@ import numpy as np
 from .._mpi import MPI
 
 from .. import cores, faults, transport
-from ..algorithms import compiled
+from ..algorithms import compiled, cost
 from ..algorithms.adasum import Adasum as AdasumAllreduce
 from ..algorithms.halving import Rabenseifner, RecursiveDoubling
 from ..algorithms.hierarchical import Hierarchical, node_layout
 from ..algorithms.plan import chunk_bounds
 from ..algorithms.ring import Ring
-from ..algorithms.shared import SharedMemory
+from ..algorithms.shared import SharedMemory, shm_quarter
 from ..algorithms.small import GatherReduce
 from ..errors import HorovodInternalError, PreconditionError
 from ..kernels import pack, scale_into, unpack
@@ -58,10 +58,15 @@ class Executor:
         algorithms = {"ring": ring, "small": GatherReduce(comm), "adasum": AdasumAllreduce(comm),
                       "rabenseifner": Rabenseifner(comm, subchunk_bytes=subchunk),
                       "recursive_doubling": RecursiveDoubling(comm, subchunk_bytes=subchunk)}
-        # every rank on one node: the ranks read each other's values in shared memory
-        shared = not across_nodes and self.size > 1 and config.shared_allreduce
-        if shared:
-            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()))
+        # every rank on one node: the ranks read each other's values in shared memory, in
+        # segments that grow where ranks crowd the cores of a node with a large cache and its
+        # shared memory holds them (the same on every rank: the smallest asked for)
+        shared = 0
+        if not across_nodes and self.size > 1 and config.shared_allreduce:
+            shared = comm.allreduce(cost.shared_segment_bytes(
+                self.size, contention, shm_quarter() or 0, cores.last_level_cache()),
+                op=MPI.MIN)
+            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()), shared)
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer

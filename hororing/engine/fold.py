@@ -23,7 +23,6 @@ agree on the fold from the same fields before any of them reduces, so all enter 
 barrier or none does.
 """
 
-import os
 import time
 from typing import NamedTuple, Optional
 
@@ -31,6 +30,7 @@ import numpy as np
 
 from ..algorithms.compiled import FOLD_ASKED, FOLD_READY, fold_entry
 from ..algorithms.plan import chunk_bounds
+from ..algorithms.shared import SHM_PATH, shm_quarter
 from ..algorithms.small import REDUCE_BY_NAME, reduce_rows
 from ..kernels import scale_into
 from ..ops import Adasum, KERNEL_OP, numpy_dtype
@@ -60,17 +60,13 @@ CHUNKED_RANKS = 4
 # SHARED_ROWS_MOST; SHARED_ROWS_BUDGET where it cannot be read
 SHARED_ROWS_BUDGET = 16 << 20
 SHARED_ROWS_MOST = 64 << 20
-SHM_PATH = "/dev/shm"
 
 
 def shared_rows_budget(path=SHM_PATH):
     """This node's budget for the fold's shared rows, in bytes (see above). Every rank of a
     job must use the same: the executor agrees on the smallest."""
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return SHARED_ROWS_BUDGET
-    return min(SHARED_ROWS_MOST, stat.f_bavail * stat.f_frsize // 4)
+    quarter = shm_quarter(path)
+    return SHARED_ROWS_BUDGET if quarter is None else min(SHARED_ROWS_MOST, quarter)
 
 
 class Fold:

@@ -5,13 +5,15 @@ divisible by the rank count. With the ring's Python steps the table takes the ha
 algorithms for mid sizes; with its compiled steps (the default where numba is installed), the
 ring. On this one host the allreduce through shared memory takes the sizes below 2 MiB that
 the model gives those (``cost.with_shared``): it is switched off for the model's own choice,
-and on in a job of its own."""
+and on in a job of its own; where ranks crowd the cores (8 on 2) of a node with a large cache
+it takes every size, in large segments (``cost.shared_segment_bytes``)."""
 
 import os
 
 import pytest
 
 import hororing
+from hororing.algorithms import cost
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,13 +61,27 @@ def allreduce_every_way():
                     report["wrong"] += 1
                 report["digests"].append(hashlib.sha1(result.tobytes()).hexdigest())
     report["table"] = pipeline.route.table
+    report["shared"] = pipeline.route.shared
+    report["contention"] = pipeline.route.contention
     report["compiled_ring"] = pipeline.route.compiled_ring
     hvd.shutdown()
     return report
 
 
+def large_segments_unavailable(ranks):
+    """Whether this node lacks what the large segments ask beside crowded cores: a quarter of
+    its free /dev/shm holding their window, a last-level cache as large as
+    ``cost.SHARED_CROWDED_CACHE_BYTES``."""
+    from hororing import cores
+    from hororing.algorithms.shared import shm_quarter
+    cache = cores.last_level_cache()
+    return (shm_quarter() or 0) < (ranks + 1) * cost.SHARED_CROWDED_SEGMENT_BYTES or \
+        cache is None or cache < cost.SHARED_CROWDED_CACHE_BYTES
+
+
 @pytest.mark.parametrize("ranks, steps, shared", [(6, "off", "0"), (11, "off", "0"),
-                                                  (6, "auto", "0"), (6, "auto", "1")])
+                                                  (6, "auto", "0"), (6, "auto", "1"),
+                                                  (8, "auto", "1")])
 def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks, steps, shared):
     if steps == "auto":
         pytest.importorskip("numba")
@@ -82,7 +98,16 @@ def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks, step
     kinds = {kind for _, kind in first["table"]}
     seen = {seen for _, seen, _ in first["default"]}
     assert first["compiled_ring"] == (steps == "auto")
-    if shared == "1":  # the model's ring below 2 MiB goes through shared memory
+    if shared == "1" and first["shared"] == cost.SHARED_CROWDED_SEGMENT_BYTES:
+        # ranks crowd the cores (8 on 2) of a large cache: the shared allreduce in large
+        # segments, every size
+        assert first["contention"] >= cost.SHARED_CROWDED
+        assert kinds == {"small", "shared"}, first["table"]
+        assert seen == {"small", "shared"}
+    elif shared == "1":  # the model's ring below 2 MiB goes through shared memory
+        assert first["shared"] == cost.SHARED_SEGMENT_BYTES
+        assert ranks < 8 or first["contention"] < cost.SHARED_CROWDED or \
+            large_segments_unavailable(ranks)
         assert kinds == {"small", "shared", "ring"}, first["table"]
         assert seen == {"small", "shared", "ring"}
     elif steps == "off":  # on one host the model takes Rabenseifner's for mid sizes

@@ -67,3 +67,36 @@ def test_a_node_has_its_masks_union_at_most_the_quota(masks, quotas, expected):
 
 def test_this_process_may_run_on_its_affinity_mask():
     assert cores.affinity() == sorted(os.sched_getaffinity(0))
+
+
+def _cache(root, index, level, kind, size):
+    entry = root / f"index{index}"
+    entry.mkdir(parents=True)
+    (entry / "level").write_text(f"{level}\n")
+    (entry / "type").write_text(f"{kind}\n")
+    (entry / "size").write_text(f"{size}\n")
+
+
+def test_the_last_level_cache_is_the_largest_data_cache_sysfs_lists(tmp_path):
+    _cache(tmp_path, 0, 1, "Data", "48K")
+    _cache(tmp_path, 1, 1, "Instruction", "32K")
+    _cache(tmp_path, 2, 2, "Unified", "2048K")
+    _cache(tmp_path, 3, 3, "Unified", "107520K")
+    assert cores.last_level_cache(str(tmp_path)) == 107520 << 10
+    (tmp_path / "uevent").write_text("")  # not an index: passed over
+
+
+def test_a_cache_size_in_megabytes_and_no_sysfs_at_all(tmp_path):
+    _cache(tmp_path, 0, 1, "Data", "32K")
+    _cache(tmp_path, 3, 3, "Unified", "32M")
+    assert cores.last_level_cache(str(tmp_path)) == 32 << 20
+    assert cores.last_level_cache(str(tmp_path / "missing")) is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _cache(empty, 1, 1, "Instruction", "32K")  # no data cache listed
+    assert cores.last_level_cache(str(empty)) is None
+
+
+def test_this_machine_says_its_cache_or_nothing():
+    found = cores.last_level_cache()
+    assert found is None or found >= 1 << 10

@@ -126,3 +126,32 @@ def test_the_shared_memory_allreduce_takes_the_message_algorithms_sizes_below_it
     assert cost.with_shared(((8 << 20, "small"), (None, "ring"))) == ((8 << 20, "small"),
                                                                        (None, "ring"))
     assert cost.with_shared(((None, "ring"),)) == ((largest, "shared"), (None, "ring"))
+
+
+def test_where_ranks_crowd_the_cores_of_a_large_cache_the_shared_allreduce_takes_every_size():
+    crowded = cost.SHARED_CROWDED_SEGMENT_BYTES
+    plain = cost.SHARED_SEGMENT_BYTES
+    room = 17 * crowded  # 16 ranks' rows and the result row
+    cache = cost.SHARED_CROWDED_CACHE_BYTES
+    # 4 ranks a core or more, with the room and the cache: the large segments
+    assert cost.shared_segment_bytes(8, 4.0, room, cache) == crowded
+    assert cost.shared_segment_bytes(16, 8.0, room, 105 << 20) == crowded
+    # fewer to a core (a segment's rows stay in the caches), no room, or a smaller or
+    # unknown cache: 1 MiB
+    assert cost.shared_segment_bytes(8, 3.9, room, cache) == plain
+    assert cost.shared_segment_bytes(2, 1.0, room, cache) == plain
+    assert cost.shared_segment_bytes(16, 8.0, room - 1, cache) == plain
+    assert cost.shared_segment_bytes(16, 8.0, 0, cache) == plain
+    assert cost.shared_segment_bytes(8, 4.0, room, 32 << 20) == plain
+    assert cost.shared_segment_bytes(8, 4.0, room, None) == plain
+    assert cost.shared_largest(plain) == cost.SHARED_LARGEST_BYTES
+    assert cost.shared_largest(crowded) is None
+    table = ((4096, "small"), (3 << 20, "rabenseifner"), (None, "ring"))
+    everywhere = cost.with_shared(table, None)
+    assert everywhere == ((4096, "small"), (None, "shared"))
+    for nbytes in (1, 4095):
+        assert cost.lookup(everywhere, nbytes) == "small"
+    for nbytes in (4096, 3 << 20, 1 << 40):
+        assert cost.lookup(everywhere, nbytes) == "shared"
+    assert cost.with_shared(((8 << 20, "small"), (None, "ring")), None) == (
+        (8 << 20, "small"), (None, "shared"))
