@@ -19,9 +19,9 @@ A bucket laid out in segments (its large members reduced where they lie,
 A rank copies in and out about the buffer's size once each and reduces 1/n of it, whatever
 the rank count, and it waits for two barriers a segment: the ring's 2(n-1) steps with their
 copies through MPI's own shared memory are gone. Segments are 1 MiB, 16 MiB where ranks crowd
-their cores (``cost.shared_segment_bytes``: there a barrier costs more than a segment's copies). The elements are combined in rank order, as
-the gathered path combines them (``small.reduce_rows``), so the two give the same bits, and
-every rank gets the same bits.
+their cores (``cost.shared_segment_bytes``: there a barrier costs more than a segment's
+copies). The elements are combined in rank order, as the gathered path combines them
+(``small.reduce_rows``), so the two give the same bits, and every rank gets the same bits.
 
 One window serves every call: a barrier passed by every rank separates each write of a row
 from the reads of what it held before (the rows are read before the second barrier of a
