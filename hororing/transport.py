@@ -342,20 +342,39 @@ class SharedWindow:
     (``node``: their communicator), each row on cache lines of its own, so no two ranks
     write one line. ``rows``: a (count, width) uint8 view every rank reads and writes.
     A passive epoch is held for ``fence``'s memory fences. Making one is collective, as is
-    freeing it."""
+    freeing it.
+
+    ``flags``: ``barrier`` waits on a line of the window per rank instead of MPI's barrier.
+    Each rank counts the barriers it has entered in its line and waits until every line
+    holds that count: no rank relays another's arrival, so where ranks crowd
+    the cores a barrier waits for the last rank to arrive, not for each round of MPI's
+    dissemination to be scheduled in turn (docs/benchmarks.md, "A barrier in the shared
+    window"). It learns nothing of a dead peer: not where the MPI recovers from one in
+    process (``faults.supported``), whose barrier fails when a peer dies."""
 
     _LINE = 64
 
-    def __init__(self, node, count, width):
+    def __init__(self, node, count, width, flags=False):
         pitch = -(-width // self._LINE) * self._LINE
-        total = count * pitch
+        size = node.Get_size()
+        lines = size if flags else 0
+        total = count * pitch + lines * self._LINE
         self._node = node
         self._window = MPI.Win.Allocate_shared(total if node.Get_rank() == 0 else 0, 1,
                                                comm=node)
         memory, _ = self._window.Shared_query(0)
-        whole = np.frombuffer(memory, dtype=np.uint8, count=total).reshape(count, pitch)
-        self.rows = whole[:, :width]
+        whole = np.frombuffer(memory, dtype=np.uint8, count=total)
+        self.rows = whole[:count * pitch].reshape(count, pitch)[:, :width]
+        self._flags = None
         self._window.Lock_all(MPI.MODE_NOCHECK)
+        if flags:  # rank r's count: the first 8 bytes of line r, zero before any barrier
+            lines = whole[count * pitch:].reshape(size, self._LINE)
+            self._flags = lines[:, :8].view(np.int64)[:, 0]
+            self._mine = self._flags[node.Get_rank():node.Get_rank() + 1]
+            self._mine[0] = 0
+            self._window.Sync()
+            wait(node.Ibarrier())
+            self._window.Sync()
 
     @property
     def window(self):
@@ -373,14 +392,21 @@ class SharedWindow:
         self._window.Sync()
 
     def start_barrier(self):
-        """Fence this rank's writes and start a barrier of the node; the request."""
+        """Fence this rank's writes and start a barrier of the node (MPI's); the request."""
         self._window.Sync()
         return self._node.Ibarrier()
 
     def barrier(self):
-        """A barrier of the node with its fences on both sides."""
-        wait(self.start_barrier())
-        self._window.Sync()
+        """A barrier of the node with its fences on both sides: on the flags where the
+        window has them, else MPI's."""
+        if self._flags is None:
+            wait(self.start_barrier())
+        else:
+            self._window.Sync()  # this rank's writes before its count
+            entered, flags = int(self._mine[0]) + 1, self._flags
+            self._mine[0] = entered
+            wait_until(lambda: flags.min() >= entered)
+        self._window.Sync()  # the others' writes before this rank's reads
 
     def free(self, clean=True):
         """Free the window (collective); not after a failure (``clean`` False), where a peer
@@ -388,7 +414,7 @@ class SharedWindow:
         if clean:
             self._window.Unlock_all()
             self._window.Free()
-        self.rows = None
+        self.rows = self._flags = self._mine = None
 
 
 def byte_view(array):

@@ -60,12 +60,14 @@ def shm_quarter(path=SHM_PATH):
 class SharedMemory(Algorithm):
     """Allreduce of host buffers among ranks that all share one node (``node``: their
     communicator, in the data communicator's order). Collective to make; the window is
-    made at the first allreduce, also collectively."""
+    made at the first allreduce, also collectively. ``flags``: the barriers wait on the
+    window's flags (``transport.SharedWindow``), not on MPI's barrier."""
 
     out_of_place = True
 
-    def __init__(self, node, segment_bytes=SEGMENT_BYTES):
+    def __init__(self, node, segment_bytes=SEGMENT_BYTES, flags=False):
         self.comm = node
+        self.flags = flags
         self.size = node.Get_size()
         self.rank = node.Get_rank()
         self.contributors = self.size
@@ -121,7 +123,8 @@ class SharedMemory(Algorithm):
         self._window.barrier()
 
     def _open(self):
-        window = transport.SharedWindow(self.comm, self.size + 1, self.segment_bytes)
+        window = transport.SharedWindow(self.comm, self.size + 1, self.segment_bytes,
+                                        flags=self.flags)
         self._rows, self._result = window.rows[:self.size], window.rows[self.size]
         self._window = window
 

@@ -5,11 +5,14 @@ count divides, in place and out of place, across segments; the same bits again w
 repeated call folds; offered exactly where the ranks share a node; the route choosing it and
 HORORING_SHARED_ALLREDUCE's switch taking it away."""
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import hororing as hvd
+from hororing import faults, transport
 from hororing.algorithms.shared import SharedMemory
 from hororing.context import current
 from reference import (all_inputs, assert_close, assert_identical_on_every_rank,
@@ -117,13 +120,14 @@ def test_a_fused_bucket_and_a_16_bit_wire():
 
 
 @NEEDS_SHARED
+@pytest.mark.parametrize("flags", [False, True], ids=["mpi-barrier", "flag-barrier"])
 @pytest.mark.parametrize("segment_bytes", [64, 4096])
-def test_segments_and_empty_chunks_on_its_own_communicator(segment_bytes):
+def test_segments_and_empty_chunks_on_its_own_communicator(segment_bytes, flags):
     """The algorithm alone with tiny rows: many segments, the last a partial one, chunks that
     are empty where a segment has fewer elements than ranks; in place and out of place,
-    with a finalizer applied once per element."""
+    with a finalizer applied once per element; its barriers MPI's or the window's flags."""
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=hvd.rank())
-    algorithm = SharedMemory(node, segment_bytes=segment_bytes)
+    algorithm = SharedMemory(node, segment_bytes=segment_bytes, flags=flags)
     try:
         for length in (2, 17, 3001):
             inputs = all_inputs(hvd.size(), (length,), "float64", length)
@@ -140,6 +144,40 @@ def test_segments_and_empty_chunks_on_its_own_communicator(segment_bytes):
                 assert_identical_on_every_rank(result)
     finally:
         algorithm.free()
+
+
+@NEEDS_SHARED
+def test_the_flag_barrier_orders_every_write_before_every_read():
+    """The window's flag barrier (transport.SharedWindow, flags=True): round after round each
+    rank writes the round into its row, passes a barrier, reads every rank's row and passes
+    a second barrier before writing again; ranks arrive late at random, one rank in turn
+    sleeping before it writes. A barrier that let a rank through before every rank had
+    written (or before every rank had read) shows the wrong round here."""
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=hvd.rank())
+    window = transport.SharedWindow(node, node.Get_size(), 64 * 8, flags=True)
+    rows = window.rows.view(np.int64)
+    random = np.random.default_rng(hvd.rank())
+    seen = []
+    try:
+        for round_ in range(1, 201):
+            if round_ % node.Get_size() == node.Get_rank() or random.random() < 0.1:
+                time.sleep(random.random() * 1e-3)
+            rows[node.Get_rank()] = round_
+            window.barrier()
+            seen.append(rows.min() == round_ and rows.max() == round_)
+            window.barrier()
+    finally:
+        window.free()
+        node.Free()
+    assert all(seen), f"rounds read with another rank's row of another round: " \
+                      f"{[i + 1 for i, ok in enumerate(seen) if not ok][:10]}"
+
+
+@NEEDS_SHARED
+def test_its_barriers_wait_on_flags_unless_a_dead_peer_is_recovered_from():
+    """The job's shared allreduce waits on the window's flags, except under an MPI that
+    recovers from a dead peer in process (ULFM), whose own barrier fails when one dies."""
+    assert _pipeline().host.algorithms["shared"].flags is not faults.supported()
 
 
 @NEEDS_SHARED
