@@ -392,21 +392,31 @@ class SharedWindow:
         self._window.Sync()
 
     def start_barrier(self):
-        """Fence this rank's writes and start a barrier of the node (MPI's); the request."""
+        """Fence this rank's writes and enter a barrier of the node; what to wait on: MPI's
+        request, or with flags one whose ``Test`` says whether every rank has entered."""
         self._window.Sync()
-        return self._node.Ibarrier()
+        if self._flags is None:
+            return self._node.Ibarrier()
+        entered = int(self._mine[0]) + 1
+        self._mine[0] = entered
+        return _Entered(self._flags, entered)
 
     def barrier(self):
-        """A barrier of the node with its fences on both sides: on the flags where the
-        window has them, else MPI's."""
-        if self._flags is None:
-            wait(self.start_barrier())
-        else:
-            self._window.Sync()  # this rank's writes before its count
-            entered, flags = int(self._mine[0]) + 1, self._flags
-            self._mine[0] = entered
-            wait_until(lambda: flags.min() >= entered)
+        """A barrier of the node with its fences on both sides."""
+        wait(self.start_barrier())
         self._window.Sync()  # the others' writes before this rank's reads
+
+    def flag_lines(self):
+        """For compiled code entering the same barriers: the address of the first rank's
+        count, that of this rank's, and the bytes from one line to the next; None where the
+        barriers are MPI's."""
+        if self._flags is None:
+            return None
+        return self._flags.ctypes.data, self._mine.ctypes.data, self._flags.strides[0]
+
+    def all_entered(self):
+        """With flags: whether every rank has entered as many barriers as this rank."""
+        return self._flags.min() >= self._mine[0]
 
     def free(self, clean=True):
         """Free the window (collective); not after a failure (``clean`` False), where a peer
@@ -415,6 +425,19 @@ class SharedWindow:
             self._window.Unlock_all()
             self._window.Free()
         self.rows = self._flags = self._mine = None
+
+
+class _Entered:
+    """A flag barrier this rank has entered as its ``entered``-th (``SharedWindow``): done
+    once every rank's count has reached it. Tested as a request is."""
+
+    __slots__ = ("_flags", "_entered")
+
+    def __init__(self, flags, entered):
+        self._flags, self._entered = flags, entered
+
+    def Test(self):  # noqa: N802 (as MPI's requests spell it)
+        return self._flags.min() >= self._entered
 
 
 def byte_view(array):

@@ -17,10 +17,11 @@ from .. import transport
 from .._mpi import MPI
 from ..algorithms.compiled import HALVES, carried, handle
 from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR,
-                                         F_FINALIZE, F_FLAG, F_HALF, F_HIGH, F_LOW, F_OP,
-                                         F_RESULT, F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT,
-                                         F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_WIN, F_YIELD,
-                                         FIELDS, FINALIZE, OPS, SPUN, WAIT)
+                                         F_FINALIZE, F_FLAG, F_HALF, F_HIGH, F_LINE, F_LINES,
+                                         F_LOW, F_MINE, F_OP, F_RESULT, F_ROW, F_ROWS,
+                                         F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS,
+                                         F_STRIDE, F_WIN, F_YIELD, FIELDS, FINALIZE, OPS, SPUN,
+                                         WAIT)
 from ..algorithms.plan import chunk_bounds
 
 
@@ -55,6 +56,7 @@ class CompiledFold:
         # the plan and cache id the fields were last set for, and the plan's bits
         self._plan = self._bits = self._cache_id = None
         self._test = None
+        self._entered = None  # where the barrier waits on flags: whether every rank entered
         self._backoff = -1  # the back-off's version the spin fields were set from
         # rows reduced chunk by chunk (``shared``): the shared result row, this rank's place
         # among the rows, and its chunk of the result as the plan's dtype (what it finalizes)
@@ -78,17 +80,22 @@ class CompiledFold:
         return compiled
 
     @classmethod
-    def shared(cls, sets, window, node, result=None, rank=0):
+    def shared(cls, sets, shared_window, result=None, rank=0):
         """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
-        ``window`` (the SharedRows' MPI window), a barrier of ``node`` the exchange.
-        ``result``: the data of the window's result row (uint8) where the rows are reduced
-        chunk by chunk (``fold._Chunked``), ``rank`` this rank's chunk (its rank in
-        ``node``)."""
+        ``shared_window`` (the SharedRows' ``transport.SharedWindow``), a barrier of its node
+        the exchange: MPI's, or its flags where it has them. ``result``: the data of the
+        window's result row (uint8) where the rows are reduced chunk by chunk
+        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in the node)."""
+        window = shared_window.window
         compiled = cls(sets, window)
         fields = compiled.fields
         fields[F_SHARED] = 1
         fields[F_WIN] = handle(window)
-        fields[F_COMM] = handle(node)
+        fields[F_COMM] = handle(shared_window.node)
+        lines = shared_window.flag_lines()
+        if lines is not None:
+            fields[F_LINES], fields[F_MINE], fields[F_LINE] = lines
+            compiled._entered = shared_window.all_entered
         if result is not None:
             fields[F_RESULT] = result.ctypes.data
             compiled._result, compiled._rank = result, rank
@@ -151,7 +158,10 @@ class CompiledFold:
         self._chunk = self._result[low * itemsize:high * itemsize].view(plan.dtype)
 
     def _done(self):
-        """One test of the exchange's request, compiled (the sleeping phase's)."""
+        """One test of the exchange's request, compiled (the sleeping phase's), or of the
+        flags' counts."""
+        if self._entered is not None:
+            return self._entered()
         if self._test is None:
             from ..algorithms.compiled import module
             self._test = module().test_slot

@@ -53,7 +53,9 @@ class MpiExchange:
                 self._node = False
         if self._node is False or width < SHARED_ROWS_MIN:
             return None
-        return SharedRows(self._node, width)
+        # the barriers on the window's flags, but where a dead peer is recovered from in
+        # process (as the shared allreduce's: executor.py)
+        return SharedRows(self._node, width, flags=not faults.supported())
 
     def allgather(self, row, rows):
         """Every rank's ``row`` into ``rows`` (one row per rank); the request."""
@@ -78,11 +80,12 @@ class SharedRows:
     rank reads every row. A set is written again two exchanges later, after a barrier every
     rank entered once it had read that set, so one barrier an exchange is all it takes.
     ``result``: one more row, where a chunked fold's ranks each reduce their chunk of every
-    row (``fold.py``). Making one is collective, as is freeing it."""
+    row (``fold.py``). ``flags``: the barriers wait on the window's flags
+    (``transport.SharedWindow``). Making one is collective, as is freeing it."""
 
-    def __init__(self, node, width):
+    def __init__(self, node, width, flags=False):
         size = node.Get_size()
-        self._window = transport.SharedWindow(node, 2 * size + 1, width)
+        self._window = transport.SharedWindow(node, 2 * size + 1, width, flags=flags)
         rows = self._window.rows
         self.sets = (rows[:size], rows[size:2 * size])
         self.result = rows[2 * size]  # a chunked fold's result (fold.py)

@@ -14,7 +14,7 @@ decided from the responses alone, so every rank decides alike. Where every rank 
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
 bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
-(``algorithms/shared.py``, up to 2 MiB, where the rows fit ``shared_rows_budget``), and from
+(``algorithms/shared.py``, where the rows fit ``shared_rows_budget``), and from
 ``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
 reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
 after a second barrier every rank copies the result out (``_Chunked``; a lane's compiled
@@ -141,9 +141,8 @@ class Fold:
             self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
             self._chunks = chunked is not None
             self._compiled = CompiledFold.shared(
-                [(rows[rank], rows) for rows in shared.sets], shared.window.window,
-                shared.window.node, None if chunked is None else shared.result[_HEAD:],
-                shared.rank)
+                [(rows[rank], rows) for rows in shared.sets], shared.window,
+                None if chunked is None else shared.result[_HEAD:], shared.rank)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)

@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import hororing as hvd
+from hororing import faults
 from hororing.context import current
 from changed_call import last_rank_changes_its_call
 from reference import (all_inputs, assert_close, every_rank_on_one_node, rank_input,
@@ -96,6 +97,21 @@ def test_shared_rows_give_the_bits_of_gathered_rows():
         expected = reference_allreduce(all_inputs(hvd.size(), (LENGTH,), dtype, seed, op), op,
                                        1.0, 1.0)
         assert_close(mine, expected)
+
+
+def test_the_shared_rows_barriers_wait_on_flags_unless_a_dead_peer_is_recovered_from():
+    """Folded shared rows pass their barriers on the window's flags (Python's steps and the
+    compiled cycle alike), except under an MPI that recovers from a dead peer in process
+    (ULFM), whose own barrier fails when one dies."""
+    values = np.ones(LENGTH, np.float32)
+    folded = _until_folded(lambda: hvd.allreduce_(values, name="shared.flags", op=hvd.Sum))
+    if not (folded and _fold()._turns is not None):
+        pytest.skip("no shared rows: one rank, or ranks on several nodes")
+    lines = _fold()._exchange.window.flag_lines()
+    assert (lines is not None) is not faults.supported()
+    if lines is not None:  # every barrier entered, by each rank as often
+        counts = MPI.COMM_WORLD.allgather(int(_fold()._exchange.window.all_entered()))
+        assert all(counts), counts
 
 
 def test_rows_of_another_size_make_new_shared_rows_on_every_rank():

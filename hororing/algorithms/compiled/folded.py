@@ -8,7 +8,7 @@ same steps in machine code on the same buffers. Gathered rows: the same persiste
 (started with MPI_Start from here; a persistent request keeps its handle when it completes,
 so mpi4py's object and this copy stay one request). Rows in the node's shared memory
 (``exchange.SharedRows``): the same fences (MPI_Win_sync) around the same barrier
-(MPI_Ibarrier). Then the reductions of the compiled ring (``native._combine``), one row after
+(MPI_Ibarrier, or the window's flag counts where it has them). Then the reductions of the compiled ring (``native._combine``), one row after
 another in rank order, which are numpy's bit for bit. So a rank running this and a rank
 running Python's steps exchange the same rows and get the same result.
 
@@ -33,9 +33,9 @@ import numba
 from numba import types
 
 from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FINALIZE, F_FLAG, F_HALF,
-                    F_HIGH, F_LOW, F_OP, F_RESULT, F_ROW, F_ROWS, F_SHARED, F_SIZE, F_SLOT,
-                    F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS, F_WIN, F_YIELD, FINALIZE,
-                    SPUN, WAIT)
+                    F_HIGH, F_LINE, F_LINES, F_LOW, F_MINE, F_OP, F_RESULT, F_ROW, F_ROWS,
+                    F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS,
+                    F_WIN, F_YIELD, FINALIZE, SPUN, WAIT)
 from .native import _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
@@ -61,9 +61,7 @@ def cycle(source, out, p):
         for i in range(count):
             data[i] = source[i]
         if p[F_SHARED] != 0:  # this rank's row visible to the others, then the barrier
-            code = _win_sync(p[F_WIN])
-            if code == 0:
-                code = _ibarrier(p[F_COMM], p[F_SLOT])
+            code = _enter(p)
         else:
             code = _start(p[F_SLOT])
         if code != 0:
@@ -97,9 +95,7 @@ def cycle(source, out, p):
         if p[F_FINALIZE] != 0 and high > low:
             return FINALIZE
     if p[F_STAGE] == 3:
-        code = _win_sync(p[F_WIN])
-        if code == 0:
-            code = _ibarrier(p[F_COMM], p[F_SLOT])
+        code = _enter(p)
         if code != 0:
             return -code
         p[F_STAGE] = 4
@@ -118,19 +114,51 @@ def cycle(source, out, p):
 
 
 @numba.njit(cache=True, nogil=True)
+def _enter(p):
+    """Fence this rank's writes and enter the shared rows' barrier: this rank's count one
+    more where the barriers wait on flags (``F_LINES``), else MPI_Ibarrier into ``F_SLOT``;
+    MPI's error code, or 0."""
+    code = _win_sync(p[F_WIN])
+    if code != 0 or p[F_LINES] == 0:
+        return code if code != 0 else _ibarrier(p[F_COMM], p[F_SLOT])
+    mine = numba.carray(_pointer(p[F_MINE]), 1, numba.int64)
+    mine[0] += 1
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _entered(p):
+    """With flags: whether every rank's count has reached this rank's. The fence before the
+    reads (an external call, so no read is kept from an earlier test) also orders them
+    before what this rank reads once they say so."""
+    _win_sync(p[F_WIN])
+    entered = numba.carray(_pointer(p[F_MINE]), 1, numba.int64)[0]
+    lines, line = p[F_LINES], p[F_LINE]
+    for rank in range(p[F_SIZE]):
+        if numba.carray(_pointer(lines + rank * line), 1, numba.int64)[0] < entered:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def _poll(p, spun):
-    """Test the request in ``F_SLOT`` until it completes (DONE), in the phases of
-    ``transport.wait_until``: SPUN once after ``F_SPIN`` tests where ``spun`` (the caller
-    wakes the peers), WAIT after ``F_YIELD`` (the caller sleeps), sched_yield between."""
+    """Test the barrier (the counts, or the request in ``F_SLOT``) until it completes
+    (DONE), in the phases of ``transport.wait_until``: SPUN once after ``F_SPIN`` tests
+    where ``spun`` (the caller wakes the peers), WAIT after ``F_YIELD`` (the caller sleeps),
+    sched_yield between."""
     flag = numba.carray(_pointer(p[F_FLAG]), 1, numba.int32)
     spin, yields = p[F_SPIN], p[F_YIELD]
     while True:
-        flag[0] = 0
-        code = _test(p[F_SLOT], p[F_FLAG], p[F_STATUS])
-        if code != 0:
-            return -code
-        if flag[0] != 0:
-            return DONE
+        if p[F_LINES] != 0:
+            if _entered(p):
+                return DONE
+        else:
+            flag[0] = 0
+            code = _test(p[F_SLOT], p[F_FLAG], p[F_STATUS])
+            if code != 0:
+                return -code
+            if flag[0] != 0:
+                return DONE
         tests = p[F_TESTS] + 1
         p[F_TESTS] = tests
         if tests < spin:
