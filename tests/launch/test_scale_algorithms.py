@@ -68,15 +68,13 @@ def allreduce_every_way():
     return report
 
 
-def large_segments_unavailable(ranks):
-    """Whether this node lacks what the large segments ask beside crowded cores: a quarter of
-    its free /dev/shm holding their window, a last-level cache as large as
-    ``cost.SHARED_CROWDED_CACHE_BYTES``."""
+def segment_for_this_node(ranks, contention):
+    """The shared allreduce's segment the rule gives ``ranks`` ranks at ``contention`` on
+    this node, read as the executor reads it (its free /dev/shm, its last-level cache)."""
     from hororing import cores
     from hororing.algorithms.shared import shm_quarter
-    cache = cores.last_level_cache()
-    return (shm_quarter() or 0) < (ranks + 1) * cost.SHARED_CROWDED_SEGMENT_BYTES or \
-        cache is None or cache < cost.SHARED_CROWDED_CACHE_BYTES
+    return cost.shared_segment_bytes(ranks, contention, shm_quarter() or 0,
+                                     cores.last_level_cache())
 
 
 @pytest.mark.parametrize("ranks, steps, shared", [(6, "off", "0"), (11, "off", "0"),
@@ -98,6 +96,8 @@ def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks, step
     kinds = {kind for _, kind in first["table"]}
     seen = {seen for _, seen, _ in first["default"]}
     assert first["compiled_ring"] == (steps == "auto")
+    if shared == "1":
+        assert first["shared"] == segment_for_this_node(ranks, first["contention"])
     if shared == "1" and first["shared"] == cost.SHARED_CROWDED_SEGMENT_BYTES:
         # ranks crowd the cores (8 on 2) of a large cache: the shared allreduce in large
         # segments, every size
@@ -106,8 +106,6 @@ def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks, step
         assert seen == {"small", "shared"}
     elif shared == "1":  # the model's ring below 2 MiB goes through shared memory
         assert first["shared"] == cost.SHARED_SEGMENT_BYTES
-        assert ranks < 8 or first["contention"] < cost.SHARED_CROWDED or \
-            large_segments_unavailable(ranks)
         assert kinds == {"small", "shared", "ring"}, first["table"]
         assert seen == {"small", "shared", "ring"}
     elif steps == "off":  # on one host the model takes Rabenseifner's for mid sizes
