@@ -13,9 +13,9 @@
 #                              FULL_ONLY lists the rest), the cross-host run on the suites that
 #                              move data between hosts
 #   bash tests/run.sh --full   everything: also every launch, tests/mpi under MPICH at 2 and
-#                              4 ranks, the whole multi-rank suite across hosts, Open MPI at 3
-#                              ranks and across hosts, and elastic faults under Open MPI
-#                              (well over an hour on 2 cores)
+#                              4 ranks (its reductions at 8), the whole multi-rank suite
+#                              across hosts, Open MPI at 3 ranks and across hosts, and
+#                              elastic faults under Open MPI (well over an hour on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -175,6 +175,14 @@ if [ "$full" = 0 ]; then
     echo "== the quick run passed (bash tests/run.sh --full runs everything) == (${SECONDS} s in)"
     exit 0
 fi
+
+# The reductions at 8 ranks, 4 to a core: integer results that wrap, float16 partial sums
+# that round, a column of 8 rows, the shared allreduce's large segments and the barriers of
+# ranks waiting to be scheduled show only with many ranks
+echo "== tests/mpi's reductions on 8 ranks == (${SECONDS} s in)"
+timeout 1800 mpiexec -n 8 python -m pytest --with-mpi -q -p no:cacheprovider --timeout=900 \
+    --timeout-method=thread tests/mpi/test_allreduce.py tests/mpi/test_shared_allreduce.py \
+    tests/mpi/test_shared_fold.py tests/mpi/test_compiled_fold.py
 
 # Open MPI across two emulated hosts, launched by hororun with the hosts' Open MPI arguments
 if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
