@@ -33,7 +33,7 @@ be one buffer.
 
 import os
 
-from .. import transport
+from ..shared_window import SharedWindow, flags_by_default
 from .base import Algorithm
 from .cost import SHARED_SEGMENT_BYTES as SEGMENT_BYTES  # a row: the window holds ranks + 1
 from .plan import chunk_bounds
@@ -60,14 +60,15 @@ def shm_quarter(path=SHM_PATH):
 class SharedMemory(Algorithm):
     """Allreduce of host buffers among ranks that all share one node (``node``: their
     communicator, in the data communicator's order). Collective to make; the window is
-    made at the first allreduce, also collectively. ``flags``: the barriers wait on the
-    window's flags (``transport.SharedWindow``), not on MPI's barrier."""
+    made at the first allreduce, also collectively. ``flags``: whether the barriers wait on the
+    window's flags, not on MPI's barrier (``shared_window.SharedWindow``; None: its
+    default, ``shared_window.flags_by_default``)."""
 
     out_of_place = True
 
-    def __init__(self, node, segment_bytes=SEGMENT_BYTES, flags=False):
+    def __init__(self, node, segment_bytes=SEGMENT_BYTES, flags=None):
         self.comm = node
-        self.flags = flags
+        self.flags = flags_by_default() if flags is None else flags
         self.size = node.Get_size()
         self.rank = node.Get_rank()
         self.contributors = self.size
@@ -123,8 +124,7 @@ class SharedMemory(Algorithm):
         self._window.barrier()
 
     def _open(self):
-        window = transport.SharedWindow(self.comm, self.size + 1, self.segment_bytes,
-                                        flags=self.flags)
+        window = SharedWindow(self.comm, self.size + 1, self.segment_bytes, flags=self.flags)
         self._rows, self._result = window.rows[:self.size], window.rows[self.size]
         self._window = window
 

@@ -82,7 +82,7 @@ class CompiledFold:
     @classmethod
     def shared(cls, sets, shared_window, result=None, rank=0):
         """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
-        ``shared_window`` (the SharedRows' ``transport.SharedWindow``), a barrier of its node
+        ``shared_window`` (the SharedRows' ``shared_window.SharedWindow``), a barrier of its node
         the exchange: MPI's, or its flags where it has them. ``result``: the data of the
         window's result row (uint8) where the rows are reduced chunk by chunk
         (``fold._Chunked``), ``rank`` this rank's chunk (its rank in the node)."""

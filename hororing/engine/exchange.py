@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import faults, transport
 from .._mpi import MPI
+from ..shared_window import SharedWindow
 
 
 # Rows below this many bytes are gathered by MPI even on one node: the allgather is as fast
@@ -53,9 +54,7 @@ class MpiExchange:
                 self._node = False
         if self._node is False or width < SHARED_ROWS_MIN:
             return None
-        # the barriers on the window's flags, but where a dead peer is recovered from in
-        # process (as the shared allreduce's: executor.py)
-        return SharedRows(self._node, width, flags=not faults.supported())
+        return SharedRows(self._node, width)
 
     def allgather(self, row, rows):
         """Every rank's ``row`` into ``rows`` (one row per rank); the request."""
@@ -80,12 +79,13 @@ class SharedRows:
     rank reads every row. A set is written again two exchanges later, after a barrier every
     rank entered once it had read that set, so one barrier an exchange is all it takes.
     ``result``: one more row, where a chunked fold's ranks each reduce their chunk of every
-    row (``fold.py``). ``flags``: the barriers wait on the window's flags
-    (``transport.SharedWindow``). Making one is collective, as is freeing it."""
+    row (``fold.py``). ``flags``: whether the barriers wait on the window's flags
+    (``shared_window.SharedWindow``; None: its default). Making one is collective, as is
+    freeing it."""
 
-    def __init__(self, node, width, flags=False):
+    def __init__(self, node, width, flags=None):
         size = node.Get_size()
-        self._window = transport.SharedWindow(node, 2 * size + 1, width, flags=flags)
+        self._window = SharedWindow(node, 2 * size + 1, width, flags=flags)
         rows = self._window.rows
         self.sets = (rows[:size], rows[size:2 * size])
         self.result = rows[2 * size]  # a chunked fold's result (fold.py)
@@ -93,7 +93,7 @@ class SharedRows:
 
     @property
     def window(self):
-        """The ``transport.SharedWindow`` the rows lie in (its window and node, for the
+        """The ``shared_window.SharedWindow`` the rows lie in (its window and node, for the
         compiled cycle: ``compiled_fold.py``)."""
         return self._window
 

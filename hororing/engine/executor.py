@@ -66,10 +66,7 @@ class Executor:
             shared = comm.allreduce(cost.shared_segment_bytes(
                 self.size, contention, shm_quarter() or 0, cores.last_level_cache()),
                 op=MPI.MIN)
-            # its barriers on the window's flags, but where a dead peer is recovered from in
-            # process: MPI's barrier fails then, the flags would wait on
-            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()), shared,
-                                                flags=not faults.supported())
+            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()), shared)
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer

@@ -12,7 +12,8 @@ import pytest
 from mpi4py import MPI
 
 import hororing as hvd
-from hororing import faults, transport
+from hororing import faults
+from hororing.shared_window import SharedWindow
 from hororing.algorithms.shared import SharedMemory
 from hororing.context import current
 from reference import (all_inputs, assert_close, assert_identical_on_every_rank,
@@ -148,13 +149,13 @@ def test_segments_and_empty_chunks_on_its_own_communicator(segment_bytes, flags)
 
 @NEEDS_SHARED
 def test_the_flag_barrier_orders_every_write_before_every_read():
-    """The window's flag barrier (transport.SharedWindow, flags=True): round after round each
+    """The window's flag barrier (shared_window.SharedWindow, flags=True): round after round each
     rank writes the round into its row, passes a barrier, reads every rank's row and passes
     a second barrier before writing again; ranks arrive late at random, one rank in turn
     sleeping before it writes. A barrier that let a rank through before every rank had
     written (or before every rank had read) shows the wrong round here."""
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=hvd.rank())
-    window = transport.SharedWindow(node, node.Get_size(), 64 * 8, flags=True)
+    window = SharedWindow(node, node.Get_size(), 64 * 8, flags=True)
     rows = window.rows.view(np.int64)
     random = np.random.default_rng(hvd.rank())
     seen = []

@@ -119,8 +119,10 @@ def _enter(p):
     more where the barriers wait on flags (``F_LINES``), else MPI_Ibarrier into ``F_SLOT``;
     MPI's error code, or 0."""
     code = _win_sync(p[F_WIN])
-    if code != 0 or p[F_LINES] == 0:
-        return code if code != 0 else _ibarrier(p[F_COMM], p[F_SLOT])
+    if code != 0:
+        return code
+    if p[F_LINES] == 0:
+        return _ibarrier(p[F_COMM], p[F_SLOT])
     mine = numba.carray(_pointer(p[F_MINE]), 1, numba.int64)
     mine[0] += 1
     return 0
