@@ -31,6 +31,11 @@ from ..algorithms.plan import chunk_bounds
 # Woken after the same 50 tests, rank 1 of 2 sent a wake-up on 26% of 3000 calls (4% from
 # Python); after 400, on 0.2-2%
 SPIN_SCALE = 8
+# a test of the window's flag counts (MPI_Win_sync and a load a rank) takes 0.012 us here,
+# a tenth of a compiled MPI_Test: spun SPIN_SCALE times the tests, a 64 KiB fold over shared
+# rows at 2 ranks woke its peer from Python often enough to cost 14 Python calls a call
+# instead of 11 (scripts/bench_call_cost.py); at eight times that, 11 in every run
+FLAG_SPIN_SCALE = 8 * SPIN_SCALE
 
 
 class CompiledFold:
@@ -120,7 +125,7 @@ class CompiledFold:
                 self._chunk_for(plan)
         backoff = transport.Backoff
         if backoff.version != self._backoff:  # set (again) since the last cycle
-            spin = backoff.spin_tests * SPIN_SCALE
+            spin = backoff.spin_tests * (FLAG_SPIN_SCALE if fields[F_LINES] else SPIN_SCALE)
             fields[F_SPIN] = spin
             fields[F_YIELD] = backoff.yield_tests - backoff.spin_tests + spin
             self._backoff = backoff.version
