@@ -18,7 +18,7 @@ from .._mpi import MPI
 from ..algorithms.compiled import HALVES, carried, handle
 from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR,
                                          F_FINALIZE, F_FLAG, F_HALF, F_HIGH, F_LINE, F_LINES,
-                                         F_LOW, F_MINE, F_OP, F_RESULT, F_ROW, F_ROWS,
+                                         F_LOW, F_MINE, F_OP, F_RANK, F_RESULT, F_ROW, F_ROWS,
                                          F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS,
                                          F_STRIDE, F_WIN, F_YIELD, FIELDS, FINALIZE, OPS, SPUN,
                                          WAIT)
@@ -158,7 +158,7 @@ class CompiledFold:
         fields = self.fields
         itemsize = plan.dtype.itemsize
         low, high = chunk_bounds(plan.nbytes // itemsize, int(fields[F_SIZE]))[self._rank]
-        fields[F_LOW], fields[F_HIGH] = low, high
+        fields[F_LOW], fields[F_HIGH], fields[F_RANK] = low, high, self._rank
         fields[F_FINALIZE] = plan.after_compiled is not None
         self._chunk = self._result[low * itemsize:high * itemsize].view(plan.dtype)
 

@@ -14,11 +14,11 @@ decided from the responses alone, so every rank decides alike. Where every rank 
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
 bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
-(``algorithms/shared.py``, where the rows fit ``shared_rows_budget``), and from
-``CHUNKED_RANKS`` ranks on, rows of ``CHUNKED_BYTES`` or more are reduced as that allreduce
-reduces them: rank r combines chunk r of every row, in rank order, into a result row, and
-after a second barrier every rank copies the result out (``_Chunked``; a lane's compiled
-cycle the same, ``algorithms/compiled/folded.py``), so no rank reduces all n rows. The ranks
+(``algorithms/shared.py``, where the rows fit ``shared_rows_budget``), and rows of
+``chunked_bytes`` or more are reduced as that allreduce reduces them: rank r combines chunk
+r of every row, in rank order, into a result row, and after a second barrier every rank
+copies the result out (``_Chunked``; a lane's compiled cycle the same,
+``algorithms/compiled/folded.py``), so no rank reduces all n rows. The ranks
 agree on the fold from the same fields before any of them reduces, so all enter the second
 barrier or none does.
 """
@@ -46,13 +46,19 @@ REDUCED = "reduced"
 FINALIZED = "finalized"
 FIELDS = 2  # all ones (or 0: not this time), the cache id (or -1)
 _HEAD = FIELDS * 8
-# shared rows of this many data bytes or more, among this many ranks or more, are reduced
-# chunk by chunk (``_Chunked``); otherwise every rank reduces every row, with one barrier a
-# call. Every row read by every rank moves (n + 1) times a row's bytes through each rank's
-# caches, chunks (n + 1) / n + 2 times and wait for a second barrier: at 2 and 3 ranks the
-# whole rows cost less
-CHUNKED_BYTES = 256 * 1024
-CHUNKED_RANKS = 4
+# shared rows of this many data bytes or more are reduced chunk by chunk (``_Chunked``);
+# smaller ones whole by every rank, with one barrier a call. Whole rows move a rank's row
+# in and every other row through each rank's caches; chunks move the others' share of its
+# row in (a compiled cycle reads its own chunk where its input lies), the others' share of
+# its chunk and of the result through, and wait for a second barrier. Where each rank has a
+# core that barrier is a few microseconds: at 2 ranks 1 MiB ran 0.87-1.12 of MPI_Allreduce's
+# speed in chunks against 0.74-0.75 whole, 256 KiB 1.00-1.50 against 0.93-1.31, 64 KiB the
+# same within the spread (docs/benchmarks.md, "A rank's own chunk where it lies"). Where
+# ranks crowd the cores a barrier waits for their turns on them: at 3 ranks on 2 cores
+# chunks still won from 256 KiB (1 MiB 1.48-1.75 against 1.43-1.44), as from 4 ranks before
+CHUNKED_BYTES = 32 * 1024
+CROWDED_CHUNKED_BYTES = 256 * 1024
+
 # the most shared memory the rows of a fold above the latency threshold may take (two sets of
 # a row per rank and the result row): a quarter of what the node's /dev/shm had free when the
 # job started (the MPI's own shared memory and the shared allreduce's come out of it too, and
@@ -60,6 +66,12 @@ CHUNKED_RANKS = 4
 # SHARED_ROWS_MOST; SHARED_ROWS_BUDGET where it cannot be read
 SHARED_ROWS_BUDGET = 16 << 20
 SHARED_ROWS_MOST = 64 << 20
+
+
+def chunked_bytes(contention):
+    """The smallest shared rows (data bytes) reduced chunk by chunk, ``contention`` the
+    ranks per core on the node (``Route.contention``, the same on every rank)."""
+    return CHUNKED_BYTES if contention <= 1.0 else CROWDED_CHUNKED_BYTES
 
 
 def shared_rows_budget(path=SHM_PATH):
@@ -135,8 +147,8 @@ class Fold:
         shared = shared_rows(width) if shared_rows is not None else None
         if shared is not None:
             self._exchange = shared
-            chunked = shared if width - _HEAD >= CHUNKED_BYTES and \
-                self.size >= CHUNKED_RANKS else None
+            least = chunked_bytes(self._folding.contention)
+            chunked = shared if width - _HEAD >= least else None
             rank = self._exchange_with.rank
             self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
             self._chunks = chunked is not None
@@ -214,7 +226,7 @@ class Fold:
 
 
 class _Chunked:
-    """Every rank's data in shared rows of ``CHUNKED_BYTES`` or more, reduced as the shared
+    """Every rank's data in shared rows of ``chunked_bytes`` or more, reduced as the shared
     allreduce reduces them (``reduce``); what the fold hands on in place of the rows."""
 
     __slots__ = ("rows", "shared")
@@ -273,6 +285,11 @@ class LatencyFolding:
         self._recorder = recorder
         self.rows_budget = rows_budget
         self._plans = {}  # Meta -> _Plan
+
+    @property
+    def contention(self):
+        """Ranks per core on the node, as the route prices the CPU's work."""
+        return self._pipeline.route.contention
 
     def lone_bytes(self, response):
         """The bytes ``response`` (a lone allreduce) would put in a gathered negotiation row,

@@ -175,14 +175,14 @@ CHUNKS = 9007  # shared rows reduced chunk by chunk under ``chunks``: a length n
 
 @pytest.fixture
 def chunks(monkeypatch):
-    """Shared rows of 8 KiB and more reduced chunk by chunk at any rank count (fold._Chunked;
-    the default: 256 KiB and more, from 4 ranks); skipped where there are no shared rows (one
-    rank gathers its own; a job across nodes)."""
+    """Shared rows of 8 KiB and more reduced chunk by chunk (fold._Chunked; the default:
+    32 KiB and more where each rank has a core, 256 KiB where ranks crowd the cores);
+    skipped where there are no shared rows (one rank gathers its own; a job across nodes)."""
     if SINGLE or hvd.local_size() != hvd.size():
         pytest.skip("rows reduced chunk by chunk are shared rows: one node, two ranks or more")
     from hororing.engine import fold
-    monkeypatch.setattr(fold, "CHUNKED_RANKS", 1)
     monkeypatch.setattr(fold, "CHUNKED_BYTES", 8 * 1024)
+    monkeypatch.setattr(fold, "CROWDED_CHUNKED_BYTES", 8 * 1024)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "uint8"])
@@ -204,6 +204,29 @@ def test_rows_reduced_chunk_by_chunk_run_compiled_with_the_bits_of_pythons_steps
     assert native.tobytes() == python.tobytes()
     _same_bits_everywhere(native)
     assert_close(native, reference_allreduce(inputs, op))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_each_call_reduces_its_own_data_chunk_by_chunk(dtype, chunks):
+    """New data every call: a rank's own chunk, which no other rank reads, is reduced from
+    where its input lies (the compiled cycle leaves it out of its row), so a row holding
+    the call before's data never reaches the result."""
+    name = f"cfold.chunks.fresh.{dtype}"
+    calls = [_inputs(dtype, 100 + call, hvd.Sum, length=CHUNKS) for call in range(12)]
+    results = {}
+    for mode in ("off", "wait"):
+        compiled.configure(mode)
+        before = _compiled_folds()
+        results[mode] = []
+        for inputs in calls:
+            result = inputs[hvd.rank()].copy()
+            hvd.allreduce_(result, name=name, op=hvd.Sum)
+            results[mode].append(result)
+        ran = _compiled_folds() - before
+        assert (ran > 0) == (mode == "wait")
+    for inputs, python, native in zip(calls, results["off"], results["wait"]):
+        assert native.tobytes() == python.tobytes()
+        assert_close(native, reference_allreduce(inputs, hvd.Sum))
 
 
 @pytest.mark.parametrize("out_of_place", [False, True], ids=["in_place", "out_of_place"])

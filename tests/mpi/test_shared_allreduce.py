@@ -289,10 +289,13 @@ def _until_folded(call, most=200):
 
 @pytest.fixture(params=[True, False], ids=["chunks", "rows"])
 def chunked(request, monkeypatch):
-    """Shared fold rows of 256 KiB and more reduced chunk by chunk at any rank count (the
-    default from 4 ranks), or never; the length of the rows differs, so they are made again."""
+    """Shared fold rows of 256 KiB and more reduced chunk by chunk whether or not ranks
+    crowd the cores (the default: from 32 KiB where each has a core, from 256 KiB where they
+    crowd), or never; the length of the rows differs, so they are made again."""
     from hororing.engine import fold
-    monkeypatch.setattr(fold, "CHUNKED_RANKS", 1 if request.param else 1 << 30)
+    least = 256 * 1024 if request.param else 1 << 40
+    monkeypatch.setattr(fold, "CHUNKED_BYTES", least)
+    monkeypatch.setattr(fold, "CROWDED_CHUNKED_BYTES", least)
     return request.param
 
 
@@ -350,7 +353,8 @@ def test_a_peer_that_changes_a_chunked_fold_fails_every_rank_by_name(change, mon
     (none enters the chunks' barrier), and the next call gives the sum."""
     from changed_call import last_rank_changes_its_call
     from hororing.engine import fold
-    monkeypatch.setattr(fold, "CHUNKED_RANKS", 1)
+    monkeypatch.setattr(fold, "CHUNKED_BYTES", 256 * 1024)
+    monkeypatch.setattr(fold, "CROWDED_CHUNKED_BYTES", 256 * 1024)
     name = f"shared.chunked.mismatch.{change}"
     values = np.ones(CHUNKED_LENGTH + 4, dtype=np.float32)
     _pipeline().force("shared")

@@ -114,6 +114,26 @@ def test_the_shared_rows_barriers_wait_on_flags_unless_a_dead_peer_is_recovered_
         assert all(counts), counts
 
 
+def test_rows_go_in_chunks_from_the_size_the_ranks_per_core_set():
+    """Rows of 64 KiB are reduced chunk by chunk where each rank has a core of its own
+    (``fold.chunked_bytes``: from 32 KiB) and whole where ranks crowd the cores (from
+    256 KiB); the sum is right either way."""
+    from hororing.engine import fold
+    values = np.arange(16 * 1024, dtype=np.float32) + hvd.rank()
+    result = np.empty_like(values)
+
+    def call():
+        result[...] = values
+        hvd.allreduce_(result, name="shared.chunked_from", op=hvd.Sum)
+
+    if not (_until_folded(call) and _fold()._turns is not None):
+        pytest.skip("no shared rows: one rank, or ranks on several nodes")
+    contention = current().engine.allreduce.route.contention
+    assert isinstance(_fold().gathered, fold._Chunked) == (contention <= 1.0), contention
+    expected = np.arange(values.size, dtype=np.float64) * hvd.size() + sum(range(hvd.size()))
+    np.testing.assert_array_equal(result, expected.astype(np.float32))
+
+
 def test_rows_of_another_size_make_new_shared_rows_on_every_rank():
     """The loop moves from one size to another and back: each time the rows are made again,
     collectively, and the sums stay right."""

@@ -16,10 +16,10 @@ SLOT_BYTES = 8  # a request slot: MPI_Request is 4 bytes in MPICH, 8 in Open MPI
 SPUN, APART = 3, 4
 # the fields of its one int64 array: addresses, sizes, what to reduce, where it stands
 # (F_RESULT: the address of the shared result row's data where the rows are reduced chunk by
-# chunk, else 0; F_LOW:F_HIGH this rank's chunk then, and F_FINALIZE whether Python finalizes
-# it; F_LINES: the address of the first rank's barrier count where the shared rows' barriers
-# wait on flags (``transport.SharedWindow``), else 0; F_MINE this rank's, F_LINE the bytes
+# chunk, else 0; F_LOW:F_HIGH this rank's chunk then, F_RANK its row, and F_FINALIZE whether
+# Python finalizes it; F_LINES: the address of the first rank's barrier count where the shared rows' barriers
+# wait on flags (``shared_window.SharedWindow``), else 0; F_MINE this rank's, F_LINE the bytes
 # from one count to the next)
 (F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_STRIDE, F_SIZE, F_OP, F_HALF,
  F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, F_RESULT, F_LOW, F_HIGH,
- F_FINALIZE, F_LINES, F_MINE, F_LINE, FIELDS) = range(26)
+ F_FINALIZE, F_LINES, F_MINE, F_LINE, F_RANK, FIELDS) = range(27)
