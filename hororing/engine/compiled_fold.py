@@ -102,7 +102,7 @@ class CompiledFold:
             fields[F_LINES], fields[F_MINE], fields[F_LINE] = lines
             compiled._entered = shared_window.all_entered
         if result is not None:
-            fields[F_RESULT] = result.ctypes.data
+            fields[F_RESULT], fields[F_RANK] = result.ctypes.data, rank
             compiled._result, compiled._rank = result, rank
         return compiled
 
@@ -158,7 +158,7 @@ class CompiledFold:
         fields = self.fields
         itemsize = plan.dtype.itemsize
         low, high = chunk_bounds(plan.nbytes // itemsize, int(fields[F_SIZE]))[self._rank]
-        fields[F_LOW], fields[F_HIGH], fields[F_RANK] = low, high, self._rank
+        fields[F_LOW], fields[F_HIGH] = low, high
         fields[F_FINALIZE] = plan.after_compiled is not None
         self._chunk = self._result[low * itemsize:high * itemsize].view(plan.dtype)
 

@@ -10,8 +10,8 @@ so mpi4py's object and this copy stay one request). Rows in the node's shared me
 (``exchange.SharedRows``): the same fences (MPI_Win_sync) around the same barrier
 (MPI_Ibarrier, or the window's flag counts where it has them). Then the reductions of the
 compiled ring (``native._combine``), one row after another in rank order, which are numpy's
-bit for bit. So a rank running this and a rank
-running Python's steps exchange the same rows and get the same result.
+bit for bit. So a rank running this and a rank running Python's steps exchange the same rows
+and get the same result.
 
 It takes the input and the output (the same array in place; 1-D, of the carried dtype,
 which selects the compiled version) and an int64 array of ``codes.F_*`` fields.
@@ -59,17 +59,16 @@ def cycle(source, out, p):
         head = numba.carray(_pointer(p[F_ROW]), 2, numba.int64)
         head[0] = -1
         head[1] = p[F_CACHE_ID]
-        data = numba.carray(_pointer(p[F_ROW] + _HEAD), count, dtype)
+        row, mine = p[F_ROW] + _HEAD, source.ctypes.data
         if p[F_RESULT] == 0:
-            _copy(data, source)
+            _copy(numba.carray(_pointer(row), count, dtype), source)
         else:  # this rank's chunk is reduced from the source (_reduce): no rank reads it here
-            low, high = p[F_LOW], p[F_HIGH]
-            mine = source.ctypes.data
-            _copy(numba.carray(_pointer(p[F_ROW] + _HEAD), low, dtype),
+            low, tail = p[F_LOW], count - p[F_HIGH]  # the values before it and after it
+            after = p[F_HIGH] * out.itemsize
+            _copy(numba.carray(_pointer(row), low, dtype),
                   numba.carray(_pointer(mine), low, dtype))
-            _copy(numba.carray(_pointer(p[F_ROW] + _HEAD + high * out.itemsize), count - high,
-                               dtype),
-                  numba.carray(_pointer(mine + high * out.itemsize), count - high, dtype))
+            _copy(numba.carray(_pointer(row + after), tail, dtype),
+                  numba.carray(_pointer(mine + after), tail, dtype))
         if p[F_SHARED] != 0:  # this rank's row visible to the others, then the barrier
             code = _enter(p)
         else:
@@ -196,8 +195,8 @@ def _copy(into, source):
 def _reduce(into, p, low, high, own, mine):
     """Values ``low:high`` of every rank's row (``F_ROWS``) combined in rank order into the
     same values of ``into``, a block of the result at a time, those of row ``mine`` (-1:
-    none) read at the address ``own`` instead, where this rank's data lies: each value sees the same
-    operations in the same order as whole rows would. Divided by ``F_DIVISOR`` where it is
+    none) read at the address ``own`` instead, where this rank's data lies: each value sees
+    the same operations in the same order as whole rows would. Divided by ``F_DIVISOR`` where it is
     not 0 (a float Average: each value divided in float64 and rounded once, which is the
     correctly rounded float32 quotient too, 53 >= 2 * 24 + 2)."""
     dtype = into.dtype
