@@ -206,27 +206,33 @@ def test_rows_reduced_chunk_by_chunk_run_compiled_with_the_bits_of_pythons_steps
     assert_close(native, reference_allreduce(inputs, op))
 
 
+@pytest.mark.parametrize("out_of_place", [False, True], ids=["in_place", "out_of_place"])
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
-def test_each_call_reduces_its_own_data_chunk_by_chunk(dtype, chunks):
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
+def test_each_call_reduces_its_own_data_chunk_by_chunk(op, dtype, out_of_place, chunks):
     """New data every call: a rank's own chunk, which no other rank reads, is reduced from
-    where its input lies (the compiled cycle leaves it out of its row), so a row holding
-    the call before's data never reaches the result."""
-    name = f"cfold.chunks.fresh.{dtype}"
-    calls = [_inputs(dtype, 100 + call, hvd.Sum, length=CHUNKS) for call in range(12)]
+    where its input lies (the compiled cycle leaves it out of its row) and goes into the
+    output as it is reduced (the others' chunks are copied from the shared result), so
+    neither a row nor an output holding an earlier call's data reaches the result."""
+    name = f"cfold.chunks.fresh.{dtype}.{hvd.ops.op_name(op)}.{out_of_place}"
+    calls = [_inputs(dtype, 100 + call, op, length=CHUNKS) for call in range(12)]
     results = {}
     for mode in ("off", "wait"):
         compiled.configure(mode)
         before = _compiled_folds()
         results[mode] = []
         for inputs in calls:
-            result = inputs[hvd.rank()].copy()
-            hvd.allreduce_(result, name=name, op=hvd.Sum)
-            results[mode].append(result)
+            if out_of_place:
+                result = hvd.allreduce(inputs[hvd.rank()], name=name, op=op)
+            else:
+                result = inputs[hvd.rank()].copy()
+                hvd.allreduce_(result, name=name, op=op)
+            results[mode].append(result.copy())
         ran = _compiled_folds() - before
         assert (ran > 0) == (mode == "wait")
     for inputs, python, native in zip(calls, results["off"], results["wait"]):
         assert native.tobytes() == python.tobytes()
-        assert_close(native, reference_allreduce(inputs, hvd.Sum))
+        assert_close(native, reference_allreduce(inputs, op))
 
 
 @pytest.mark.parametrize("out_of_place", [False, True], ids=["in_place", "out_of_place"])

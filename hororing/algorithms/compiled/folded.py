@@ -22,7 +22,9 @@ rank reads): 2 reduces this rank's chunk (``F_LOW:F_HIGH``) of every row (its ow
 input) into the shared result row and returns FINALIZE where ``F_FINALIZE`` says the caller
 finalizes that chunk (an integer Average: each chunk is finalized before the others copy
 it), 3 starts a second barrier (the same fences around the same MPI_Ibarrier as
-``SharedRows.barrier``), 4 waits for it, then the result row is copied out. It polls as
+``SharedRows.barrier``), 4 waits for it, then the others' chunks of the result row are
+copied out (this rank's went into the output block by block as it was reduced, where the
+caller does not finalize it after). It polls as
 ``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the caller wakes the
 peers and calls again) and WAIT after ``F_YIELD``, tests separated by sched_yield (the
 caller sleeps until the request completes and calls again). Then APART where the ranks'
@@ -94,13 +96,14 @@ def cycle(source, out, p):
             if head[0] != -1 or head[1] != cache_id:
                 return APART
         if p[F_RESULT] == 0:  # every row reduced whole, into the output
-            _reduce(out, p, 0, count, 0, -1)
+            _reduce(out, p, 0, count, 0, -1, out, False)
             return DONE
-        # chunk by chunk: this rank's chunk of every row into the shared result row, then
-        # (after the caller's finalizing) a second barrier, the whole result copied out
+        # chunk by chunk: this rank's chunk of every row into the shared result row (and
+        # into the output as each block is done, unless the caller finalizes the chunk
+        # after), then a second barrier, the others' chunks copied out
         low, high = p[F_LOW], p[F_HIGH]
         _reduce(numba.carray(_pointer(p[F_RESULT]), count, dtype), p, low, high,
-                source.ctypes.data, p[F_RANK])
+                source.ctypes.data, p[F_RANK], out, p[F_FINALIZE] == 0)
         p[F_STAGE] = 3
         if p[F_FINALIZE] != 0 and high > low:
             return FINALIZE
@@ -118,8 +121,12 @@ def cycle(source, out, p):
         if code != 0:
             return -code
         result = numba.carray(_pointer(p[F_RESULT]), count, dtype)
-        for i in range(count):
-            out[i] = result[i]
+        if p[F_FINALIZE] != 0:  # this rank's chunk finalized since: the whole result
+            _copy(out, result)
+        else:
+            low, high = p[F_LOW], p[F_HIGH]
+            _copy(out[:low], result[:low])
+            _copy(out[high:], result[high:])
     return DONE
 
 
@@ -192,13 +199,15 @@ def _copy(into, source):
 
 
 @numba.njit(cache=True, nogil=True)
-def _reduce(into, p, low, high, own, mine):
+def _reduce(into, p, low, high, own, mine, twin, mirrored):
     """Values ``low:high`` of every rank's row (``F_ROWS``) combined in rank order into the
     same values of ``into``, a block of the result at a time, those of row ``mine`` (-1:
     none) read at the address ``own`` instead, where this rank's data lies: each value sees
-    the same operations in the same order as whole rows would. Divided by ``F_DIVISOR`` where it is
-    not 0 (a float Average: each value divided in float64 and rounded once, which is the
-    correctly rounded float32 quotient too, 53 >= 2 * 24 + 2)."""
+    the same operations in the same order as whole rows would. Divided by ``F_DIVISOR``
+    where it is not 0 (a float Average: each value divided in float64 and rounded once,
+    which is the correctly rounded float32 quotient too, 53 >= 2 * 24 + 2). Where
+    ``mirrored``, each block is copied into the same values of ``twin`` while it is still in
+    the L1 cache (the output: a second pass would read it back from L2 or memory)."""
     dtype = into.dtype
     itemsize = into.itemsize
     width, size = p[F_STRIDE], p[F_SIZE]
@@ -218,3 +227,5 @@ def _reduce(into, p, low, high, own, mine):
         if divisor != 0:
             for i in range(n):
                 block[i] = block[i] / divisor
+        if mirrored:
+            _copy(twin[start:start + n], block)
