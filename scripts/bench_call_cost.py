@@ -12,6 +12,8 @@ buffer of the same size take turns, a Barrier before every call; the time is the
 ``--op average``: hororing's Average (the verbs' default op), against MPI_Allreduce's sum
 divided by the size in numpy, as an MPI program averages. ``--mpi-out-of-place``: MPI's side
 reduces into a second buffer, as the out-of-place APIs do (by default it reduces in place).
+``--tensors K``: K tensors of the size take turns, a call on each in turn (each its own
+buffer and name on both sides), as a loop that reduces a loss and its metrics calls.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
 another checkout of hororing the same script measures that one, so two versions can be
@@ -38,43 +40,51 @@ def main():
     rows = []
     for nbytes in args.sizes:
         count = nbytes // 4
-        ours, theirs = np.ones(count, np.float32), np.ones(count, np.float32)
-        name = None if args.unnamed else f"cost.{args.api}.{nbytes}"
         op = hvd.Average if args.op == "average" else hvd.Sum
-        library = {"numpy": numpy_call, "numpy-out": numpy_out_call, "torch": torch_call,
-                   "torch-inplace": torch_inplace_call}[args.api](ours, name, op)
+        make = {"numpy": numpy_call, "numpy-out": numpy_out_call, "torch": torch_call,
+                "torch-inplace": torch_inplace_call}[args.api]
+        # --tensors K: K buffers (and names) on each side, one call on each in turn
+        ours = [np.ones(count, np.float32) for _ in range(args.tensors)]
+        theirs = [np.ones(count, np.float32) for _ in range(args.tensors)]
+        libraries = [make(buffer, None if args.unnamed else f"cost.{args.api}.{nbytes}.{k}",
+                          op) for k, buffer in enumerate(ours)]
         divisor = np.float32(COMM.Get_size())
 
         sent = np.ones(count, np.float32)  # MPI's input out of place (never changed)
         source = sent if args.mpi_out_of_place else MPI.IN_PLACE
 
-        def mpi():
-            COMM.Allreduce(source, theirs, MPI.SUM)
-            if op == hvd.Average:
-                np.divide(theirs, divisor, out=theirs)
+        def mpi_on(buffer):
+            def mpi():
+                COMM.Allreduce(source, buffer, MPI.SUM)
+                if op == hvd.Average:
+                    np.divide(buffer, divisor, out=buffer)
+            return mpi
+        mpis = [mpi_on(buffer) for buffer in theirs]
         times = {"hororing": [], "mpi": []}
         for index in range(args.warmup + args.calls):
-            order = (("hororing", library), ("mpi", mpi))
-            for name, run in (order if index % 2 else order[::-1]):
-                (ours if name == "hororing" else theirs)[...] = 1.0
+            k = index % args.tensors
+            order = (("hororing", libraries[k], ours[k]), ("mpi", mpis[k], theirs[k]))
+            for name, run, buffer in (order if index % 2 else order[::-1]):
+                buffer[...] = 1.0
                 COMM.Barrier()
                 started = time.perf_counter()
                 run()
                 if index >= args.warmup:
                     times[name].append(time.perf_counter() - started)
         expected = 1.0 if op == hvd.Average else float(COMM.Get_size())
-        result = ours if args.api in ("numpy", "torch-inplace") else np.asarray(library.result)
-        wrong = int(np.count_nonzero(result != expected)) + \
-            int(np.count_nonzero(theirs != expected))
+        results = ours if args.api in ("numpy", "torch-inplace") else \
+            [np.asarray(library.result) for library in libraries]
+        wrong = sum(int(np.count_nonzero(result != expected)) for result in results + theirs)
         median = {name: COMM.allreduce(statistics.median(values), op=MPI.MAX)
                   for name, values in times.items()}
-        calls = python_calls(library, ours)
+        calls = python_calls(libraries, ours)
         rows.append((nbytes, median["hororing"], median["mpi"], calls,
                      COMM.allreduce(wrong)))
     if hvd.rank() == 0:
         unnamed = ", unnamed calls" if args.unnamed else ""
         placement = "out of place" if args.mpi_out_of_place else "in place"
-        print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}, MPI "
+        turns = f", {args.tensors} tensors in turn" if args.tensors > 1 else ""
+        print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}{turns}, MPI "
               f"{placement}; hororing from "
               f"{hvd.__file__}")
         print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
@@ -126,8 +136,9 @@ def torch_inplace_call(ours, name, op):
     return library
 
 
-def python_calls(call, buffer, repeats=40):
-    """The median count of Python function calls one ``call()`` makes in this thread."""
+def python_calls(calls, buffers, repeats=40):
+    """The median count of Python function calls one of ``calls`` (each on its buffer, in
+    turn) makes in this thread."""
     counts = []
     count = 0
 
@@ -135,7 +146,8 @@ def python_calls(call, buffer, repeats=40):
         nonlocal count
         if event == "call":
             count += 1
-    for _ in range(repeats):
+    for index in range(repeats):
+        call, buffer = calls[index % len(calls)], buffers[index % len(calls)]
         buffer[...] = 1.0
         count = 0
         sys.setprofile(profile)
@@ -158,6 +170,9 @@ def parse_args():
     parser.add_argument("--mpi-out-of-place", action="store_true",
                         help="MPI's side reduces into a second buffer, not in place")
     parser.add_argument("--op", choices=["sum", "average"], default="sum")
+    parser.add_argument("--tensors", type=int, default=1,
+                        help="calls on this many tensors in turn, each its own buffer and "
+                             "name (a loss and its metrics), on both sides")
     parser.add_argument("--unnamed", action="store_true",
                         help="calls without a name (each size's loop then shares one name)")
     return parser.parse_args()
