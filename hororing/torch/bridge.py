@@ -7,6 +7,8 @@ A bfloat16 tensor travels as float32 (its sums then exact in float32), except a 
 bfloat16 payload on the CPU: that is handed over as ml_dtypes' bfloat16, the same memory.
 """
 
+import threading
+
 import numpy as np
 import torch
 
@@ -100,15 +102,19 @@ def check_tensors(tensors, verb, min_ndim=0):
     return tensors
 
 
-# The last small CPU tensor viewed as numpy, with what its view depends on. ``Tensor.numpy``
-# releases the GIL, which the rank's engine thread, polling, then takes: measured 10-15 us a
-# call in a loop of 4 KiB allreduces at 2 ranks on 2 cores, against 1.7 us alone. A call that
-# repeats the tensor reuses its view while the tensor's memory, shape, strides and dtype are
-# those it was made from (``.data =``, ``set_`` or ``resize_`` change one of them). Only
-# tensors up to VIEW_BYTES are kept, so a dropped tensor outlives its last call by at most
-# that much memory.
+# The small CPU tensors lately viewed as numpy, each with what its view depends on.
+# ``Tensor.numpy`` releases the GIL, which the rank's engine thread, polling, then takes:
+# measured 10-15 us a call in a loop of 4 KiB allreduces at 2 ranks on 2 cores, against 1.7 us
+# alone. A call that repeats a tensor reuses its view while the tensor's memory, shape,
+# strides and dtype are those it was made from (``.data =``, ``set_`` or ``resize_`` change
+# one of them). Up to VIEWS tensors of VIEW_BYTES in all are kept, the oldest let go first,
+# so a loop that reduces a few tensors in turn (a loss and its metrics) reuses each one's
+# view, and dropped tensors outlive their last call by at most that much memory.
 VIEW_BYTES = 1 << 20
-_view = (None, 0, None, None, None, None)
+VIEWS = 8
+_views = {}  # id(tensor): (tensor, data_ptr, shape, strides, dtype, view); its own key alive
+_kept_bytes = 0  # the views' bytes
+_keeping = threading.Lock()  # around changes: a view is made with the GIL released
 
 
 def plain_view(tensor, name, process_set):
@@ -117,15 +123,17 @@ def plain_view(tensor, name, process_set):
     plain one: a dense CPU ``torch.Tensor`` of a dtype ``Tensor.numpy`` views as it is,
     needing no gradient.
 
-    The last call's tensor again, unchanged (the same memory, dtype, shape and strides) and
-    still needing no gradient, has its view reused: nothing has released the GIL since the
-    call began, so the door checks the name. (That tensor was plain: ``.data =`` keeps a
-    tensor dense, and any other device's memory has another address.) Otherwise the name is
+    A tensor viewed lately, unchanged (the same memory, dtype, shape and strides) and still
+    needing no gradient, has its view reused: nothing has released the GIL since the call
+    began, so the door checks the name. (That tensor was plain: ``.data =`` keeps a tensor
+    dense, and any other device's memory has another address.) Otherwise the name is
     checked before ``Tensor.numpy``, which releases the GIL (None is named later)."""
-    last, pointer, shape, strides, dtype, array = _view
-    if tensor is last and not tensor.requires_grad and tensor.data_ptr() == pointer \
-            and tensor.dtype is dtype and tensor.shape == shape and tensor.stride() == strides:
-        return array, False
+    kept = _views.get(id(tensor))
+    if kept is not None and not tensor.requires_grad:  # cpu_view's test, without its call
+        last, pointer, shape, strides, dtype, array = kept
+        if tensor is last and tensor.data_ptr() == pointer and tensor.dtype is dtype \
+                and tensor.shape == shape and tensor.stride() == strides:
+            return array, False
     if type(tensor) is torch.Tensor and not tensor.requires_grad and tensor.dtype in _PLAIN \
             and tensor.is_cpu and tensor.layout is _STRIDED:
         if name is not None:
@@ -135,15 +143,26 @@ def plain_view(tensor, name, process_set):
 
 
 def cpu_view(tensor):
-    """``tensor.numpy()`` of a CPU tensor of a numpy dtype, the last one's view reused."""
-    global _view
-    last, pointer, shape, strides, dtype, array = _view
-    if tensor is last and tensor.data_ptr() == pointer and tensor.dtype is dtype \
-            and tensor.shape == shape and tensor.stride() == strides:
-        return array
+    """``tensor.numpy()`` of a CPU tensor of a numpy dtype, a lately made view reused."""
+    global _kept_bytes
+    kept = _views.get(id(tensor))
+    if kept is not None:  # the same test as plain_view's, written out in both: no call
+        last, pointer, shape, strides, dtype, array = kept
+        if tensor is last and tensor.data_ptr() == pointer and tensor.dtype is dtype \
+                and tensor.shape == shape and tensor.stride() == strides:
+            return array
     array = tensor.numpy()
-    if array.nbytes <= VIEW_BYTES:
-        _view = (tensor, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, array)
+    nbytes = array.nbytes
+    if nbytes <= VIEW_BYTES:
+        with _keeping:
+            stale = _views.pop(id(tensor), None)
+            if stale is not None:
+                _kept_bytes -= stale[5].nbytes
+            while _views and (len(_views) >= VIEWS or _kept_bytes + nbytes > VIEW_BYTES):
+                _kept_bytes -= _views.pop(next(iter(_views)))[5].nbytes
+            _views[id(tensor)] = (tensor, tensor.data_ptr(), tensor.shape, tensor.stride(),
+                                  tensor.dtype, array)
+            _kept_bytes += nbytes
     return array
 
 

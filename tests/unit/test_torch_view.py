@@ -95,3 +95,29 @@ def test_a_view_made_by_as_numpy_is_reused_over_the_same_memory():
     made = bridge.as_numpy(tensor)
     assert bridge.plain_view(tensor, None, None) == (made, False)
     assert made.__array_interface__["data"][0] == tensor.data_ptr()
+
+
+def test_a_few_tensors_in_turn_each_keep_their_view_up_to_views_of_them():
+    """A loop reducing a few tensors in turn (a loss and its metrics) reuses each one's view;
+    a tensor past ``VIEWS`` lets the oldest go."""
+    tensors = [torch.arange(4, dtype=torch.float32) + index for index in range(bridge.VIEWS)]
+    views = [_same_as_numpy(tensor) for tensor in tensors]
+    for _ in range(2):
+        for tensor, view in zip(tensors, views):
+            assert bridge.cpu_view(tensor) is view
+            assert bridge.plain_view(tensor, None, None) == (view, False)
+    _same_as_numpy(torch.zeros(4))
+    assert bridge.cpu_view(tensors[0]) is not views[0]
+    assert bridge.cpu_view(tensors[-1]) is views[-1]
+
+
+def test_the_kept_views_hold_no_more_than_view_bytes_of_dropped_tensors():
+    import weakref
+    count = bridge.VIEW_BYTES // 4 // 3 + 1  # three of them are over VIEW_BYTES
+    tensors = [torch.zeros(count, dtype=torch.float32) for _ in range(3)]
+    alive = [weakref.ref(tensor) for tensor in tensors]
+    for tensor in tensors:
+        _same_as_numpy(tensor)
+    del tensor, tensors
+    assert alive[0]() is None
+    assert alive[2]() is not None
