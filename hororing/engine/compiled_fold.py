@@ -36,6 +36,13 @@ SPIN_SCALE = 8
 # rows at 2 ranks woke its peer from Python often enough to cost 14 Python calls a call
 # instead of 11 (scripts/bench_call_cost.py); at eight times that, 11 in every run
 FLAG_SPIN_SCALE = 8 * SPIN_SCALE
+# the fields a plan sets, in the order ``_settings`` gives them (one numpy assignment a
+# change of plan: set one by one, with the chunk's bounds and view worked out again, a
+# change cost 5 us here, paid on every call of a loop reducing two tensors in turn)
+_PLAN_FIELDS = np.array([F_OP, F_HALF, F_DIVISOR, F_LOW, F_HIGH, F_FINALIZE])
+# the plans whose fields are kept (a loop's tensors have a plan each; beyond this many
+# plans the settings are worked out again)
+KEPT_PLANS = 64
 
 
 class CompiledFold:
@@ -58,8 +65,10 @@ class CompiledFold:
                       for row, rows in sets]
         self.turn(0)
         fields[F_SIZE] = sets[0][1].shape[0]
-        # the plan and cache id the fields were last set for, and the plan's bits
+        # the plan and cache id the fields were last set for, and the plan's bits; each
+        # plan's settings (``_settings``) by its id, with the plan, which keeps the id its own
         self._plan = self._bits = self._cache_id = None
+        self._plans = {}
         self._test = None
         self._entered = None  # where the barrier waits on flags: whether every rank entered
         self._backoff = -1  # the back-off's version the spin fields were set from
@@ -104,6 +113,7 @@ class CompiledFold:
         if result is not None:
             fields[F_RESULT], fields[F_RANK] = result.ctypes.data, rank
             compiled._result, compiled._rank = result, rank
+            compiled._plans.clear()
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake, activity):
@@ -116,13 +126,12 @@ class CompiledFold:
         ``activity`` (``transport.activity``): entered around the sleeping wait."""
         fields = self.fields
         if plan is not self._plan or cache_id != self._cache_id:
-            fields[F_OP] = OPS[plan.op]
-            fields[F_HALF] = HALVES.get(plan.dtype, 0)
-            fields[F_DIVISOR] = plan.divisor
+            kept = self._plans.get(id(plan))
+            if kept is None or kept[0] is not plan:
+                kept = self._settings(plan)
+            _, fields[_PLAN_FIELDS], self._bits, self._chunk = kept
             fields[F_CACHE_ID] = self._cache_id = cache_id
-            self._plan, self._bits = plan, carried(plan.dtype)
-            if self._result is not None:
-                self._chunk_for(plan)
+            self._plan = plan
         backoff = transport.Backoff
         if backoff.version != self._backoff:  # set (again) since the last cycle
             spin = backoff.spin_tests * (FLAG_SPIN_SCALE if fields[F_LINES] else SPIN_SCALE)
@@ -152,15 +161,24 @@ class CompiledFold:
             else:
                 raise MPI.Exception(-int(event))
 
-    def _chunk_for(self, plan):
-        """This rank's chunk of the shared result for ``plan``'s rows: the chunks
-        ``chunk_bounds`` cuts, as ``fold._Chunked`` reduces them."""
-        fields = self.fields
-        itemsize = plan.dtype.itemsize
-        low, high = chunk_bounds(plan.nbytes // itemsize, int(fields[F_SIZE]))[self._rank]
-        fields[F_LOW], fields[F_HIGH] = low, high
-        fields[F_FINALIZE] = plan.after_compiled is not None
-        self._chunk = self._result[low * itemsize:high * itemsize].view(plan.dtype)
+    def _settings(self, plan):
+        """(``plan``, its fields' values in ``_PLAN_FIELDS``' order, the dtype the cycle
+        sees its data as, this rank's chunk of the shared result as ``plan``'s dtype or
+        None), kept for the next change back to ``plan``. Rows reduced chunk by chunk: this
+        rank's chunk is the one ``chunk_bounds`` cuts, as ``fold._Chunked`` reduces them."""
+        low = high = 0
+        chunk = None
+        if self._result is not None:
+            itemsize = plan.dtype.itemsize
+            low, high = chunk_bounds(plan.nbytes // itemsize,
+                                     int(self.fields[F_SIZE]))[self._rank]
+            chunk = self._result[low * itemsize:high * itemsize].view(plan.dtype)
+        values = np.array([OPS[plan.op], HALVES.get(plan.dtype, 0), plan.divisor, low, high,
+                           plan.after_compiled is not None], dtype=np.int64)
+        if len(self._plans) >= KEPT_PLANS:
+            self._plans.clear()
+        kept = self._plans[id(plan)] = (plan, values, carried(plan.dtype), chunk)
+        return kept
 
     def _done(self):
         """One test of the exchange's request, compiled (the sleeping phase's), or of the

@@ -235,6 +235,38 @@ def test_each_call_reduces_its_own_data_chunk_by_chunk(op, dtype, out_of_place, 
         assert_close(native, reference_allreduce(inputs, op))
 
 
+@pytest.mark.skipif(SINGLE, reason="the fold's rows change plans between ranks' calls")
+@pytest.mark.parametrize("rows", ["whole", "chunked"])
+def test_tensors_reduced_in_turn_each_run_their_own_plan(rows, request):
+    """A loop reducing a few tensors of one size in bytes in turn (a loss and its metrics)
+    changes the compiled cycle's plan every call: its op, dtype, divisor and chunk, each
+    plan's fields kept from its first call. New data every round: each result is its own
+    call's, with the bits of Python's steps."""
+    length = LENGTH  # the float64 tensor's; the 4-byte ones have twice as many values
+    if rows == "chunked":
+        request.getfixturevalue("chunks")
+        length = CHUNKS
+    kinds = [("float32", hvd.Sum, 2 * length), ("int32", hvd.Average, 2 * length),
+             ("float32", hvd.Average, 2 * length), ("float64", hvd.Max, length)]
+    rounds = [[_inputs(dtype, 300 + 10 * round_ + index, op, length=count)
+               for index, (dtype, op, count) in enumerate(kinds)] for round_ in range(8)]
+    results = {}
+    for mode in ("off", "wait"):
+        compiled.configure(mode)
+        before = _compiled_folds()
+        results[mode] = []
+        for inputs in rounds:
+            for index, ((dtype, op, _), every) in enumerate(zip(kinds, inputs)):
+                result = every[hvd.rank()].copy()
+                hvd.allreduce_(result, name=f"cfold.turns.{rows}.{index}", op=op)
+                results[mode].append(result)
+        assert (_compiled_folds() > before) == (mode == "wait")
+    calls = [(op, every) for inputs in rounds for (_, op, _), every in zip(kinds, inputs)]
+    for (op, every), python, native in zip(calls, results["off"], results["wait"]):
+        assert native.tobytes() == python.tobytes()
+        assert_close(native, reference_allreduce(every, op))
+
+
 @pytest.mark.parametrize("out_of_place", [False, True], ids=["in_place", "out_of_place"])
 @pytest.mark.parametrize("op,dtype", [(hvd.Sum, "float32"), (hvd.Average, "float32"),
                                       (hvd.Average, "int32")],
