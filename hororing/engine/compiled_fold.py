@@ -113,7 +113,6 @@ class CompiledFold:
         if result is not None:
             fields[F_RESULT], fields[F_RANK] = result.ctypes.data, rank
             compiled._result, compiled._rank = result, rank
-            compiled._plans.clear()
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake, activity):
@@ -126,8 +125,8 @@ class CompiledFold:
         ``activity`` (``transport.activity``): entered around the sleeping wait."""
         fields = self.fields
         if plan is not self._plan or cache_id != self._cache_id:
-            kept = self._plans.get(id(plan))
-            if kept is None or kept[0] is not plan:
+            kept = self._plans.get(id(plan))  # (kept with the plan: its id stays its own)
+            if kept is None:
                 kept = self._settings(plan)
             _, fields[_PLAN_FIELDS], self._bits, self._chunk = kept
             fields[F_CACHE_ID] = self._cache_id = cache_id
