@@ -106,8 +106,11 @@ def test_aligned_data_starts_on_a_block_and_the_file_ends_at_its_last_byte(tmp_p
     for index, info in metadata.storage_data.items():
         ends.append(info.offset + info.length)
         value = state.get(index.fqn)
-        if torch.is_tensor(value) and value.data_ptr() % direct.BLOCK == 0 and \
-                value.nbytes >= direct.BLOCK:
+        # written where it lies: contiguous, its storage its own (a view or a strided
+        # tensor is written from a copy, wherever the copy lands) and on a block
+        if torch.is_tensor(value) and value.is_contiguous() and \
+                value.untyped_storage().nbytes() == value.nbytes and \
+                value.data_ptr() % direct.BLOCK == 0 and value.nbytes >= direct.BLOCK:
             head, _ = direct._framed(value)
             assert (info.offset + len(head)) % direct.BLOCK == 0, index.fqn
             checked += 1
