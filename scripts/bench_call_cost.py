@@ -13,7 +13,9 @@ buffer of the same size take turns, a Barrier before every call; the time is the
 divided by the size in numpy, as an MPI program averages. ``--mpi-out-of-place``: MPI's side
 reduces into a second buffer, as the out-of-place APIs do (by default it reduces in place).
 ``--tensors K``: K tensors of the size take turns, a call on each in turn (each its own
-buffer and name on both sides), as a loop that reduces a loss and its metrics calls.
+buffer and name on both sides), as a loop that reduces a loss and its metrics calls;
+``--shrink D``: tensor k of them holds the size's values divided by D**k (at least one: a
+loss and its metrics are seldom one size), the times the median over all of them.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
 another checkout of hororing the same script measures that one, so two versions can be
@@ -44,16 +46,17 @@ def main():
         make = {"numpy": numpy_call, "numpy-out": numpy_out_call, "torch": torch_call,
                 "torch-inplace": torch_inplace_call}[args.api]
         # --tensors K: K buffers (and names) on each side, one call on each in turn
-        ours = [np.ones(count, np.float32) for _ in range(args.tensors)]
-        theirs = [np.ones(count, np.float32) for _ in range(args.tensors)]
+        counts = [max(1, count // args.shrink ** k) for k in range(args.tensors)]
+        ours = [np.ones(each, np.float32) for each in counts]
+        theirs = [np.ones(each, np.float32) for each in counts]
         libraries = [make(buffer, None if args.unnamed else f"cost.{args.api}.{nbytes}.{k}",
                           op) for k, buffer in enumerate(ours)]
         divisor = np.float32(COMM.Get_size())
 
-        sent = np.ones(count, np.float32)  # MPI's input out of place (never changed)
-        source = sent if args.mpi_out_of_place else MPI.IN_PLACE
-
         def mpi_on(buffer):
+            # MPI's input out of place (never changed)
+            source = np.ones_like(buffer) if args.mpi_out_of_place else MPI.IN_PLACE
+
             def mpi():
                 COMM.Allreduce(source, buffer, MPI.SUM)
                 if op == hvd.Average:
@@ -84,6 +87,8 @@ def main():
         unnamed = ", unnamed calls" if args.unnamed else ""
         placement = "out of place" if args.mpi_out_of_place else "in place"
         turns = f", {args.tensors} tensors in turn" if args.tensors > 1 else ""
+        if args.tensors > 1 and args.shrink > 1:
+            turns += f", each 1/{args.shrink} of the one before (bytes: the first's)"
         print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}{turns}, MPI "
               f"{placement}; hororing from "
               f"{hvd.__file__}")
@@ -173,6 +178,9 @@ def parse_args():
     parser.add_argument("--tensors", type=int, default=1,
                         help="calls on this many tensors in turn, each its own buffer and "
                              "name (a loss and its metrics), on both sides")
+    parser.add_argument("--shrink", type=int, default=1,
+                        help="with --tensors: each tensor holds 1/SHRINK of the values of the "
+                             "one before it (at least one)")
     parser.add_argument("--unnamed", action="store_true",
                         help="calls without a name (each size's loop then shares one name)")
     return parser.parse_args()

@@ -247,16 +247,19 @@ def test_bench_step_phases_times_each_part_of_a_step_for_both_libraries():
     assert len(cycles) == 2 and all("r1]" in line for line in cycles), job.stdout
 
 
-@pytest.mark.parametrize("api, op, tensors", [("numpy", "sum", "1"), ("torch", "average", "3")])
-def test_bench_call_cost_times_both_sides_and_counts_the_calls(api, op, tensors):
+@pytest.mark.parametrize("api, op, tensors, shrink", [("numpy", "sum", "1", "1"),
+                                                      ("torch", "average", "3", "16")])
+def test_bench_call_cost_times_both_sides_and_counts_the_calls(api, op, tensors, shrink):
     if api == "torch":
         pytest.importorskip("torch")
     job = run_under_mpi(3, "bench_call_cost.py", "--sizes", "4KiB,24KiB", "--calls", "20",
-                        "--warmup", "5", "--api", api, "--op", op, "--tensors", tensors)
+                        "--warmup", "5", "--api", api, "--op", op, "--tensors", tensors,
+                        "--shrink", shrink)
     rows = [line.split() for line in job.stdout.splitlines()
             if line.strip() and not line.startswith("#") and not line.lstrip().startswith("bytes")]
     assert [row[0] for row in rows] == ["4096", "24576"] and "WRONG" not in job.stdout
     assert (f"{tensors} tensors in turn" in job.stdout) == (tensors != "1")
+    assert (f"each 1/{shrink} of the one before" in job.stdout) == (shrink != "1")
     for row in rows:
         assert float(row[1]) > 0 and float(row[2]) > 0 and 10 < float(row[4]) < 1000
 
