@@ -126,8 +126,8 @@ class Cycle:
         """``run((request,), wake=wake)`` for a call that fits ``lane`` (``lane.py``; the
         request carries its cache id), where the next cycle, announcing only it, folds it on
         this rank: nothing else announced by bit, no gathered cycle asked for, the fold
-        expected at its size, nothing in the negotiation table (so neither its name nor a
-        join), its cache entry the lane's own. Then the same cycle, its steps written out.
+        expected in rows that take its size, nothing in the negotiation table (so neither
+        its name nor a join), its cache entry the lane's own. Then the same cycle, its steps written out.
         Returns ``NOT_RUN`` where it does not fold (nothing done: the call goes the usual
         way); the gathered rows when every rank folded it (``fold.REDUCED`` or
         ``fold.FINALIZED`` where the cycle ran compiled and the request's output holds them
@@ -140,7 +140,8 @@ class Cycle:
         # ``cached_id`` gives the lane's id, without the call: nothing is in the table (so
         # neither its name nor a join), and its cache entry is the one the lane was made
         # with (``record`` makes a new Response whenever it changes an entry)
-        if fold.bytes != plan.nbytes or self._by_bit or self._gather_asked or negotiator.table \
+        if fold.bytes is None or plan.nbytes > fold.bytes or plan.nbytes < fold.least \
+                or self._by_bit or self._gather_asked or negotiator.table \
                 or negotiator.cache.responses[lane.cache_id] is not lane.response:
             return NOT_RUN
         self.number += 1

@@ -34,12 +34,24 @@ class MpiExchange:
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
         self._node = None if shared and self.size > 1 else False  # made on first use
+        self._one_node = True if self.size == 1 else None  # asked on first use
 
     def repeated(self, kind, sendbuf, recvbuf, op=None):
         """A collective started again and again on the same buffers (``transport.Exchange``):
         ``kind`` "allreduce" (with ``op``) or "allgather". Collective to make."""
         kwargs = {} if op is None else {"op": {"band": MPI.BAND}[op]}
         return transport.Exchange(self.comm, kind, sendbuf, recvbuf, **kwargs)
+
+    def one_node(self):
+        """Whether every rank is on one node. Collective the first time it is asked."""
+        if self._one_node is None:
+            if self._node:  # the node's communicator: every rank is on it
+                self._one_node = True
+            else:
+                node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+                self._one_node = node.Get_size() == self.size
+                node.Free()
+        return self._one_node
 
     def shared_rows(self, width):
         """``SharedRows`` of ``width`` bytes a row where every rank is on one node and the

@@ -4,10 +4,14 @@ a rank contributes, and the allreduce completed from every rank's row, which the
 when the cycle says the fold was agreed).
 
 A loop of blocking small allreduces runs one per cycle. Once the last two cycles that ran
-anything each ran one lone allreduce of the same size on the latency path, the next cycle
-starts with an allgather of rows (fields, data) instead of the vote: each rank's fields say
-"folded" and the cache id of the one allreduce it has waiting, and its data is that
-allreduce's contribution. When every rank's fields agree, the allreduce is complete in that
+anything each ran one lone allreduce on the latency path, the next cycle starts with an
+allgather of rows (fields, data) instead of the vote: each rank's fields say "folded" and
+the cache id of the one allreduce it has waiting, and its data is that allreduce's
+contribution, in the first bytes of its row. The rows are as wide as the widest of the last
+few lone allreduces (``Fold.predict``), so a loop reducing tensors of different sizes in turn
+(a scalar loss and a vector of metrics) folds each of them; the cache id names the call, and
+so how many of a row's bytes it fills. Where the rows cross nodes, a call narrower than the
+rows folds only while what the rows carry beyond it stays within ``MIXED_EXTRA_BYTES``. When every rank's fields agree, the allreduce is complete in that
 one exchange (the executor reduces the rows in rank order, as the latency path would);
 otherwise the rows are discarded and the cycle goes on to the vote. Whether to fold is
 decided from the responses alone, so every rank decides alike. Where every rank is on one
@@ -67,6 +71,25 @@ CROWDED_CHUNKED_BYTES = 256 * 1024
 SHARED_ROWS_BUDGET = 16 << 20
 SHARED_ROWS_MOST = 64 << 20
 
+# the lone allreduces (their bytes) the rows' width is taken from: the widest of the last
+# this many that went the usual way. Calls that fold are not counted (a lane's cycle runs no
+# Python it need not); a call of a loop that misses its fold (a peer's cycle started before
+# its caller called) is. A loop of a few tensors in turn keeps its widest among them, and
+# the rows are not made again at each miss
+RECENT_LONE = 8
+# rows for calls of different sizes are a multiple of this many bytes wide, so that every
+# rank's data starts aligned for any dtype (rows for one size are that size, as before)
+ROW_ALIGN = 16
+# where the rows cross nodes, the most bytes a narrower call's rows may carry beyond its own
+# data, summed over the ranks: each call folded saves a vote cycle at the price of the rows'
+# extra bytes. At 4 ranks across 2 emulated hosts (1 Gbit/s links), two tensors in turn,
+# 16 KiB and 16 bytes (64 KiB carried beyond the narrower) ran 0.29-0.30 of MPI_Allreduce's
+# speed folded against 0.24-0.25 the usual way, 32 KiB and 32 bytes (128 KiB) 0.31-0.35
+# against 0.21-0.28 (docs/benchmarks.md, "Tensors of different sizes in turn"); more was
+# not measured. Within a node the extra bytes are a copy in memory (or not moved at all:
+# shared rows), and any width folds
+MIXED_EXTRA_BYTES = 128 * 1024
+
 
 def chunked_bytes(contention):
     """The smallest shared rows (data bytes) reduced chunk by chunk, ``contention`` the
@@ -90,7 +113,9 @@ class Fold:
         self.size = exchange.size
         self._folding = folding
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
-        self._last_lone = None
+        self.least = None  # the fewest bytes a call folded in them may have
+        self._recent = ()  # the bytes of the last lone allreduces (RECENT_LONE at most)
+        self._one_node = None  # every rank on one node (asked once, where sizes differ)
         self._width = 0  # the rows' bytes, head included (0: no rows made)
         self._turns = None  # shared rows: each set's views, used in turn (else None)
         self._turn = 0
@@ -108,12 +133,39 @@ class Fold:
 
     def predict(self, responses):
         """Fold the next cycle when this one and the last that ran anything each ran one
-        lone allreduce of the same size that the latency path would take."""
+        lone allreduce that the latency path would take: in rows as wide as the widest of
+        the last ``RECENT_LONE`` such allreduces, which take calls of ``least`` bytes up to
+        that width. Where their sizes differ and the rows cross nodes, every one of them must
+        fit within ``MIXED_EXTRA_BYTES`` (else the rows are the last size where it repeats).
+        The same on every rank: it is decided from the responses alone."""
         lone = None
         if len(responses) == 1:
             lone = self._folding.lone_bytes(responses[0])
-        self.bytes = lone if lone is not None and lone == self._last_lone else None
-        self._last_lone = lone
+        if lone is None:
+            self._recent = ()
+            self.bytes = self.least = None
+            return
+        recent = self._recent = self._recent[1 - RECENT_LONE:] + (lone,)
+        widest, narrowest = max(recent), min(recent)
+        if len(recent) < 2:
+            self.bytes = self.least = None
+        elif widest == narrowest:
+            self.bytes = self.least = lone
+        else:
+            width = -(-widest // ROW_ALIGN) * ROW_ALIGN
+            least = 0 if self._within_node() else width - MIXED_EXTRA_BYTES // self.size
+            if narrowest >= least:
+                self.bytes, self.least = width, least
+            else:
+                self.bytes = self.least = lone if recent[-2] == lone else None
+
+    def _within_node(self):
+        """Whether every rank is on one node (an exchange in one process: True). Collective
+        the first time: ``predict`` asks on every rank alike."""
+        if self._one_node is None:
+            one_node = getattr(self._exchange_with, "one_node", None)
+            self._one_node = True if one_node is None else one_node()
+        return self._one_node
 
     def start(self, waiting, plan=None):
         """Fill this rank's row and start the exchange of every rank's row; return the
@@ -125,7 +177,8 @@ class Fold:
         if self._turns is not None:
             self._next_set()
         fields = self._fields
-        if waiting is not None and self._folding.contribute(waiting, self._data, plan):
+        if waiting is not None and \
+                self._folding.contribute(waiting, self._data, plan, self.least):
             fields[0], fields[1] = -1, waiting.cache_id
         else:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
@@ -183,7 +236,7 @@ class Fold:
         if self._width != _HEAD + self.bytes:
             self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
-        if compiled is None or plan.nbytes != self.bytes:
+        if compiled is None:
             return None
         entry = FOLD_READY.get(plan.dtype)
         if entry is None and (plan.dtype in FOLD_ASKED or
@@ -298,17 +351,19 @@ class LatencyFolding:
             return None
         return self._plan(response.meta).nbytes
 
-    def contribute(self, request, out, plan=None):
-        """Write this rank's prescaled wire buffer for ``request`` into the bytes ``out``;
-        False if it does not fit them exactly (then it goes the usual way). ``plan``: its
-        plan, where the caller holds it (a lane)."""
+    def contribute(self, request, out, plan=None, least=0):
+        """Write this rank's prescaled wire buffer for ``request`` into the first bytes of
+        ``out``; False if it is not foldable or its bytes are not between ``least`` and
+        ``out``'s (then it goes the usual way). ``plan``: its plan, where the caller holds it
+        (a lane)."""
         if plan is None:
             plan = self._plans.get(request.meta)  # the loop's plan, without a call
             if plan is None or plan.version != self._pipeline.route.version:
                 plan = self._plan(request.meta)
-        if plan.nbytes != out.nbytes:
+        nbytes = plan.nbytes
+        if nbytes is None or nbytes > out.nbytes or nbytes < least:
             return False
-        buffer = out.view(plan.dtype)
+        buffer = (out if nbytes == out.nbytes else out[:nbytes]).view(plan.dtype)
         buffer[...] = request.tensor.ravel()  # contiguous (the door's): a view
         if plan.prescale != 1.0:
             scale_into(buffer, plan.prescale)
@@ -335,7 +390,9 @@ class LatencyFolding:
                 plan.after_compiled(flat)
         elif rows is not FINALIZED:
             buffer = flat if plan.dtype == flat.dtype else np.empty(flat.size, dtype=plan.dtype)
-            if type(rows) is np.ndarray:
+            if type(rows) is np.ndarray:  # the call's data: the first bytes of each row
+                if rows.shape[1] != plan.nbytes:
+                    rows = rows[:, :plan.nbytes]
                 reduce_rows(plan.ufunc, rows.view(plan.dtype), buffer)
                 if plan.finalize is not None:
                     plan.finalize(buffer)

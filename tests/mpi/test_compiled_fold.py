@@ -267,6 +267,58 @@ def test_tensors_reduced_in_turn_each_run_their_own_plan(rows, request):
         assert_close(native, reference_allreduce(every, op))
 
 
+# the widest tensor of each kind of rows: gathered (below 8 KiB), shared (whole), in chunks
+WIDEST = {"gathered": ("float64", LENGTH), "shared": ("float32", 2251),
+          "chunked": ("float64", CHUNKS)}
+
+
+@pytest.mark.skipif(SINGLE, reason="one rank folds nothing: its cycles run locally")
+@pytest.mark.parametrize("rows", list(WIDEST))
+def test_tensors_of_different_sizes_in_turn_fold_in_rows_of_the_widest(rows, request):
+    """A loop reducing tensors of different sizes and dtypes in turn (a scalar loss, a few
+    metrics, a longer vector) folds each of them in rows as wide as the widest, its data the
+    first bytes of its row: each name learns its lane on every rank where every rank is on
+    one node (across nodes a narrower call folds only within ``fold.MIXED_EXTRA_BYTES``).
+    New data every round: each result is its own call's, with the bits of Python's steps."""
+    if rows == "chunked":
+        request.getfixturevalue("chunks")
+    elif rows == "shared" and hvd.local_size() != hvd.size():
+        pytest.skip("shared rows: every rank on one node")
+    dtype, length = WIDEST[rows]
+    kinds = [("float32", hvd.Sum, 1), (dtype, hvd.Average, length), ("int32", hvd.Max, 333),
+             ("uint8", hvd.Min, 7)]
+    names = [f"cfold.sizes.{rows}.{index}" for index in range(len(kinds))]
+    rounds = [[_inputs(kind, 500 + 10 * round_ + index, op, length=count)
+               for index, (kind, op, count) in enumerate(kinds)] for round_ in range(6)]
+
+    def run(inputs):
+        results = []
+        for name, (_, op, _), every in zip(names, kinds, inputs):
+            result = every[hvd.rank()].copy()
+            hvd.allreduce_(result, name=name, op=op)
+            results.append(result)
+        return results
+    results = {}
+    for mode in ("off", "wait"):
+        compiled.configure(mode)
+        before = _compiled_folds()
+        results[mode] = [result for inputs in rounds for result in run(inputs)]
+        if hvd.local_size() == hvd.size():
+            assert (_compiled_folds() > before) == (mode == "wait")
+    calls = [(op, every) for inputs in rounds for (_, op, _), every in zip(kinds, inputs)]
+    for (op, every), python, native in zip(calls, results["off"], results["wait"]):
+        assert native.tobytes() == python.tobytes()
+        assert_close(native, reference_allreduce(every, op))
+    if hvd.local_size() == hvd.size():
+        for _ in range(200):  # a call folds unless a peer's cycle started before its caller
+            if MPI.COMM_WORLD.allreduce(all(name in current().engine.lanes for name in names),
+                                        op=MPI.LAND):
+                break
+            run(rounds[-1])
+        else:
+            raise AssertionError("after 200 rounds some tensor never folded on some rank")
+
+
 @pytest.mark.parametrize("out_of_place", [False, True], ids=["in_place", "out_of_place"])
 @pytest.mark.parametrize("op,dtype", [(hvd.Sum, "float32"), (hvd.Average, "float32"),
                                       (hvd.Average, "int32")],

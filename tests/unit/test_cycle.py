@@ -113,7 +113,7 @@ class FoldingExecutor(RecordingExecutor):
     def lone_bytes(self, response):
         return 8 if response.error is None and response.meta.kind == "allreduce" else None
 
-    def contribute(self, request, out, plan=None):
+    def contribute(self, request, out, plan=None, least=0):
         out.view(np.float64)[0] = request.tensor[0]
         return True
 
@@ -128,12 +128,46 @@ class FoldingExecutor(RecordingExecutor):
             request.handle.set_result(None)  # the vote's path: not what these tests check
 
 
+class SizedFoldingExecutor(FoldingExecutor):
+    """Folds float64 Sum allreduces of any length, each in the first bytes of the rows, as
+    ``fold.LatencyFolding`` does; records the rows' width of every folded call."""
+
+    def __init__(self):
+        super().__init__()
+        self.widths = []
+
+    def lone_bytes(self, response):
+        if response.error is not None or response.meta.kind != "allreduce":
+            return None
+        return 8 * int(np.prod(response.meta.shape))
+
+    def contribute(self, request, out, plan=None, least=0):
+        nbytes = request.tensor.nbytes
+        if nbytes > out.nbytes or nbytes < least:
+            return False
+        out[:nbytes].view(np.float64)[...] = request.tensor
+        return True
+
+    def finish(self, response, request, rows, plan=None):
+        self.ran.append(response.name)
+        self.widths.append(rows.shape[1])
+        nbytes = request.tensor.nbytes
+        request.handle.set_result(rows[:, :nbytes].view(np.float64).sum(axis=0).tolist())
+
+
+class AcrossNodes(LocalExchange):
+    """A LocalExchange whose ranks are on different nodes."""
+
+    def one_node(self):
+        return False
+
+
 def _request(name, value=0.0, shape=(1,)):
     meta = Meta("allreduce", "float64", shape, Sum)
     return Request(name, meta, np.full(shape, value), None, Handle(name, None))
 
 
-def _play(size, script, executor=RecordingExecutor, cache_capacity=64):
+def _play(size, script, executor=RecordingExecutor, cache_capacity=64, exchange=LocalExchange):
     """Run ``script(rank, cycle, run)`` on ``size`` threads, one Cycle each, over one
     LocalExchange group; ``run(fresh)`` runs the next cycle with the requests ``fresh`` and
     returns its responses' names. Returns the rank's script results, by rank."""
@@ -143,7 +177,7 @@ def _play(size, script, executor=RecordingExecutor, cache_capacity=64):
     def rank_main(rank):
         pending = {}
         runner = executor()  # the driver's side: runs what a cycle decided, and folds
-        cycle = Cycle(LocalExchange(hub, rank), runner, cache_capacity)
+        cycle = Cycle(exchange(hub, rank), runner, cache_capacity)
 
         def run(fresh, **kwargs):
             pending.update((request.name, request) for request in fresh)
@@ -243,3 +277,54 @@ def test_a_repeated_lone_allreduce_folds_into_the_first_exchange():
         # the first two cycles go the usual way and tell the fold what repeats; the rest fold
         assert hits == 4
         assert values[2:] == [float(sum(rank + step for rank in range(3))) for step in range(2, 6)]
+
+
+def _turns(lengths, rounds):
+    """A script calling one float64 allreduce per name ``t{index}`` of each length in turn,
+    ``rounds`` times, each rank's values its rank plus the round; gives each call's result,
+    the folded calls' widths and the cycle's folded count."""
+    def script(rank, cycle, run):
+        results = []
+        for step in range(rounds):
+            for index, length in enumerate(lengths):
+                request = _request(f"t{index}", value=rank + step, shape=(length,))
+                run([request])
+                results.append(request.handle.result())
+        return results, cycle._fold.received_bytes, cycle.stats["inline_hits"]
+    return script
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_lone_allreduces_of_different_sizes_in_turn_fold_in_rows_of_the_widest(size):
+    """A scalar, a vector and a longer vector in turn: once each name is cached (its first
+    call goes by name, the usual way), every call folds, each in the first bytes of rows as
+    wide as the widest (rounded to a multiple of ``ROW_ALIGN``), and each result is its own
+    call's."""
+    from hororing.engine.fold import ROW_ALIGN, _HEAD
+    lengths, rounds = (1, 5, 3), 4
+    results = _play(size, _turns(lengths, rounds), executor=SizedFoldingExecutor)
+    width = -(-8 * max(lengths) // ROW_ALIGN) * ROW_ALIGN
+    for values, received, hits in results:
+        assert hits == len(lengths) * (rounds - 1)
+        assert received == size * (_HEAD + width)
+        calls = [(step, length) for step in range(rounds) for length in lengths]
+        for (step, length), value in zip(calls, values):
+            if value is not None:  # the vote's path leaves it None (FoldingExecutor)
+                assert value == [float(sum(rank + step for rank in range(size)))] * length
+
+
+def test_across_nodes_calls_of_different_sizes_fold_only_within_the_extra_bytes_allowed():
+    """Across nodes a narrower call folds in wider rows only while the rows carry at most
+    ``MIXED_EXTRA_BYTES`` beyond it over all ranks: 1000 and 1001 values fold in turn, a
+    scalar beside 8000 values never does (both go the usual way: a vote every call)."""
+    from hororing.engine.fold import MIXED_EXTRA_BYTES
+    size = 3
+    assert 8 * 8000 - 8 > MIXED_EXTRA_BYTES // size > 8  # what the two cases rest on
+    near = _play(size, _turns((1000, 1001), 3), executor=SizedFoldingExecutor,
+                 exchange=AcrossNodes)
+    assert all(hits == 4 for *_, hits in near)
+    far = _play(size, _turns((1, 8000), 3), executor=SizedFoldingExecutor,
+                exchange=AcrossNodes)
+    assert all(hits == 0 for *_, hits in far)
+    same_far = _play(size, _turns((1, 8000), 3), executor=SizedFoldingExecutor)
+    assert all(hits == 4 for *_, hits in same_far)  # within a node, any width folds
