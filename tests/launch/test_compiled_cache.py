@@ -67,6 +67,44 @@ def test_a_read_only_install_runs_the_compiled_ring_and_caches_it_in_the_users_c
         subprocess.run(["umount", str(package)], capture_output=True)
 
 
+COUNTS = """
+import numpy as np
+from hororing.algorithms import compiled
+assert compiled.__file__.startswith({package!r}), compiled.__file__
+seconds, why = compiled.compile_ahead([("fold", np.dtype("float32"))])
+assert why is None, why
+print(*compiled.cache_counts())
+"""
+
+
+def test_cached_code_made_from_other_sources_is_compiled_again(tmp_path):
+    """numba checks a cached function against its own file only: the fold cycle (folded.py)
+    inlines codes.py's field numbers and native.py's reductions, so a change to either must
+    make it compile again rather than load the old machine code."""
+    pytest.importorskip("numba")
+    package = tmp_path / "site"
+    shutil.copytree(ROOT / "hororing", package / "hororing",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "kernels", package / "hororing" / "kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(package))
+    env.pop("NUMBA_CACHE_DIR", None)  # the cache beside the copy's code
+    script = tmp_path / "counts.py"
+    script.write_text(COUNTS.format(package=str(package)))
+
+    def counts():
+        run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return [int(count) for count in run.stdout.split()]  # compiled, loaded
+    assert counts() == [1, 0]
+    assert counts() == [0, 1]
+    codes = package / "hororing" / "algorithms" / "compiled" / "codes.py"
+    codes.write_text(codes.read_text() + "\n# changed\n")
+    assert counts() == [1, 0]
+    assert counts() == [0, 1]
+
+
 FORKED_JOB = """
 import sys
 forked = "numba" in sys.modules  # imported by the warm process; a fresh rank has not

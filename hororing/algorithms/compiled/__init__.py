@@ -19,7 +19,9 @@ Where numba (or the MPI library's symbols) cannot be loaded, the Python steps ru
 """
 
 import atexit
+import hashlib
 import logging
+import os
 import threading
 
 import numpy as np
@@ -87,6 +89,7 @@ class _Loader:
     queued = set()
     thread = None
     wanted = []  # keys the background thread has still to compile
+    folded_fresh = False  # folded.py's cached code checked against the sources (``_fresh``)
 
 
 def configure(mode, after=1):
@@ -280,6 +283,44 @@ def cache_counts():
     return compiled, loaded
 
 
+# every source compiled code is made from: numba checks a cached function against its own
+# file only, so a change to another (codes.py's field numbers, native.py's reductions, which
+# folded.py's cycle inlines) would leave the old machine code looking valid
+SOURCES = ("codes.py", "native.py", "folded.py")
+
+
+def sources_stamp():
+    """A digest of ``SOURCES`` as a non-negative int64: what a module's compiled code was
+    made from (``native.built_from``, ``folded.built_from``)."""
+    digest = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in SOURCES:
+        with open(os.path.join(here, name), "rb") as source:
+            digest.update(source.read())
+    return int.from_bytes(digest.digest()[:7], "little")
+
+
+def _fresh(module):
+    """Drop ``module``'s functions from numba's disk cache where its cached code was made
+    from other sources than these (its ``built_from()``, loaded from the cache, gives the
+    digest it was compiled with); they compile again on first use. Raises where the cache
+    cannot be emptied or the code made again still says otherwise."""
+    from numba.core.dispatcher import Dispatcher
+
+    if module.built_from() == module.STAMP:
+        return
+    for value in vars(module).values():
+        if isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__ \
+                and value._cache is not None:
+            value._cache.flush()
+    module.built_from.recompile()
+    if module.built_from() != module.STAMP:
+        raise RuntimeError(f"{module.__name__}'s compiled code was made from other sources "
+                           f"and could not be made again")
+    log.info("hororing: %s's cached compiled code was made from other sources: compiled "
+             "again", module.__name__)
+
+
 def cache_path():
     """Where numba keeps the compiled steps' disk cache for this installation."""
     if _load() is None:
@@ -345,6 +386,7 @@ def _load():
     if _Loader.native is None and _Loader.error is None:
         try:
             from . import native
+            _fresh(native)
         except Exception as error:  # numba missing or broken, no MPI symbols: Python steps
             _Loader.error = f"{type(error).__name__}: {error}"
             log.info("hororing: the ring's compiled steps are off: %s", _Loader.error)
@@ -366,6 +408,9 @@ def _compile(key):
         from numba import types
         if isinstance(key[0], str):  # the fold cycle: ("fold", dtype)
             from . import folded
+            if not _Loader.folded_fresh:
+                _fresh(folded)
+                _Loader.folded_fresh = True
             dtype = key[1]
             array = types.Array(numba.from_dtype(carried(dtype)), 1, "C")
             signature = (array, array, types.Array(types.int64, 1, "C"))

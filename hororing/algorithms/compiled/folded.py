@@ -40,7 +40,7 @@ from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FINALIZE, F_FL
                     F_HIGH, F_LINE, F_LINES, F_LOW, F_MINE, F_OP, F_RANK, F_RESULT, F_ROW, F_ROWS,
                     F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS,
                     F_WIN, F_YIELD, FINALIZE, SPUN, WAIT)
-from .native import _combine, _pointer, _sched_yield, _test
+from .native import STAMP, _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
 # the result is reduced a block of this many bytes at a time, which stays in the L1 cache
@@ -50,6 +50,13 @@ _BLOCK_BYTES = 16 * 1024
 _start = types.ExternalFunction("MPI_Start", types.int32(types.voidptr))
 _win_sync = types.ExternalFunction("MPI_Win_sync", types.int32(types.int64))
 _ibarrier = types.ExternalFunction("MPI_Ibarrier", types.int32(types.int64, types.voidptr))
+
+
+@numba.njit(cache=True)
+def built_from():
+    """The sources' digest this module's cached code was compiled with (``native.STAMP``
+    when it was compiled: ``compiled._fresh``)."""
+    return STAMP
 
 
 @numba.njit(cache=True, nogil=True)

@@ -30,12 +30,21 @@ from llvmlite import ir
 from numba.extending import intrinsic, overload
 
 from ..._mpi import MPI
-from . import mapped_library
-
+from . import mapped_library, sources_stamp
 from .codes import (DONE, FINALIZE, FIN_START, FIN_STOP, ERROR, INDEX, PC, POSTED, P_BYTE,
                     P_COMM, P_FINALIZE, P_IN_PLACE, P_LARGEST, P_LEFT, P_OP, P_RIGHT,
                     P_HALF, P_SPIN, P_YIELD, SLOT, SLOT_BYTES, TAG, WAIT)
 
+# the digest of the sources this process has (``compiled.sources_stamp``); ``built_from``
+# gives the one the cached code was compiled with (a global is a constant to numba)
+STAMP = sources_stamp()
+
+
+@numba.njit(cache=True)
+def built_from():
+    """The sources' digest this module's cached code was compiled with (``STAMP`` when it
+    was compiled: ``compiled._fresh``)."""
+    return STAMP
 
 
 def library_path():
