@@ -60,7 +60,7 @@ class Cycle:
     asks), ``inline_cycles`` that began with the fold's exchange and ``inline_hits`` that
     completed in it (``lane_hits`` of them a lane's: ``lane.py``; ``compiled_folds`` lane
     cycles run as one compiled call: ``compiled_fold.py``), ``received_bytes`` by
-    negotiation.
+    negotiation (``fold_bytes`` of them in the fold's exchanges, which carry the data too).
     """
 
     def __init__(self, exchange, folding, cache_capacity):
@@ -81,7 +81,7 @@ class Cycle:
         self._fold = Fold(exchange, folding)
         self.stats = {"cycles": 0, "gather_cycles": 0, "stall_gathers": 0, "inline_cycles": 0,
                       "inline_hits": 0, "lane_hits": 0, "compiled_folds": 0,
-                      "received_bytes": 0, "deadlocks": 0}
+                      "received_bytes": 0, "fold_bytes": 0, "deadlocks": 0}
 
     # ---- what the driver asks of it -----------------------------------------------------
 
@@ -158,6 +158,7 @@ class Cycle:
         stats = self.stats
         stats["inline_cycles"] += 1
         stats["received_bytes"] += fold.received_bytes
+        stats["fold_bytes"] += fold.received_bytes
         if folded:
             stats["inline_hits"] += 1
             stats["lane_hits"] += 1
@@ -236,6 +237,7 @@ class Cycle:
             return None
         self.stats["inline_cycles"] += 1
         self.stats["received_bytes"] += fold.received_bytes
+        self.stats["fold_bytes"] += fold.received_bytes
         cache_id = fold.agreed()
         if cache_id is None:
             return ()

@@ -3,17 +3,18 @@ the exchange's side (``Fold``, which the cycle runs) and the data's (``LatencyFo
 a rank contributes, and the allreduce completed from every rank's row, which the engine runs
 when the cycle says the fold was agreed).
 
-A loop of blocking small allreduces runs one per cycle. Once the last two cycles that ran
-anything each ran one lone allreduce on the latency path, the next cycle starts with an
-allgather of rows (fields, data) instead of the vote: each rank's fields say "folded" and
-the cache id of the one allreduce it has waiting, and its data is that allreduce's
-contribution, in the first bytes of its row. The rows are as wide as the widest of the last
-few lone allreduces (``Fold.predict``), so a loop reducing tensors of different sizes in turn
-(a scalar loss and a vector of metrics) folds each of them; the cache id names the call, and
-so how many of a row's bytes it fills. Where the rows cross nodes, a call narrower than the
-rows folds only while what the rows carry beyond it stays within ``MIXED_EXTRA_BYTES``. When every rank's fields agree, the allreduce is complete in that
-one exchange (the executor reduces the rows in rank order, as the latency path would);
-otherwise the rows are discarded and the cycle goes on to the vote. Whether to fold is
+A loop of blocking small allreduces runs one per cycle. Once the cycles since the last busier
+one each ran one lone allreduce on the latency path, and the size of the last came before
+among them (a loop), the next cycle starts with an allgather of rows (fields, data) instead
+of the vote: each rank's fields say "folded" and the cache id of the one allreduce it has
+waiting, and its data is that allreduce's contribution, in the first bytes of its row. The
+rows are as wide as the widest of the last few lone allreduces (``Fold.predict``), so a loop
+reducing tensors of different sizes in turn (a scalar loss and a vector of metrics) folds
+each of them; the cache id names the call, and so how many of a row's bytes it fills. Where
+the rows cross nodes, a call narrower than the rows folds only while what the rows carry
+beyond it stays within ``MIXED_EXTRA_BYTES``. When every rank's fields agree, the
+allreduce is complete in that one exchange (the executor reduces the rows in rank order, as
+the latency path would); otherwise the rows are discarded and the cycle goes on to the vote. Whether to fold is
 decided from the responses alone, so every rank decides alike. Where every rank is on one
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
@@ -132,10 +133,12 @@ class Fold:
         self._chunks = False
 
     def predict(self, responses):
-        """Fold the next cycle when this one and the last that ran anything each ran one
-        lone allreduce that the latency path would take: in rows as wide as the widest of
-        the last ``RECENT_LONE`` such allreduces, which take calls of ``least`` bytes up to
-        that width. Where their sizes differ and the rows cross nodes, every one of them must
+        """Fold the next cycle when the cycles that ran anything since the last that ran
+        more each ran one lone allreduce that the latency path would take, and this one's
+        size came before among them (a loop: a cycle of several calls between lone ones, as
+        asynchronous calls give, would waste the fold's exchange): in rows as wide as the
+        widest of the last ``RECENT_LONE`` such allreduces, which take calls of ``least``
+        bytes up to that width. Where their sizes differ and the rows cross nodes, every one of them must
         fit within ``MIXED_EXTRA_BYTES`` (else the rows are the last size where it repeats).
         The same on every rank: it is decided from the responses alone."""
         lone = None
@@ -146,10 +149,11 @@ class Fold:
             self.bytes = self.least = None
             return
         recent = self._recent = self._recent[1 - RECENT_LONE:] + (lone,)
-        widest, narrowest = max(recent), min(recent)
-        if len(recent) < 2:
+        if lone not in recent[:-1]:  # not yet a loop: nothing repeats since a busier cycle
             self.bytes = self.least = None
-        elif widest == narrowest:
+            return
+        widest, narrowest = max(recent), min(recent)
+        if widest == narrowest:
             self.bytes = self.least = lone
         else:
             width = -(-widest // ROW_ALIGN) * ROW_ALIGN
