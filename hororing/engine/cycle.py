@@ -127,7 +127,8 @@ class Cycle:
         request carries its cache id), where the next cycle, announcing only it, folds it on
         this rank: nothing else announced by bit, no gathered cycle asked for, the fold
         expected in rows that take its size, nothing in the negotiation table (so neither
-        its name nor a join), its cache entry the lane's own. Then the same cycle, its steps written out.
+        its name nor a join), its cache entry the lane's own. Then the same cycle, its steps
+        written out.
         Returns ``NOT_RUN`` where it does not fold (nothing done: the call goes the usual
         way); the gathered rows when every rank folded it (``fold.REDUCED`` or
         ``fold.FINALIZED`` where the cycle ran compiled and the request's output holds them

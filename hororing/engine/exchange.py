@@ -45,25 +45,27 @@ class MpiExchange:
     def one_node(self):
         """Whether every rank is on one node. Collective the first time it is asked."""
         if self._one_node is None:
-            if self._node:  # the node's communicator: every rank is on it
-                self._one_node = True
-            else:
-                node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-                self._one_node = node.Get_size() == self.size
-                node.Free()
+            self._find_node()
         return self._one_node
+
+    def _find_node(self):
+        """Whether every rank is on one node (``_one_node``), and where they are and the
+        fold's rows may be shared, the node's communicator, kept (``_node``; else False).
+        Collective."""
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)  # in this communicator's order
+        self._one_node = node.Get_size() == self.size
+        if self._one_node and self._node is None:
+            self._node = faults.track(node)
+        else:
+            node.Free()
+            self._node = False
 
     def shared_rows(self, width):
         """``SharedRows`` of ``width`` bytes a row where every rank is on one node and the
         rows are at least ``SHARED_ROWS_MIN`` bytes; None where the rows are to be gathered
         by MPI. Collective: the same answer on every rank."""
         if self._node is None:  # the node's communicator, looked for once
-            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)  # in this communicator's order
-            if node.Get_size() == self.size:
-                self._node = faults.track(node)
-            else:
-                node.Free()
-                self._node = False
+            self._find_node()
         if self._node is False or width < SHARED_ROWS_MIN:
             return None
         return SharedRows(self._node, width)

@@ -14,8 +14,8 @@ each of them; the cache id names the call, and so how many of a row's bytes it f
 the rows cross nodes, a call narrower than the rows folds only while what the rows carry
 beyond it stays within ``MIXED_EXTRA_BYTES``. When every rank's fields agree, the
 allreduce is complete in that one exchange (the executor reduces the rows in rank order, as
-the latency path would); otherwise the rows are discarded and the cycle goes on to the vote. Whether to fold is
-decided from the responses alone, so every rank decides alike. Where every rank is on one
+the latency path would); otherwise the rows are discarded and the cycle goes on to the
+vote. Whether to fold is decided from the responses alone, so every rank decides alike. Where every rank is on one
 node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
 shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
 bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
@@ -116,7 +116,6 @@ class Fold:
         self.bytes = None  # the data bytes of the next cycle's rows (None: no fold)
         self.least = None  # the fewest bytes a call folded in them may have
         self._recent = ()  # the bytes of the last lone allreduces (RECENT_LONE at most)
-        self._one_node = None  # every rank on one node (asked once, where sizes differ)
         self._width = 0  # the rows' bytes, head included (0: no rows made)
         self._turns = None  # shared rows: each set's views, used in turn (else None)
         self._turn = 0
@@ -138,9 +137,9 @@ class Fold:
         size came before among them (a loop: a cycle of several calls between lone ones, as
         asynchronous calls give, would waste the fold's exchange): in rows as wide as the
         widest of the last ``RECENT_LONE`` such allreduces, which take calls of ``least``
-        bytes up to that width. Where their sizes differ and the rows cross nodes, every one of them must
-        fit within ``MIXED_EXTRA_BYTES`` (else the rows are the last size where it repeats).
-        The same on every rank: it is decided from the responses alone."""
+        bytes up to that width. Where their sizes differ and the rows cross nodes, every one
+        of them must fit within ``MIXED_EXTRA_BYTES`` (else the rows are the last size where
+        it repeats). The same on every rank: it is decided from the responses alone."""
         lone = None
         if len(responses) == 1:
             lone = self._folding.lone_bytes(responses[0])
@@ -165,11 +164,9 @@ class Fold:
 
     def _within_node(self):
         """Whether every rank is on one node (an exchange in one process: True). Collective
-        the first time: ``predict`` asks on every rank alike."""
-        if self._one_node is None:
-            one_node = getattr(self._exchange_with, "one_node", None)
-            self._one_node = True if one_node is None else one_node()
-        return self._one_node
+        the first time the exchange is asked: ``predict`` asks on every rank alike."""
+        one_node = getattr(self._exchange_with, "one_node", None)
+        return True if one_node is None else one_node()
 
     def start(self, waiting, plan=None):
         """Fill this rank's row and start the exchange of every rank's row; return the

@@ -39,15 +39,21 @@ def _mount_read_only(path):
     return True
 
 
+def _copy_of_the_package(site):
+    """The package (its kernels where an install puts them) copied into ``site``, without
+    any compiled cache; returns ``site``."""
+    shutil.copytree(ROOT / "hororing", site / "hororing",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "kernels", site / "hororing" / "kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
 def test_a_read_only_install_runs_the_compiled_ring_and_caches_it_in_the_users_cache(tmp_path):
     pytest.importorskip("numba")
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a read-only bind mount needs root and mount(8)")
-    package = tmp_path / "site"
-    shutil.copytree(ROOT / "hororing", package / "hororing",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "kernels", package / "hororing" / "kernels",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    package = _copy_of_the_package(tmp_path / "site")
     if not _mount_read_only(package):
         pytest.skip("this machine cannot make a read-only bind mount")
     try:
@@ -82,11 +88,7 @@ def test_cached_code_made_from_other_sources_is_compiled_again(tmp_path):
     inlines codes.py's field numbers and native.py's reductions, so a change to either must
     make it compile again rather than load the old machine code."""
     pytest.importorskip("numba")
-    package = tmp_path / "site"
-    shutil.copytree(ROOT / "hororing", package / "hororing",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "kernels", package / "hororing" / "kernels",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    package = _copy_of_the_package(tmp_path / "site")
     env = dict(os.environ, PYTHONPATH=str(package))
     env.pop("NUMBA_CACHE_DIR", None)  # the cache beside the copy's code
     script = tmp_path / "counts.py"
