@@ -139,7 +139,11 @@ class Fold:
         widest of the last ``RECENT_LONE`` such allreduces, which take calls of ``least``
         bytes up to that width. Where their sizes differ and the rows cross nodes, every one
         of them must fit within ``MIXED_EXTRA_BYTES`` (else the rows are the last size where
-        it repeats). The same on every rank: it is decided from the responses alone."""
+        it repeats). The same on every rank: it is decided from the responses alone.
+        Rows of another width are made here (collective: a shared window is made and freed
+        with the node's barriers), in the cycle every rank has reached, and not when the
+        next cycle starts: a rank starts that one for its own news before waking its peers,
+        and a peer with none would never come to the window's barrier."""
         lone = None
         if len(responses) == 1:
             lone = self._folding.lone_bytes(responses[0])
@@ -161,6 +165,8 @@ class Fold:
                 self.bytes, self.least = width, least
             else:
                 self.bytes = self.least = lone if recent[-2] == lone else None
+        if self.bytes is not None and self._width != _HEAD + self.bytes:
+            self._make(_HEAD + self.bytes)
 
     def _within_node(self):
         """Whether every rank is on one node (an exchange in one process: True). Collective
@@ -173,8 +179,6 @@ class Fold:
         request to wait on. ``waiting``: the one cached request this rank has waiting and
         may fold (None: this rank's row says "not this time"); ``plan``: its plan, where the
         caller holds it (a lane). The same cycle on every rank."""
-        if self._width != _HEAD + self.bytes:
-            self._make(_HEAD + self.bytes)  # rows of another size, made on every rank alike
         if self._turns is not None:
             self._next_set()
         fields = self._fields
@@ -194,7 +198,7 @@ class Fold:
 
     def _make(self, width):
         """The rows' buffers and exchange for rows of ``width`` bytes (collective)."""
-        self.free()
+        self._release()
         self._width = width
         self.received_bytes = self.size * width
         shared_rows = getattr(self._exchange_with, "shared_rows", None)  # not in-process
@@ -234,8 +238,6 @@ class Fold:
         finalized); False: they did not all fold it (the rows are exchanged; the cycle goes
         on to the vote); None: not run, nothing exchanged. ``activity``: entered around a
         wait that sleeps."""
-        if self._width != _HEAD + self.bytes:
-            self._make(_HEAD + self.bytes)  # as ``start`` would, on every rank alike
         compiled = self._compiled
         if compiled is None:
             return None
@@ -256,7 +258,14 @@ class Fold:
         return FINALIZED if self._chunks else REDUCED
 
     def free(self, clean=True):
-        """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``)."""
+        """Free the exchange (``clean`` False: after a failure, as ``SharedRows.free``); no
+        cycle folds after it."""
+        self._release(clean)
+        self.bytes = self.least = None
+        self._recent = ()
+
+    def _release(self, clean=True):
+        """Free the rows' exchange and buffers (collective where ``clean``)."""
         self._compiled = None
         if self._exchange is not None:
             if self._turns is not None:

@@ -5,6 +5,8 @@ against a float64 reference, for every op and several dtypes, sizes no rank coun
 the rows' size changing in the loop; a peer that changes its call under the shared rows
 named on every rank."""
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -146,6 +148,51 @@ def test_rows_of_another_size_make_new_shared_rows_on_every_rank():
             expected = (np.arange(length, dtype=np.float64) * hvd.size()
                         + sum(range(hvd.size()))) * (call + 1)
             assert_close(result, expected.astype(np.float32))
+
+
+@SINGLE
+@pytest.mark.timeout(120)
+def test_wider_rows_are_made_in_the_cycle_every_rank_is_in():
+    """A loop's lone call of a new width comes round again while the other ranks already
+    wait on their next call, announced before it: the cycle after it is rank 0's alone to
+    start (its news), and the others take part only once woken. The wider rows are made
+    (collectively: a shared window freed and made) in the lone call's cycle, which every
+    rank is in, not when rank 0 starts the next one, which would hold rank 0 in the
+    window's barrier before it woke anyone (then only the blocked ranks' deadlock check,
+    off here, would end the wait)."""
+    hvd.shutdown()  # the fold's history from this loop alone
+    hvd.init(deadlock_grace_seconds=0)
+    try:
+        _wider_rows_while_the_others_wait()
+    finally:
+        hvd.shutdown()
+        hvd.init()
+
+
+def _wider_rows_while_the_others_wait():
+    narrow = np.arange(2049, dtype=np.float32) + hvd.rank()  # rows of 8 KiB and more
+    wide = np.arange(LENGTH, dtype=np.float32) + hvd.rank()
+    idle = np.full(3, hvd.rank() + 1.0)
+    for _ in range(2):  # a loop of one size: rows of its width
+        hvd.allreduce(narrow, name="shared.narrow", op=hvd.Sum)
+    hvd.allreduce(wide, name="shared.wide", op=hvd.Sum)  # a new size: no fold yet
+    if hvd.rank() == 0:
+        result = hvd.allreduce(wide, name="shared.wide", op=hvd.Sum)  # comes round: wider rows
+        made = _fold().bytes, _fold()._width
+        time.sleep(0.3)  # the others wait on "shared.idle", announced
+        later = hvd.allreduce(idle, name="shared.idle", op=hvd.Sum)
+    else:
+        idle_handle = hvd.allreduce_async(idle, name="shared.idle", op=hvd.Sum)
+        wide_handle = hvd.allreduce_async(wide, name="shared.wide", op=hvd.Sum)
+        result = hvd.synchronize(wide_handle)
+        made = _fold().bytes, _fold()._width
+        later = hvd.synchronize(idle_handle)
+    expected = np.arange(LENGTH, dtype=np.float64) * hvd.size() + sum(range(hvd.size()))
+    assert_close(result, expected.astype(np.float32))
+    np.testing.assert_array_equal(later, np.full(3, hvd.size() * (hvd.size() + 1) / 2))
+    # the next cycle folds in rows as wide as the wide call, made with that call's cycle
+    # (16: the rows' fields)
+    assert made[0] is not None and made[0] >= wide.nbytes and made[1] == 16 + made[0], made
 
 
 @SINGLE
