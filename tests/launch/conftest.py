@@ -105,6 +105,8 @@ FULL_ONLY = {
     "test_tf1_example.py::test_tf1_graph_training_reaches_95_percent[3]",
     "test_bench_keras.py::test_bench_keras_reports_every_variant",
     "test_checkpoint_sizes.py::test_a_local_sgd_or_diloco_checkpoint_of_3_ranks_resumes_at_2_and_4[LocalSGD]",  # [DiLoCo] kept
+    # a real torn save kept (over a complete one); the refusal with nothing complete in tests/mpi
+    "test_checkpoint_sizes.py::test_a_save_a_rank_died_in_is_never_loaded",
     "test_benchmarks.py::test_bench_tuning_sweeps_every_setting_with_correct_results",
     "test_bench_autotune.py::test_bench_autotune_tunes_from_the_poor_start_and_times_the_grid",
     "test_mpi_operator.py::test_training_in_the_mpijob_reaches_the_accuracy_of_a_local_run[mpirun]",  # [hororun] kept
