@@ -33,7 +33,7 @@ rank_counts=(1 3)
 openmpi_ranks=2
 across_hosts=(tests/mpi/test_allreduce.py tests/mpi/test_hierarchical.py
               tests/mpi/test_collectives.py tests/mpi/test_errors.py
-              tests/mpi/test_mixed_schedules.py)
+              tests/mpi/test_mixed_schedules.py tests/mpi/test_compiled_fold.py)
 # Under Open MPI the quick run leaves out the TensorFlow and Keras suites: they reach MPI only
 # through the engine the other suites cover, and take a third of the stage (TensorFlow's import)
 openmpi_skip=(--ignore=tests/mpi/test_keras.py --ignore=tests/mpi/test_keras_local_sgd.py

@@ -20,8 +20,8 @@ from ..algorithms.compiled.codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVI
                                          F_FINALIZE, F_FLAG, F_HALF, F_HIGH, F_LINE, F_LINES,
                                          F_LOW, F_MINE, F_OP, F_RANK, F_RESULT, F_ROW, F_ROWS,
                                          F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS,
-                                         F_STRIDE, F_WIN, F_YIELD, FIELDS, FINALIZE, OPS, SPUN,
-                                         WAIT)
+                                         F_STRIDE, F_WAKE, F_WIN, F_YIELD, FIELDS, FINALIZE, OPS,
+                                         SPUN, WAIT)
 from ..algorithms.plan import chunk_bounds
 
 
@@ -31,6 +31,14 @@ from ..algorithms.plan import chunk_bounds
 # Woken after the same 50 tests, rank 1 of 2 sent a wake-up on 26% of 3000 calls (4% from
 # Python); after 400, on 0.2-2%
 SPIN_SCALE = 8
+# Across nodes a compiled test costs what Python's does (the network module's progress, a
+# system call, not the interpreter): it spins Python's count, then yields the core. Spun
+# SPIN_SCALE times that, 4 ranks two to a host on 2 cores ran a 4 KiB fold at 0.22-0.28 of
+# MPI_Allreduce's speed (Python's steps 0.33-0.48); spun this, 0.64-0.75. The peers are
+# still woken after SPIN_SCALE times the tests, as on one node: woken after Python's count,
+# one rank a host ran 16 KiB at 0.78-0.85 against 0.90-0.93, a wake-up sent on most calls
+# while the link carried the rows (docs/compiled.md)
+NETWORK_SPIN_SCALE = 1
 # a test of the window's flag counts (MPI_Win_sync and a load a rank) takes 0.012 us here,
 # a tenth of a compiled MPI_Test: spun SPIN_SCALE times the tests, a 64 KiB fold over shared
 # rows at 2 ranks woke its peer from Python often enough to cost 14 Python calls a call
@@ -72,6 +80,8 @@ class CompiledFold:
         self._test = None
         self._entered = None  # where the barrier waits on flags: whether every rank entered
         self._backoff = -1  # the back-off's version the spin fields were set from
+        # its tests a Python test's worth of spinning, and of testing before it wakes the peers
+        self._scale = self._wake_scale = SPIN_SCALE
         # rows reduced chunk by chunk (``shared``): the shared result row, this rank's place
         # among the rows, and its chunk of the result as the plan's dtype (what it finalizes)
         self._result, self._rank, self._chunk = None, 0, None
@@ -82,15 +92,18 @@ class CompiledFold:
         fields[F_ROW], fields[F_ROWS], fields[F_STRIDE] = self._sets[index]
 
     @classmethod
-    def gathered(cls, row, rows, exchange):
+    def gathered(cls, row, rows, exchange, one_node):
         """The compiled cycle over rows gathered by ``exchange`` (``transport.Exchange``), or
         None where that is not one persistent request (an MPI without persistent
-        collectives)."""
+        collectives). ``one_node``: whether every rank is on this node (its tests spin as
+        long as Python's then at ``SPIN_SCALE`` times their count, else at
+        ``NETWORK_SPIN_SCALE``; either way the peers are woken after ``SPIN_SCALE`` times)."""
         persistent = getattr(exchange, "persistent", None)
         if persistent is None:
             return None
         compiled = cls([(row, rows)], persistent)
         compiled._slot[0] = handle(persistent)
+        compiled._scale = SPIN_SCALE if one_node else NETWORK_SPIN_SCALE
         return compiled
 
     @classmethod
@@ -110,6 +123,7 @@ class CompiledFold:
         if lines is not None:
             fields[F_LINES], fields[F_MINE], fields[F_LINE] = lines
             compiled._entered = shared_window.all_entered
+            compiled._scale = compiled._wake_scale = FLAG_SPIN_SCALE
         if result is not None:
             fields[F_RESULT], fields[F_RANK] = result.ctypes.data, rank
             compiled._result, compiled._rank = result, rank
@@ -133,9 +147,12 @@ class CompiledFold:
             self._plan = plan
         backoff = transport.Backoff
         if backoff.version != self._backoff:  # set (again) since the last cycle
-            spin = backoff.spin_tests * (FLAG_SPIN_SCALE if fields[F_LINES] else SPIN_SCALE)
-            fields[F_SPIN] = spin
-            fields[F_YIELD] = backoff.yield_tests - backoff.spin_tests + spin
+            spin = backoff.spin_tests * self._scale
+            yields = backoff.yield_tests - backoff.spin_tests + spin
+            fields[F_SPIN], fields[F_YIELD] = spin, yields
+            # woken once, before the sleep (at the first test where there is no spin)
+            fields[F_WAKE] = max(1, min(max(backoff.spin_tests * self._wake_scale, spin),
+                                        yields))
             self._backoff = backoff.version
         fields[F_STAGE] = 0
         if source.ndim != 1:

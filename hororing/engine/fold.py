@@ -219,7 +219,7 @@ class Fold:
         self._row, self._fields, self._data, self.gathered, self._heads = \
             self._views(row, rows)
         self._exchange = self._exchange_with.repeated("allgather", row, rows)
-        self._compiled = CompiledFold.gathered(row, rows, self._exchange)
+        self._compiled = CompiledFold.gathered(row, rows, self._exchange, self._within_node())
 
     @staticmethod
     def _views(row, rows, chunked=None):

@@ -381,3 +381,32 @@ def test_a_late_peer_is_waited_for_in_the_sleeping_phase(length):
     finally:
         transport.set_backoff(*before)
     assert_close(native, reference_allreduce(inputs, hvd.Sum))
+
+
+@pytest.mark.skipif(SINGLE, reason="one rank exchanges no rows")
+@pytest.mark.parametrize("length", [LENGTH, LONG])
+def test_the_spin_lasts_as_long_as_pythons_and_the_wake_up_comes_as_late_for_each_kind_of_rows(
+        length):
+    """A compiled test of the node's shared memory costs a fraction of Python's, so the
+    compiled cycle spins that many times the tests; one across nodes costs what Python's
+    does (the network's progress), so it spins Python's count there and then yields the
+    core. Either way the peers are woken after as many tests as on the node, before the
+    sleep. The multiples are the ones for where the rows go, as MPI places the ranks."""
+    from hororing.algorithms.compiled.codes import F_LINES, F_SPIN, F_WAKE, F_YIELD
+    from hororing.engine import compiled_fold
+    from reference import every_rank_on_one_node
+
+    inputs = _inputs("float32", 8, hvd.Sum, length=length)
+    _repeat("wait", f"cfold.spin.{length}", inputs, hvd.Sum, until_compiled=True)
+    fields = current().engine.cycle._fold._compiled.fields
+    spin_tests, yield_tests, _ = transport.backoff()
+    wake = compiled_fold.SPIN_SCALE
+    if not every_rank_on_one_node():
+        spin = compiled_fold.NETWORK_SPIN_SCALE
+    elif fields[F_LINES] != 0:  # the node's shared rows, whose barrier waits on flags
+        spin = wake = compiled_fold.FLAG_SPIN_SCALE
+    else:
+        spin = compiled_fold.SPIN_SCALE
+    assert fields[F_SPIN] == spin_tests * spin
+    assert fields[F_YIELD] == yield_tests - spin_tests + spin_tests * spin
+    assert fields[F_WAKE] == spin_tests * wake <= fields[F_YIELD]

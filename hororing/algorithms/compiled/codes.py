@@ -19,7 +19,8 @@ SPUN, APART = 3, 4
 # chunk, else 0; F_LOW:F_HIGH this rank's chunk then, F_RANK its row, and F_FINALIZE whether
 # Python finalizes it; F_LINES: the address of the first rank's barrier count where the shared rows' barriers
 # wait on flags (``shared_window.SharedWindow``), else 0; F_MINE this rank's, F_LINE the bytes
-# from one count to the next)
+# from one count to the next; F_SPIN the tests spun, F_WAKE the test after which the caller
+# wakes the peers, F_SPIN <= F_WAKE <= F_YIELD, F_YIELD the last before it sleeps)
 (F_STAGE, F_TESTS, F_SLOT, F_FLAG, F_STATUS, F_ROW, F_ROWS, F_STRIDE, F_SIZE, F_OP, F_HALF,
  F_CACHE_ID, F_SPIN, F_YIELD, F_SHARED, F_WIN, F_COMM, F_DIVISOR, F_RESULT, F_LOW, F_HIGH,
- F_FINALIZE, F_LINES, F_MINE, F_LINE, F_RANK, FIELDS) = range(27)
+ F_FINALIZE, F_LINES, F_MINE, F_LINE, F_RANK, F_WAKE, FIELDS) = range(28)

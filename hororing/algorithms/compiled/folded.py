@@ -25,9 +25,9 @@ it), 3 starts a second barrier (the same fences around the same MPI_Ibarrier as
 ``SharedRows.barrier``), 4 waits for it, then the others' chunks of the result row are
 copied out (this rank's went into the output block by block as it was reduced, where the
 caller does not finalize it after). It polls as
-``transport.wait_until`` does: it returns SPUN after ``F_SPIN`` tests (the caller wakes the
-peers and calls again) and WAIT after ``F_YIELD``, tests separated by sched_yield (the
-caller sleeps until the request completes and calls again). Then APART where the ranks'
+``transport.wait_until`` does: ``F_SPIN`` tests back to back, then tests separated by
+sched_yield; it returns SPUN at test ``F_WAKE`` (the caller wakes the peers and calls again)
+and WAIT after ``F_YIELD`` (the caller sleeps until the request completes and calls again). Then APART where the ranks'
 fields differ (the cycle goes on to the vote), or DONE with the result in the output,
 divided by ``F_DIVISOR`` where that is not 0 (a float Average, which the caller would
 otherwise finalize in Python).
@@ -39,7 +39,7 @@ from numba import types
 from .codes import (APART, DONE, F_CACHE_ID, F_COMM, F_DIVISOR, F_FINALIZE, F_FLAG, F_HALF,
                     F_HIGH, F_LINE, F_LINES, F_LOW, F_MINE, F_OP, F_RANK, F_RESULT, F_ROW, F_ROWS,
                     F_SHARED, F_SIZE, F_SLOT, F_SPIN, F_STAGE, F_STATUS, F_STRIDE, F_TESTS,
-                    F_WIN, F_YIELD, FINALIZE, SPUN, WAIT)
+                    F_WAKE, F_WIN, F_YIELD, FINALIZE, SPUN, WAIT)
 from .native import STAMP, _combine, _pointer, _sched_yield, _test
 
 _HEAD = 16  # the row's fields: two int64 (fold.FIELDS)
@@ -169,11 +169,11 @@ def _entered(p):
 @numba.njit(cache=True, nogil=True)
 def _poll(p, spun):
     """Test the barrier (the counts, or the request in ``F_SLOT``) until it completes
-    (DONE), in the phases of ``transport.wait_until``: SPUN once after ``F_SPIN`` tests
-    where ``spun`` (the caller wakes the peers), WAIT after ``F_YIELD`` (the caller sleeps),
-    sched_yield between."""
+    (DONE), in the phases of ``transport.wait_until``: ``F_SPIN`` tests back to back, then
+    tests with a sched_yield between; SPUN once at test ``F_WAKE`` where ``spun`` (the caller
+    wakes the peers), WAIT after ``F_YIELD`` (the caller sleeps)."""
     flag = numba.carray(_pointer(p[F_FLAG]), 1, numba.int32)
-    spin, yields = p[F_SPIN], p[F_YIELD]
+    spin, wake, yields = p[F_SPIN], p[F_WAKE], p[F_YIELD]
     while True:
         if p[F_LINES] != 0:
             if _entered(p):
@@ -189,7 +189,7 @@ def _poll(p, spun):
         p[F_TESTS] = tests
         if tests < spin:
             continue
-        if spun and tests == max(spin, 1):
+        if spun and tests == wake:
             return SPUN
         if tests >= yields:
             return WAIT
