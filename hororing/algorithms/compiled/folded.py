@@ -24,10 +24,10 @@ finalizes that chunk (an integer Average: each chunk is finalized before the oth
 it), 3 starts a second barrier (the same fences around the same MPI_Ibarrier as
 ``SharedRows.barrier``), 4 waits for it, then the others' chunks of the result row are
 copied out (this rank's went into the output block by block as it was reduced, where the
-caller does not finalize it after). It polls as
-``transport.wait_until`` does: ``F_SPIN`` tests back to back, then tests separated by
-sched_yield; it returns SPUN at test ``F_WAKE`` (the caller wakes the peers and calls again)
-and WAIT after ``F_YIELD`` (the caller sleeps until the request completes and calls again). Then APART where the ranks'
+caller does not finalize it after). It polls as ``transport.wait_until`` does: ``F_SPIN``
+tests back to back, then tests separated by sched_yield; it returns SPUN at test ``F_WAKE``
+(the caller wakes the peers and calls again) and WAIT after ``F_YIELD`` (the caller sleeps
+until the request completes and calls again). Then APART where the ranks'
 fields differ (the cycle goes on to the vote), or DONE with the result in the output,
 divided by ``F_DIVISOR`` where that is not 0 (a float Average, which the caller would
 otherwise finalize in Python).
