@@ -64,9 +64,12 @@ def peer_lost(error, comm):
     error_class = error.Get_error_class()
     if error_class in lost:
         return True
-    # a Testall/Testsome reports a failed request's error in its status only: a peer's death
-    # this process knows of, or a communicator a survivor revoked
-    return error_class == MPI.ERR_IN_STATUS and (bool(failed_ranks(comm)) or _any_revoked())
+    # a Testall/Testsome reports a failed request's error in its status only, and Open MPI's
+    # nonblocking collectives (a persistent allgather's schedule that met the dead peer)
+    # complete with MPI_ERR_OTHER: a peer's death this process knows of, or a communicator a
+    # survivor revoked, says which
+    return error_class in (MPI.ERR_IN_STATUS, MPI.ERR_OTHER) and \
+        (bool(failed_ranks(comm)) or _any_revoked())
 
 
 def _any_revoked():
