@@ -8,7 +8,7 @@
 # Operator's launcher pod, and with ranks killed and the survivors going on (ULFM).
 # Every mpiexec has a hard timeout.
 #
-#   bash tests/run.sh          the quick run (CI, about 40-50 minutes on 2 cores): every test
+#   bash tests/run.sh          the quick run (CI, about 30-40 minutes on 2 cores): every test
 #                              file, one launch of each capability (tests/launch/conftest.py
 #                              FULL_ONLY lists the rest), the cross-host run on the suites that
 #                              move data between hosts
