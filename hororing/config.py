@@ -53,8 +53,9 @@ class Config:
     cycle_time_ms: float = 1.0
     # Negotiated tensors remembered so a repeat costs one bit, not a metadata exchange.
     cache_capacity: int = 1024
-    # Where every rank is on one node, a folded allreduce's rows of 8 KiB and more go through
-    # a shared-memory window of the node rather than an allgather (engine/exchange.py): 64 KiB
+    # Where every rank is on one node, a folded allreduce's rows of 8 KiB and more (of every
+    # width where the fold's cycle runs compiled on the window's flags) go through a
+    # shared-memory window of the node rather than an allgather (engine/exchange.py): 64 KiB
     # at 2 ranks in 15.7 µs against 21.9 (docs/benchmarks.md). Off: always gathered.
     shared_fold: bool = True
     # Where every rank is on one node, allreduces the cost model gives a message algorithm,

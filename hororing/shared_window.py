@@ -20,8 +20,9 @@ class SharedWindow:
     """``count`` rows of ``width`` bytes in one shared-memory window of a node's ranks
     (``node``: their communicator), each row on cache lines of its own, so no two ranks
     write one line. ``rows``: a (count, width) uint8 view every rank reads and writes.
-    A passive epoch is held for ``fence``'s memory fences. Making one is collective, as is
-    freeing it.
+    A passive epoch is held for the memory fences around its barriers (MPI_Win_sync: this
+    rank's writes visible to the others, theirs to it, on weakly ordered CPUs). Making one is
+    collective, as is freeing it.
 
     ``flags``: ``barrier`` waits on a line of the window per rank instead of MPI's barrier
     (None: ``flags_by_default``). Each rank counts the barriers it has entered in its line
@@ -44,13 +45,15 @@ class SharedWindow:
         memory, _ = self._window.Shared_query(0)
         whole = np.frombuffer(memory, dtype=np.uint8, count=total)
         self.rows = whole[:count * pitch].reshape(count, pitch)[:, :width]
-        self._counts = self._mine = None
+        self._counts = self._mine = self._entered = None
         self._window.Lock_all(MPI.MODE_NOCHECK)
         if self.flags:  # rank r's count: the first 8 bytes of line r, zero before any barrier
             lines = whole[count * pitch:].reshape(size, self._LINE)
             self._counts = lines[:, :8].view(np.int64)[:, 0]
             self._mine = self._counts[node.Get_rank():node.Get_rank() + 1]
             self._mine[0] = 0
+            # the one barrier in flight at a time, entered again by each ``start_barrier``
+            self._entered = _Entered(self._counts, 0)
             self._window.Sync()
             wait(node.Ibarrier())
             self._window.Sync()
@@ -65,11 +68,6 @@ class SharedWindow:
         """The node's communicator the window and its barriers are over."""
         return self._node
 
-    def fence(self):
-        """This rank's writes visible to the others, theirs to it (weakly ordered CPUs):
-        before entering a barrier and after leaving it."""
-        self._window.Sync()
-
     def start_barrier(self):
         """Fence this rank's writes and enter a barrier of the node; what to wait on: MPI's
         request, or with flags one whose ``Test`` says whether every rank has entered."""
@@ -78,7 +76,9 @@ class SharedWindow:
             return self._node.Ibarrier()
         entered = int(self._mine[0]) + 1
         self._mine[0] = entered
-        return _Entered(self._counts, entered)
+        request = self._entered  # waited on before the next barrier is entered
+        request.entered = entered
+        return request
 
     def barrier(self):
         """A barrier of the node with its fences on both sides."""
@@ -103,17 +103,20 @@ class SharedWindow:
         if clean:
             self._window.Unlock_all()
             self._window.Free()
-        self.rows = self._counts = self._mine = None
+        self.rows = self._counts = self._mine = self._entered = None
 
 
 class _Entered:
     """A flag barrier this rank has entered as its ``entered``-th (``SharedWindow``): done
     once every rank's count has reached it. Tested as a request is."""
 
-    __slots__ = ("_counts", "_entered")
+    __slots__ = ("_counts", "entered")
 
     def __init__(self, counts, entered):
-        self._counts, self._entered = counts, entered
+        self._counts, self.entered = counts, entered
 
     def Test(self):  # noqa: N802 (as MPI's requests spell it)
-        return self._counts.min() >= self._entered
+        return _least(self._counts) >= self.entered
+
+
+_least = np.minimum.reduce  # ``counts.min()`` without numpy's Python wrapper around it

@@ -129,15 +129,18 @@ class CompiledFold:
             compiled._result, compiled._rank = result, rank
         return compiled
 
-    def run(self, entry, source, output, plan, cache_id, wake, activity):
+    def run(self, entry, source, output, plan, cache_id, wake, activity, turn=None):
         """One fold cycle, compiled: this rank's row of ``source`` (folding ``cache_id``),
         the exchange, and where every rank folded the same, the rows reduced with ``plan``
         into ``output`` (divided by ``plan.divisor`` where it is not 0; whole rows not
         otherwise finalized, chunks finalized by ``plan.after_compiled`` too). True then;
         False where the ranks' fields differ (the rows are exchanged: the cycle goes on to
         the vote). ``wake``: called once if the exchange is not complete after the spin;
-        ``activity`` (``transport.activity``): entered around the sleeping wait."""
+        ``activity`` (``transport.activity``): entered around the sleeping wait; ``turn``: the
+        set of rows to run on (``turn``, without the call), or None: the last one."""
         fields = self.fields
+        if turn is not None:
+            fields[F_ROW], fields[F_ROWS], fields[F_STRIDE] = self._sets[turn]
         if plan is not self._plan or cache_id != self._cache_id:
             kept = self._plans.get(id(plan))  # (kept with the plan: its id stays its own)
             if kept is None:

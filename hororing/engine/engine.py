@@ -54,7 +54,6 @@ class Engine:
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
-        self._exchange = MpiExchange(comm, shared=config.shared_fold)
         # a cycle's vote waits on every other rank (named by the stall watchdog)
         self._peers = transport.world_ranks(comm, [peer for peer in range(self.size)
                                                    if peer != self.rank])
@@ -64,6 +63,9 @@ class Engine:
         self._wakeups = Wakeups(comm)
         self.executor = Executor(faults.track(comm.Dup()), config, timeline, reducer)
         self.allreduce = self.executor.allreduce  # part of the engine's surface (__init__.py)
+        # the fold's small rows in shared memory too where every rank runs compiled cycles
+        self._exchange = MpiExchange(comm, shared=config.shared_fold,
+                                     small_shared=self.allreduce.route.compiled_ring)
         self._folding = LatencyFolding(self.allreduce, self.size, self.executor,
                                        self.executor.rows_budget)
         self.cycle = Cycle(self._exchange, self._folding, config.cache_capacity)

@@ -17,11 +17,17 @@ import numpy as np
 
 from .. import faults, transport
 from .._mpi import MPI
-from ..shared_window import SharedWindow
+from ..shared_window import SharedWindow, flags_by_default
 
 
-# Rows below this many bytes are gathered by MPI even on one node: the allgather is as fast
-# there (4 KiB at 2 ranks: 5.3 µs against 5.7 through shared memory; 8 KiB: 8.6 against 6.3)
+# Rows below this many bytes are gathered by MPI even on one node where the fold's cycle runs
+# Python's steps or the rows' barrier is MPI's (no flags, ``shared_window.flags_by_default``):
+# there the allgather is as fast (4 KiB at 2 ranks: 5.3 µs against 5.7 through shared memory;
+# 8 KiB: 8.6 against 6.3; Python's steps at 2 ranks, 256 B-4 KiB: 24-26 µs against 28-31).
+# Where the cycle runs compiled and the barrier is the window's flags, rows of every width go
+# through shared memory: 2 ranks, 256 B-4 KiB, MPI_Allreduce over hororing 0.43-0.57 against
+# 0.36-0.53 gathered in each of 4 alternated pairs; 3-8 ranks crowding 2 cores 0.45-0.87
+# against 0.29-0.67 (docs/benchmarks.md, "Small rows in shared memory too")
 SHARED_ROWS_MIN = 8 * 1024
 
 
@@ -29,8 +35,12 @@ class MpiExchange:
     """The negotiation's collectives over MPI, on a duplicate of ``comm``; ``shared``: the
     fold's rows may go through the node's shared memory (``shared_rows``)."""
 
-    def __init__(self, comm, shared=True):
+    def __init__(self, comm, shared=True, small_shared=False):
+        """``small_shared``: rows below ``SHARED_ROWS_MIN`` go through shared memory too
+        where its barriers are the window's flags (every rank runs the compiled fold cycle:
+        the same on every rank)."""
         self.comm = faults.track(comm.Dup())
+        self._small_shared = small_shared and flags_by_default()
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
         self._node = None if shared and self.size > 1 else False  # made on first use
@@ -62,11 +72,11 @@ class MpiExchange:
 
     def shared_rows(self, width):
         """``SharedRows`` of ``width`` bytes a row where every rank is on one node and the
-        rows are at least ``SHARED_ROWS_MIN`` bytes; None where the rows are to be gathered
-        by MPI. Collective: the same answer on every rank."""
+        rows are at least ``SHARED_ROWS_MIN`` bytes (any width with ``small_shared``); None
+        where the rows are to be gathered by MPI. Collective: the same answer on every rank."""
         if self._node is None:  # the node's communicator, looked for once
             self._find_node()
-        if self._node is False or width < SHARED_ROWS_MIN:
+        if self._node is False or (width < SHARED_ROWS_MIN and not self._small_shared):
             return None
         return SharedRows(self._node, width)
 
@@ -104,6 +114,11 @@ class SharedRows:
         self.sets = (rows[:size], rows[size:2 * size])
         self.result = rows[2 * size]  # a chunked fold's result (fold.py)
         self.rank = node.Get_rank()
+        # this rank's row is written: start the barrier (the request); then, once it has
+        # completed, ``arrived``: the other ranks' rows readable (the window's fence). Bound
+        # here: a lone allreduce's cycle calls both
+        self.start = self._window.start_barrier
+        self.arrived = self._window.window.Sync
 
     @property
     def window(self):
@@ -114,14 +129,6 @@ class SharedRows:
     def barrier(self):
         """A barrier of the node, fenced on both sides (a chunked fold's second)."""
         self._window.barrier()
-
-    def start(self):
-        """This rank's row is written: start the barrier; the request."""
-        return self._window.start_barrier()
-
-    def arrived(self):
-        """The barrier has completed: the other ranks' rows are readable."""
-        self._window.fence()
 
     def free(self, clean=True):
         """Free the window (collective; not after a failure, as ``SharedWindow.free``)."""

@@ -15,10 +15,11 @@ the rows cross nodes, a call narrower than the rows folds only while what the ro
 beyond it stays within ``MIXED_EXTRA_BYTES``. When every rank's fields agree, the
 allreduce is complete in that one exchange (the executor reduces the rows in rank order, as
 the latency path would); otherwise the rows are discarded and the cycle goes on to the
-vote. Whether to fold is decided from the responses alone, so every rank decides alike. Where every rank is on one
-node, rows of 8 KiB and more are not gathered: each rank writes its row into the node's
-shared memory and the exchange is a barrier (``exchange.SharedRows``); the rows, and so the
-bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
+vote. Whether to fold is decided from the responses alone, so every rank decides alike.
+Where every rank is on one node, rows of 8 KiB and more (of every width where every rank runs
+the compiled cycle and the barrier waits on the window's flags: ``exchange.SHARED_ROWS_MIN``)
+are not gathered: each rank writes its row into the node's shared memory and the exchange is
+a barrier (``exchange.SharedRows``); the rows, and so the bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
 (``algorithms/shared.py``, where the rows fit ``shared_rows_budget``), and rows of
 ``chunked_bytes`` or more are reduced as that allreduce reduces them: rank r combines chunk
 r of every row, in rank order, into a result row, and after a second barrier every rank
@@ -179,8 +180,11 @@ class Fold:
         request to wait on. ``waiting``: the one cached request this rank has waiting and
         may fold (None: this rank's row says "not this time"); ``plan``: its plan, where the
         caller holds it (a lane). The same cycle on every rank."""
-        if self._turns is not None:
-            self._next_set()
+        turns = self._turns
+        if turns is not None:  # shared rows: the other set (a rank writes one set while a
+            # slow peer may still read the last), taken without a call: a lone call's path
+            turn = self._turn = self._turn ^ 1
+            self._row, self._fields, self._data, self.gathered, self._heads = turns[turn]
         fields = self._fields
         if waiting is not None and \
                 self._folding.contribute(waiting, self._data, plan, self.least):
@@ -188,13 +192,6 @@ class Fold:
         else:
             fields[0], fields[1] = 0, -1  # a row of zeros is never agreed on
         return self._exchange.start()
-
-    def _next_set(self):
-        """Shared rows: take the other set of rows for this exchange (a rank writes one set
-        while a slow peer may still read the last); return its index."""
-        turn = self._turn = self._turn ^ 1
-        self._row, self._fields, self._data, self.gathered, self._heads = self._turns[turn]
-        return turn
 
     def _make(self, width):
         """The rows' buffers and exchange for rows of ``width`` bytes (collective)."""
@@ -250,10 +247,13 @@ class Fold:
             output = self._folding.compiled_output(request, response, plan)
             if output is None:
                 return None
-        if self._turns is not None:
-            compiled.turn(self._next_set())
+        turns = self._turns
+        turn = None
+        if turns is not None:  # shared rows: the other set, as ``start`` takes it
+            turn = self._turn = self._turn ^ 1
+            self._row, self._fields, self._data, self.gathered, self._heads = turns[turn]
         if not compiled.run(entry, request.tensor, output, plan, request.cache_id, wake,
-                            activity):
+                            activity, turn):
             return False
         return FINALIZED if self._chunks else REDUCED
 

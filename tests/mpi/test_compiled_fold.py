@@ -20,8 +20,10 @@ from reference import all_inputs, assert_close, reference_allreduce
 
 pytest.importorskip("numba")
 
-# neither divides by 2, 3, 4 or 5: rows below 8 KiB, gathered; rows of 9 KiB and more, in
-# the node's shared memory where every rank is on one node (exchange.SharedRows)
+# neither divides by 2, 3, 4 or 5: rows below 8 KiB, gathered across nodes, where the rows'
+# barrier is MPI's or in Python's steps, and in the node's shared memory otherwise; rows of
+# 9 KiB and more in the node's shared memory wherever every rank is on one node
+# (exchange.SharedRows)
 LENGTH, LONG = 1001, 9001
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32", "int64", "uint8",
           "uint64")
@@ -274,7 +276,8 @@ def test_tensors_reduced_in_turn_each_run_their_own_plan(rows, request):
         assert_close(native, reference_allreduce(every, op))
 
 
-# the widest tensor of each kind of rows: gathered (below 8 KiB), shared (whole), in chunks
+# the widest tensor of each kind of rows: below 8 KiB (gathered, or shared as above), shared
+# (whole), in chunks
 WIDEST = {"gathered": ("float64", LENGTH), "shared": ("float32", 2251),
           "chunked": ("float64", CHUNKS)}
 

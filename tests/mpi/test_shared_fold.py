@@ -1,5 +1,6 @@
 """A folded allreduce whose rows meet in the node's shared memory (engine/exchange.py's
-SharedRows): every rank of the job on one node and rows of 8 KiB and more. The same bits as
+SharedRows): every rank of the job on one node and rows of 8 KiB and more (smaller ones too
+where the compiled cycle runs on the window's flags). The same bits as
 rows gathered by MPI (the same job started again with HORORING_SHARED_FOLD's switch off),
 against a float64 reference, for every op and several dtypes, sizes no rank count divides;
 the rows' size changing in the loop; a peer that changes its call under the shared rows
@@ -114,6 +115,38 @@ def test_the_shared_rows_barriers_wait_on_flags_unless_a_dead_peer_is_recovered_
     if lines is not None:  # every barrier entered, by each rank as often
         counts = MPI.COMM_WORLD.allgather(int(_fold()._exchange.window.all_entered()))
         assert all(counts), counts
+
+
+@pytest.mark.parametrize("steps", ["wait", "off"])
+def test_rows_below_8_kib_are_shared_where_every_rank_runs_the_compiled_cycle_on_flags(steps):
+    """Rows below ``exchange.SHARED_ROWS_MIN`` meet in the node's shared memory too where
+    every rank runs the compiled fold cycle and the rows' barrier waits on the window's
+    flags; with Python's steps (or MPI's own barrier, under ULFM) they are gathered. The sum
+    is exact either way."""
+    from hororing.algorithms import compiled
+    hvd.shutdown()
+    hvd.init(compiled_steps=steps)
+    try:
+        values = np.arange(1001, dtype=np.float32) + hvd.rank()  # a row of about 4 KiB
+        result = np.empty_like(values)
+
+        def call():
+            result[...] = values
+            hvd.allreduce_(result, name=f"shared.small.{steps}", op=hvd.Sum)
+
+        folded = _until_folded(call)
+        expected = np.arange(values.size, dtype=np.float64) * hvd.size() \
+            + sum(range(hvd.size()))
+        np.testing.assert_array_equal(result, expected.astype(np.float32))
+        if hvd.size() < 2:
+            pytest.skip("one rank folds nothing: its cycles run locally")
+        assert folded
+        wanted = every_rank_on_one_node() and compiled.expected(steps) \
+            and not faults.supported()
+        assert (_fold()._turns is not None) == wanted, (steps, wanted)
+    finally:
+        hvd.shutdown()
+        hvd.init()
 
 
 def test_rows_go_in_chunks_from_the_size_the_ranks_per_core_set():
