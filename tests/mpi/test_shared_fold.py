@@ -149,6 +149,36 @@ def test_rows_below_8_kib_are_shared_where_every_rank_runs_the_compiled_cycle_on
         hvd.init()
 
 
+@pytest.mark.parametrize("shared_fold", [True, False], ids=["shared_fold", "gathered_fold"])
+def test_a_lone_call_of_the_shared_allreduces_sizes_folds_only_in_shared_rows(shared_fold):
+    """A repeated 1 MiB call, which the shared allreduce takes on one node, folds in the
+    node's shared rows; with the fold's rows gathered (HORORING_SHARED_FOLD=0) it does not
+    fold (rows that wide would be an allgather of every rank's buffer) and goes the usual
+    way. The sum is exact either way."""
+    hvd.shutdown()
+    hvd.init(shared_fold=shared_fold)
+    try:
+        values = np.arange(1 << 18, dtype=np.float32) + hvd.rank()
+        result = np.empty_like(values)
+
+        def call():
+            result[...] = values
+            hvd.allreduce_(result, name="shared.lone_wide", op=hvd.Sum)
+
+        for _ in range(3):
+            call()
+        if current().engine.allreduce.kind_for(values.nbytes) != "shared":
+            pytest.skip("the shared allreduce does not take 1 MiB here (one rank, or nodes)")
+        folded = _until_folded(call, most=60)
+        expected = np.arange(values.size, dtype=np.float64) * hvd.size() \
+            + sum(range(hvd.size()))
+        np.testing.assert_array_equal(result, expected.astype(np.float32))
+        assert folded == shared_fold
+    finally:
+        hvd.shutdown()
+        hvd.init()
+
+
 def test_rows_go_in_chunks_from_the_size_the_ranks_per_core_set():
     """Rows of 64 KiB are reduced chunk by chunk where each rank has a core of its own
     (``fold.chunked_bytes``: from 32 KiB) and whole where ranks crowd the cores (from
