@@ -19,8 +19,9 @@ vote. Whether to fold is decided from the responses alone, so every rank decides
 Where every rank is on one node, rows of 8 KiB and more (of every width where every rank runs
 the compiled cycle and the barrier waits on the window's flags: ``exchange.SHARED_ROWS_MIN``)
 are not gathered: each rank writes its row into the node's shared memory and the exchange is
-a barrier (``exchange.SharedRows``); the rows, and so the bits, are the same. There the fold also takes the sizes the shared-memory allreduce would
-(``algorithms/shared.py``, where the rows fit ``shared_rows_budget``), and rows of
+a barrier (``exchange.SharedRows``); the rows, and so the bits, are the same. There the fold
+also takes the sizes the shared-memory allreduce would (``algorithms/shared.py``, where the
+rows fit ``shared_rows_budget``; not where the rows are gathered), and rows of
 ``chunked_bytes`` or more are reduced as that allreduce reduces them: rank r combines chunk
 r of every row, in rank order, into a result row, and after a second barrier every rank
 copies the result out (``_Chunked``; a lane's compiled cycle the same,
