@@ -17,7 +17,8 @@ buffer and name on both sides), as a loop that reduces a loss and its metrics ca
 ``--shrink D``: tensor k of them holds the size's values divided by D**k (at least one: a
 loss and its metrics are seldom one size), the times the median over all of them.
 Then the Python function calls one steady-state call makes in the calling thread (median
-over calls; the engine's background thread is not counted). With PYTHONPATH pointing at
+over calls, a wait for the peers counted as one; the engine's background thread is not
+counted). With PYTHONPATH pointing at
 another checkout of hororing the same script measures that one, so two versions can be
 run one after the other, alternated, on the same machine.
 """
@@ -143,14 +144,24 @@ def torch_inplace_call(ours, name, op):
 
 def python_calls(calls, buffers, repeats=40):
     """The median count of Python function calls one of ``calls`` (each on its buffer, in
-    turn) makes in this thread."""
+    turn) makes in this thread, a wait for the peers counted as one call however long it
+    lasts (what the wait calls depends on when the peers arrive, not on the path), as
+    tests/mpi/test_call_budget.py counts."""
+    from hororing import transport
+    waiting_code = getattr(getattr(transport, "wait_until", None), "__code__", None)
     counts = []
     count = 0
+    waiting = 0  # depth of wait frames being run
 
     def profile(frame, event, arg):
-        nonlocal count
+        nonlocal count, waiting
         if event == "call":
-            count += 1
+            if not waiting:
+                count += 1
+            if frame.f_code is waiting_code:
+                waiting += 1
+        elif event == "return" and frame.f_code is waiting_code:
+            waiting -= 1
     for index in range(repeats):
         call, buffer = calls[index % len(calls)], buffers[index % len(calls)]
         buffer[...] = 1.0

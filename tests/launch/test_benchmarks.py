@@ -261,7 +261,9 @@ def test_bench_call_cost_times_both_sides_and_counts_the_calls(api, op, tensors,
     assert (f"{tensors} tensors in turn" in job.stdout) == (tensors != "1")
     assert (f"each 1/{shrink} of the one before" in job.stdout) == (shrink != "1")
     for row in rows:
-        assert float(row[1]) > 0 and float(row[2]) > 0 and 10 < float(row[4]) < 1000
+        # the Python calls: tests/mpi/test_call_budget.py holds their budget; here, that
+        # the count counts (at least the door, the lane and the wait)
+        assert float(row[1]) > 0 and float(row[2]) > 0 and 6 <= float(row[4]) < 1000
 
 
 def test_bench_fold_rows_times_both_exchanges_and_their_sums_are_right():
