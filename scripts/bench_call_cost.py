@@ -144,12 +144,23 @@ def torch_inplace_call(ours, name, op):
 
 def python_calls(calls, buffers, repeats=40):
     """The median count of Python function calls one of ``calls`` (each on its buffer, in
-    turn) makes in this thread, a wait for the peers counted as one call however long it
-    lasts (what the wait calls depends on when the peers arrive, not on the path), as
-    tests/mpi/test_call_budget.py counts."""
+    turn) makes in this thread, counted by ``calls_made``."""
+    counts = []
+    for index in range(repeats):
+        call, buffer = calls[index % len(calls)], buffers[index % len(calls)]
+        buffer[...] = 1.0
+        counts.append(calls_made(call) - 1)  # the call() wrapper itself
+    return statistics.median(counts)
+
+
+def calls_made(call):
+    """The Python function calls ``call()`` makes in this thread, itself included, a wait
+    for the peers counted as one call however long it lasts: what the wait calls depends on
+    when the peers arrive (the wake-up it sends after its spin phase, its registration with
+    the stall watchdog once it sleeps), which depends on the machine's load, not on the path.
+    tests/mpi/test_call_budget.py counts with it too."""
     from hororing import transport
     waiting_code = getattr(getattr(transport, "wait_until", None), "__code__", None)
-    counts = []
     count = 0
     waiting = 0  # depth of wait frames being run
 
@@ -162,17 +173,12 @@ def python_calls(calls, buffers, repeats=40):
                 waiting += 1
         elif event == "return" and frame.f_code is waiting_code:
             waiting -= 1
-    for index in range(repeats):
-        call, buffer = calls[index % len(calls)], buffers[index % len(calls)]
-        buffer[...] = 1.0
-        count = 0
-        sys.setprofile(profile)
-        try:
-            call()
-        finally:
-            sys.setprofile(None)
-        counts.append(count - 1)  # the call() wrapper itself
-    return statistics.median(counts)
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count
 
 
 def parse_args():

@@ -6,6 +6,7 @@ change that adds layers to the hot path is seen. Counted in the calling thread, 
 over calls, a wait for the peers as one call, at every rank count.
 """
 
+import pathlib
 import statistics
 import sys
 
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 
 import hororing as hvd
-from hororing import transport
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+from bench_call_cost import calls_made  # noqa: E402  (the benchmark's column counts alike)
 
 # the calls counted at this point (1-3 ranks, on a quiet machine and beside busy loops alike:
 # Sum 22, Average 27 where the lane's cycle runs Python's steps, asking the loader each call
@@ -25,37 +28,10 @@ FEWEST = 6
 BUDGET = {hvd.Sum: 23, hvd.Average: 28}
 
 
-WAITING = transport.wait_until.__code__
-
-
 def calls_per_allreduce(call, repeats=60):
-    """The median count of Python calls ``call()`` makes, a wait for the peers counting as
-    one call however long it takes: what the wait calls depends on how long it lasts (the
-    wake-up it sends after its spin phase, its registration with the stall watchdog once it
-    sleeps), which depends on the machine's load, not on the path."""
-    counts = []
-    count = 0
-    waiting = 0  # depth of wait_until frames being run
-
-    def profile(frame, event, arg):
-        nonlocal count, waiting
-        if event == "call":
-            if not waiting:
-                count += 1
-            if frame.f_code is WAITING:
-                waiting += 1
-        elif event == "return" and frame.f_code is WAITING:
-            waiting -= 1
-
-    for _ in range(repeats):
-        count = 0
-        sys.setprofile(profile)
-        try:
-            call()
-        finally:
-            sys.setprofile(None)
-        counts.append(count)
-    return statistics.median(counts)
+    """The median count of Python calls ``call()`` makes (``calls_made``: a wait for the
+    peers counts as one call however long it takes)."""
+    return statistics.median(calls_made(call) for _ in range(repeats))
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
