@@ -61,17 +61,19 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
     Example:
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)
     """
-    return door.start("allreduce", tensor, name, process_set, now=True, average=average, op=op,
-                      prescale_factor=prescale_factor,
-                      postscale_factor=postscale_factor).synchronize()
+    if op is None:  # ``average``'s op, as ``resolve_op`` gives it: a lane's key is the op
+        op, average = ops.Sum if average is False else ops.Average, None
+    return door.allreduce_now(tensor, name, process_set, False, op, prescale_factor,
+                              postscale_factor, average)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None):
     """In-place allreduce: ``tensor`` receives the result, which is also returned."""
-    return door.start("allreduce", tensor, name, process_set, inplace=True, now=True,
-                      average=average, op=op, prescale_factor=prescale_factor,
-                      postscale_factor=postscale_factor).synchronize()
+    if op is None:
+        op, average = ops.Sum if average is False else ops.Average, None
+    return door.allreduce_now(tensor, name, process_set, True, op, prescale_factor,
+                              postscale_factor, average)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -2,7 +2,8 @@
 
 ``start(kind, ...)`` checks a call's arguments by its kind's rule (``_RULES``), turns them
 into the fields every rank must agree on and queues one Request: the numpy verbs
-(``collectives.py``) and both bindings go through it. The questions below it (is a name
+(``collectives.py``) and both bindings go through it; every blocking allreduce comes to it
+through ``allreduce_now``, where a repeated call runs its lane instead. The questions below it (is a name
 free, do device buffers stage through host memory) are what a binding asks of an engine:
 no binding reaches into an engine object itself.
 """
@@ -14,7 +15,7 @@ import numpy as np
 
 from . import gpu, ops
 from .context import current
-from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request, door_key
+from .engine import JOIN_NAME, GroupHandle, Handle, Meta, Request, lane_key
 from .process_sets import global_process_set, group_of
 from .running import _State
 from .ops import DTYPE_NAMES
@@ -57,22 +58,11 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         name = group.main_blocking_names[kind] if get_ident() == group.main_ident \
             else group.blocking_name(kind)
     door = None
-    if whole and now and into is None and kind == "allreduce":
-        # a repeated blocking call runs its lane (engine/lane.py); its first, the usual way
-        lanes = group.engine.lanes
-        lane = lanes.get(name) if lanes and type(name) is str else None
-        # the call is the lane's again (``Lane.door``): the same verb and arguments, each of
-        # the same type (True is not the op 1), a C-contiguous numpy array of the same dtype
-        # and shape, writeable where the result goes into it. Compared here, not in a call
-        if lane is not None and type(tensor) is np.ndarray and tensor.dtype is lane.dtype \
-                and tensor.shape == lane.shape and (key := lane.door)[0] == kind \
-                and key[1] is inplace and key[2] == arguments \
-                and key[3] == tuple(map(type, arguments.values())) \
-                and (flags := tensor.flags).c_contiguous and (flags.writeable or not inplace):
-            handle = group.engine.run_lane(lane, tensor)
-            if handle is not None:
-                return handle
-        door = door_key(kind, inplace, arguments)
+    if whole and now and into is None and kind == "allreduce" \
+            and arguments.keys() <= _LANE_ARGUMENTS:  # its lane's key (``allreduce_now``)
+        door = lane_key(inplace, arguments.get("average"), arguments.get("op"),
+                        arguments.get("prescale_factor", 1.0),
+                        arguments.get("postscale_factor", 1.0))
     if not name_checked and isinstance(name, str) and name in group.engine.in_flight:  # before the input is converted
         group.engine.check_free(name)
     try:
@@ -82,6 +72,45 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         raise
     return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
                    blocking=blocking, now=now, into=into, door=door, **fields)
+
+
+_LANE_ARGUMENTS = frozenset(("average", "op", "prescale_factor", "postscale_factor"))
+
+
+def allreduce_now(tensor, name, process_set, inplace, op, prescale_factor, postscale_factor,
+                  average=None, name_checked=False):
+    """A blocking allreduce's result: ``start("allreduce", ..., now=True)`` synchronized,
+    the verb's arguments given by position (every blocking allreduce comes here).
+
+    A call its name's lane fits (``engine/lane.py``) runs it (``Engine.run_lane``) without
+    the door's checks: the same arguments, each of the type its first call gave
+    (``lane_key``), a C-contiguous numpy array of the same dtype and shape, writeable where
+    the result goes into it; compared here, not in a call. Any other call, and one its lane
+    sends back, goes through ``start``."""
+    context = _State.context  # the global set's group without a call, as ``start`` does
+    if context is not None and (process_set is None or process_set is global_process_set):
+        group = context.group
+        if name is None:  # the same name every call (Group.blocking_name)
+            name = group.main_blocking_names["allreduce"] if get_ident() == group.main_ident \
+                else group.blocking_name("allreduce")
+        lanes = group.engine.lanes
+        lane = lanes.get(name) if lanes and type(name) is str else None
+        if lane is not None and type(tensor) is np.ndarray and tensor.dtype is lane.dtype \
+                and tensor.shape == lane.shape and average is None and type(op) is int \
+                and lane.door == (inplace, op, prescale_factor, postscale_factor) \
+                and type(prescale_factor) is float and type(postscale_factor) is float \
+                and (flags := tensor.flags).c_contiguous and (flags.writeable or not inplace):
+            handle = group.engine.run_lane(lane, tensor)
+            if handle is not None:
+                if handle._done:  # ``synchronize``'s first case, without its call
+                    result, error = handle._outcome
+                    if error is None:
+                        return result
+                return handle.synchronize()
+    return start("allreduce", tensor, name, process_set, inplace=inplace, now=True,
+                 name_checked=name_checked, average=average, op=op,
+                 prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor).synchronize()
 
 
 def _synchronization(kind, process_set, arguments, now):

@@ -7,7 +7,7 @@ What the rest of hororing (and its tests and benchmarks) may use, and nothing el
   ``Engine.submit_blocking(request)`` for a blocking verb (its cycle may run in the call);
   ``Engine.lanes`` (name -> ``lane.Lane``: its ``door``, ``dtype`` and ``shape``) and
   ``Engine.run_lane(lane, tensor)`` for a repeated blocking call, whose first call's
-  request carries ``door_key(kind, inplace, arguments)`` as its ``door``;
+  request carries ``lane_key(inplace, average, op, prescale, postscale)`` as its ``door``;
   ``Engine.check_free(name)`` and ``Engine.in_flight`` (the names in flight, read only);
 - ``Engine.stats()``, ``Engine.set_timeline(timeline)``, ``Engine.stop(...)``,
   ``Engine.close()``;
@@ -31,9 +31,9 @@ name (tests/unit/test_layout.py holds it).
 from .scaling import scaling
 from .buckets import assign
 from .engine import FLAG_FAILED, Engine
-from .lane import door_key
+from .lane import lane_key
 from .negotiation import JOIN_NAME, Meta
 from .request import GroupHandle, Handle, Request
 
 __all__ = ["Engine", "FLAG_FAILED", "GroupHandle", "Handle", "JOIN_NAME", "Meta", "Request",
-           "assign", "door_key", "scaling"]
+           "assign", "lane_key", "scaling"]

@@ -3,7 +3,7 @@
 A loop of the same blocking allreduce settles into the fold (``fold.py``): each call is one
 cycle whose one exchange carries the data. Once a call has completed so, the engine keeps
 its ``Lane`` by name: what the door must see again to skip the checks it made on that call
-(the same verb and arguments, given as they were; an array of the same dtype and shape),
+(the same arguments, given as they were; an array of the same dtype and shape),
 the metadata every rank agreed on, its cache id and the fold's plan for it. The next call
 that fits goes from the door to ``Engine.run_lane``, which runs that one cycle written out
 (``Cycle.run_lane``), without the queue, the door's checks or the plan's lookups. Whatever
@@ -17,16 +17,18 @@ thread's call under that name is refused, whichever way the first one went.
 
 
 class Lane:
-    """One name's plan: ``door`` is (kind, in place, the verb's arguments as given, their
-    types), ``dtype`` and ``shape`` the array's: what a later call must match to be this
-    lane's again (the door compares them, ``door.start``); the rest is what the engine runs
-    it with."""
+    """One name's plan: ``door`` is ``lane_key``'s (in place, op, prescale, postscale),
+    ``dtype`` and ``shape`` the array's: what a later call must match to be this lane's again
+    (the door compares them, ``door.allreduce_now``); the rest is what the engine runs it
+    with."""
 
-    __slots__ = ("name", "door", "dtype", "shape", "meta", "cache_id", "response", "plan")
+    __slots__ = ("name", "door", "inplace", "dtype", "shape", "meta", "cache_id", "response",
+                 "plan")
 
     def __init__(self, request, response, plan):
         self.name = request.name
         self.door = request.door
+        self.inplace = request.door[0]
         self.dtype = request.tensor.dtype
         self.shape = request.tensor.shape
         self.meta = request.meta
@@ -35,9 +37,15 @@ class Lane:
         self.plan = plan  # fold._Plan
 
 
-def door_key(kind, inplace, arguments):
-    """What the door compares a later call with (``Request.door``, ``Lane.door``)."""
-    return kind, inplace, arguments, tuple(map(type, arguments.values()))
+def lane_key(inplace, average, op, prescale_factor, postscale_factor):
+    """What the door compares a later blocking allreduce with (``Request.door``,
+    ``Lane.door``): its arguments where each is of the type a lane takes (no ``average``, an
+    int op, float factors, so that a call is the lane's again only when it gives them so:
+    True is not the op 1, nor 1 the factor 1.0); None where a call takes no lane."""
+    if average is None and type(op) is int and type(prescale_factor) is float \
+            and type(postscale_factor) is float:
+        return inplace, op, prescale_factor, postscale_factor
+    return None
 
 
 class Lanes(dict):

@@ -50,10 +50,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         # ``to_torch``'s work written out, without their calls
         array, checked = plain_view(tensor, name, process_set)
         if array is not None:
-            result = door.start("allreduce", array, name, process_set, now=True, op=op,
-                                prescale_factor=prescale_factor,
-                                postscale_factor=postscale_factor,
-                                name_checked=checked).synchronize()
+            result = door.allreduce_now(array, name, process_set, False, op, prescale_factor,
+                                        postscale_factor, None, checked)
             if type(result) is np.ndarray and result.dtype is array.dtype \
                     and result.flags.c_contiguous:
                 return torch.from_numpy(result)
@@ -68,10 +66,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         # no gradient to carry: straight to the door, as the Function's forward would go
         # (the name checked before the conversion, which may release the GIL)
         door.check_free(name, process_set)
-        return to_torch(door.start(
-            "allreduce", as_numpy(tensor), name, process_set, now=True, name_checked=True,
-            op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor
-        ).synchronize(), tensor)
+        return to_torch(door.allreduce_now(as_numpy(tensor), name, process_set, False, op,
+                                           prescale_factor, postscale_factor, None, True),
+                        tensor)
     payload, ctx = compression.compress(tensor)
     result = _Allreduce.apply(payload, name, op, prescale_factor, postscale_factor, compression,
                               process_set)
@@ -87,9 +84,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         # a plain CPU tensor: ``start_allreduce``'s work written out, as ``allreduce``'s
         array, checked = plain_view(tensor, name, process_set)
         if array is not None:
-            door.start("allreduce", array, name, process_set, inplace=True, now=True, op=op,
-                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                       name_checked=checked).synchronize()
+            door.allreduce_now(array, name, process_set, True, op, prescale_factor,
+                               postscale_factor, None, checked)
             return tensor
     return synchronize(start_allreduce(tensor, average, name, op, prescale_factor,
                                        postscale_factor, process_set, inplace=True,
