@@ -11,7 +11,9 @@ whole path, hvd.allreduce with the algorithm it chooses by default and with the 
 the three columns time the same code, and the two forced ones show the run-to-run spread).
 A Barrier precedes every call, so each call starts with every rank present and the time is
 the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
-ranks). Algorithms take turns in --rounds rounds, sizes from --min-bytes to --max-bytes by
+ranks). The library's calls after each change of algorithm (``--warmup`` of them, untimed)
+are its first ones: they make the new plan (rows, lanes), which the later calls reuse, so the
+library's columns time its steady state as the other columns do. Algorithms take turns in --rounds rounds, sizes from --min-bytes to --max-bytes by
 factors of 4; the median over rounds is reported, and every result is checked against an
 exact reference (integer-valued float32 inputs) on every rank.
 
@@ -93,7 +95,8 @@ def main():
             buffer = inputs.copy()
             run(buffer, "sum")
             wrong += int(np.count_nonzero(buffer != expected))
-        calls = max(1, min(args.max_calls, int(args.seconds / max(nbytes * 4e-9, 1e-4))))
+        calls = max(args.min_calls,
+                    min(args.max_calls, int(args.seconds / max(nbytes * 4e-9, 1e-4))))
         for round_index in range(args.rounds):
             names = list(algorithms) + list(library)
             shift = round_index % len(names)
@@ -102,7 +105,7 @@ def main():
                     times[name].append(timed(algorithms[name], inputs, calls))
                 else:
                     times[name].append(timed_library(pipeline, library[name], inputs, calls,
-                                                     f"scale.{name}.{count}"))
+                                                     f"scale.{name}.{count}", args.warmup))
         wrong = COMM.allreduce(wrong)
         row = {"bytes": count * 4, "chosen": chosen, "wrong": wrong,
                "time_us": {name: float(np.median(values)) * 1e6
@@ -130,9 +133,14 @@ def main():
     return 1 if any(row["wrong"] for row in rows) else 0
 
 
-def timed(run, inputs, calls):
-    """The slowest rank's mean seconds per call, a Barrier before each."""
+def timed(run, inputs, calls, warmup=0):
+    """The slowest rank's mean seconds per call, a Barrier before each, after ``warmup``
+    calls not timed."""
     buffer = inputs.copy()
+    for _ in range(warmup):
+        buffer[...] = inputs
+        COMM.Barrier()
+        run(buffer, "sum")
     total = 0.0
     for _ in range(calls):
         buffer[...] = inputs
@@ -143,12 +151,12 @@ def timed(run, inputs, calls):
     return COMM.allreduce(total / calls, op=MPI.MAX)
 
 
-def timed_library(pipeline, kind, inputs, calls, name):
+def timed_library(pipeline, kind, inputs, calls, name, warmup):
     pipeline.force(kind)
     try:
         def run(buffer, op):
             hvd.allreduce_(buffer, op=hvd.Sum, name=name)
-        return timed(run, inputs, calls)
+        return timed(run, inputs, calls, warmup)
     finally:
         pipeline.force(None)
 
@@ -223,6 +231,10 @@ def parse_args():
     parser.add_argument("--seconds", type=float, default=0.05,
                         help="about how long one algorithm's block of calls takes")
     parser.add_argument("--max-calls", type=int, default=20)
+    parser.add_argument("--min-calls", type=int, default=1,
+                        help="timed calls per block at least (--seconds gives one at 16 MiB)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed library calls after each change of algorithm")
     parser.add_argument("--emulated", default="this host (no shaping)",
                         help="the link the ranks stand behind, for the JSON")
     parser.add_argument("--json", help="write the results here (rank 0)")
