@@ -3,9 +3,9 @@
 ``start(kind, ...)`` checks a call's arguments by its kind's rule (``_RULES``), turns them
 into the fields every rank must agree on and queues one Request: the numpy verbs
 (``collectives.py``) and both bindings go through it; every blocking allreduce comes to it
-through ``allreduce_now``, where a repeated call runs its lane instead. The questions below it (is a name
-free, do device buffers stage through host memory) are what a binding asks of an engine:
-no binding reaches into an engine object itself.
+through ``allreduce_now``, where a repeated call runs its lane instead. The questions below
+it (is a name free, do device buffers stage through host memory) are what a binding asks of
+an engine: no binding reaches into an engine object itself.
 """
 
 import inspect

@@ -13,9 +13,10 @@ A Barrier precedes every call, so each call starts with every rank present and t
 the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
 ranks). The library's calls after each change of algorithm (``--warmup`` of them, untimed)
 are its first ones: they make the new plan (rows, lanes), which the later calls reuse, so the
-library's columns time its steady state as the other columns do. Algorithms take turns in --rounds rounds, sizes from --min-bytes to --max-bytes by
-factors of 4; the median over rounds is reported, and every result is checked against an
-exact reference (integer-valued float32 inputs) on every rank.
+library's columns time its steady state as the other columns do. Algorithms take turns in
+--rounds rounds, sizes from --min-bytes to --max-bytes by factors of 4; the median over
+rounds is reported, and every result is checked against an exact reference (integer-valued
+float32 inputs) on every rank.
 
 It also measures the host's constants the model needs: one Python step (an 8-byte
 Isend/Irecv exchange with a neighbour, through hororing's wait), numpy's add and copy on
