@@ -25,7 +25,7 @@ from .validate import (ALLREDUCE_OPS, check_adasum_dtype, check_array,
 
 
 def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, blocking=False,
-          now=False, into=None, name_checked=False, **arguments):
+          now=False, into=None, name_checked=False, lane=None, **arguments):
     """Start one collective: the entry every verb here and both bindings go through.
 
     ``arguments`` are the verb's own (``average``, ``op``, ``prescale_factor``,
@@ -40,7 +40,9 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     C-contiguous numpy array the result of an allgather is written into where it fits
     exactly (else a new one is made).
     ``name_checked``: the caller asked ``check_free`` before converting its tensor (a
-    binding), so the door does not ask again. Returns the handle.
+    binding), so the door does not ask again. ``lane``: the key a later call must match to
+    run this one's lane once it has folded (``allreduce_now``'s, ``engine/lane.py``).
+    Returns the handle.
 
     Raises:
         TypeError, ValueError: a bad argument, named, before anything is queued.
@@ -57,12 +59,6 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
     if now and name is None:  # the same name every call (Group.blocking_name)
         name = group.main_blocking_names[kind] if get_ident() == group.main_ident \
             else group.blocking_name(kind)
-    door = None
-    if whole and now and into is None and kind == "allreduce" \
-            and arguments.keys() <= _LANE_ARGUMENTS:  # its lane's key (``allreduce_now``)
-        door = lane_key(inplace, arguments.get("average"), arguments.get("op"),
-                        arguments.get("prescale_factor", 1.0),
-                        arguments.get("postscale_factor", 1.0))
     if not name_checked and isinstance(name, str) and name in group.engine.in_flight:  # before the input is converted
         group.engine.check_free(name)
     try:
@@ -71,10 +67,7 @@ def start(kind, tensor=None, name=None, process_set=None, *, inplace=False, bloc
         _check_arguments(kind, arguments)  # names what the kind takes, where that was wrong
         raise
     return _submit(kind, tensor, name, group, inplace=inplace, min_ndim=min_ndim,
-                   blocking=blocking, now=now, into=into, door=door, **fields)
-
-
-_LANE_ARGUMENTS = frozenset(("average", "op", "prescale_factor", "postscale_factor"))
+                   blocking=blocking, now=now, into=into, door=lane, **fields)
 
 
 def allreduce_now(tensor, name, process_set, inplace, op, prescale_factor, postscale_factor,
@@ -88,7 +81,8 @@ def allreduce_now(tensor, name, process_set, inplace, op, prescale_factor, posts
     the result goes into it; compared here, not in a call. Any other call, and one its lane
     sends back, goes through ``start``."""
     context = _State.context  # the global set's group without a call, as ``start`` does
-    if context is not None and (process_set is None or process_set is global_process_set):
+    whole = context is not None and (process_set is None or process_set is global_process_set)
+    if whole:
         group = context.group
         if name is None:  # the same name every call (Group.blocking_name)
             name = group.main_blocking_names["allreduce"] if get_ident() == group.main_ident \
@@ -107,8 +101,12 @@ def allreduce_now(tensor, name, process_set, inplace, op, prescale_factor, posts
                     if error is None:
                         return result
                 return handle.synchronize()
+    # the first call (and one its lane sends back) the usual way, with its lane's key: lanes
+    # are the global set's
     return start("allreduce", tensor, name, process_set, inplace=inplace, now=True,
-                 name_checked=name_checked, average=average, op=op,
+                 name_checked=name_checked,
+                 lane=lane_key(inplace, average, op, prescale_factor, postscale_factor)
+                 if whole else None, average=average, op=op,
                  prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor).synchronize()
 

@@ -155,7 +155,7 @@ class Engine:
             if self._stopped:
                 return None
             name = lane.name
-            request = Request(name, lane.meta, tensor, tensor if lane.inplace else None,
+            request = Request(name, lane.meta, tensor, tensor if lane.door[0] else None,
                               Handle(name, self))
             request.cache_id, request.awaited = lane.cache_id, True
             with submissions.lock:  # in flight, as a submitted call (another thread's refused)

@@ -22,13 +22,11 @@ class Lane:
     (the door compares them, ``door.allreduce_now``); the rest is what the engine runs it
     with."""
 
-    __slots__ = ("name", "door", "inplace", "dtype", "shape", "meta", "cache_id", "response",
-                 "plan")
+    __slots__ = ("name", "door", "dtype", "shape", "meta", "cache_id", "response", "plan")
 
     def __init__(self, request, response, plan):
         self.name = request.name
         self.door = request.door
-        self.inplace = request.door[0]
         self.dtype = request.tensor.dtype
         self.shape = request.tensor.shape
         self.meta = request.meta
