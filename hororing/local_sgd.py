@@ -24,7 +24,7 @@ import numpy as np
 from . import collectives, ops
 from .compression import Compression
 from .optim import check_protocol
-from .periodic import Schedule, check_every, check_fragments, check_warmup, cut
+from .periodic import Schedule, check_every, check_fragments, check_sent, check_warmup, cut
 from .quantized import Int8Feedback, finish_average, start_average
 
 _INSTANCES = itertools.count()  # constructed in one order on every rank: names agree
@@ -137,13 +137,8 @@ class DiLoCo(_Periodic):
                              "parameter arrays (the same dict's arrays, the same names): "
                              "build both over one params dict")
         check_fragments(fragments, len(inner))
-        compression = compression or Compression.none
-        if compression not in (Compression.none, Compression.fp16, Compression.bf16):
-            raise ValueError(f"DiLoCo sends its changes with Compression.none, .fp16 or "
-                             f".bf16; got {compression!r}")
-        if int8 and compression is not Compression.none:
-            raise ValueError("DiLoCo's int8=True sends int8 rows: leave compression at "
-                             "Compression.none")
+        compression = check_sent(compression, int8, Compression.none, Compression.fp16,
+                                 Compression.bf16)
         super().__init__(inner_optimizer, sync_every, "DiLoCo's inner optimizer")
         self.outer_optimizer = outer_optimizer
         self.compression = compression

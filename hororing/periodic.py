@@ -1,6 +1,7 @@
 """What LocalSGD and DiLoCo share in every binding (``hororing.local_sgd`` for numpy arrays,
-``hororing.torch.local_sgd`` for torch): the checks of their arguments, the cut of the
-parameters into fragments, and when each fragment is synced.
+``hororing.torch.local_sgd`` for torch, ``hororing.tensorflow.keras.local_sgd``'s callbacks):
+the checks of their arguments, the cut of the parameters into fragments, and when each
+fragment is synced.
 """
 
 
@@ -8,6 +9,21 @@ def check_every(sync_every):
     if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
         raise ValueError(f"sync_every must be an integer >= 1 (the steps between syncs), got "
                          f"{sync_every!r}")
+
+
+def check_sent(compression, int8, none, fp16, bf16, who="DiLoCo", spelled="Compression"):
+    """DiLoCo's changes go in full (``none``), in 16 bits (``fp16``, ``bf16``: the binding's
+    own Compression's), or with ``int8`` as int8 rows, uncompressed: a clear error on
+    anything else. ``who``: the class the user made; ``spelled``: how its users write the
+    binding's Compression. Returns the compression, None taken as ``none``."""
+    compression = compression or none
+    if compression is not none and compression is not fp16 and compression is not bf16:
+        raise ValueError(f"{who} sends its changes with {spelled}.none, .fp16 or .bf16; got "
+                         f"{compression!r}")
+    if int8 and compression is not none:
+        raise ValueError(f"{who}'s int8=True sends int8 rows: leave compression at "
+                         f"{spelled}.none")
+    return compression
 
 
 def check_warmup(warmup_steps):

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .. import ops
-from ..periodic import Schedule, check_every, check_fragments, check_warmup, cut
+from ..periodic import (Schedule, check_every, check_fragments, check_sent, check_warmup,
+                        cut)
 from ..quantized import Int8Feedback
 from ..process_sets import global_process_set
 from . import mpi_ops
@@ -181,13 +182,8 @@ class DiLoCo(_Periodic):
         parameters = _trained(model)
         _check_over(outer_optimizer, parameters, "DiLoCo's outer optimizer")
         check_fragments(fragments, len(parameters))
-        compression = compression or Compression.none
-        if compression not in (Compression.none, Compression.fp16, Compression.bf16):
-            raise ValueError(f"DiLoCo sends its changes with hvd.Compression.none, .fp16 or "
-                             f".bf16; got {compression!r}")
-        if int8 and compression is not Compression.none:
-            raise ValueError("DiLoCo's int8=True sends int8 rows: leave compression at "
-                             "hvd.Compression.none")
+        compression = check_sent(compression, int8, Compression.none, Compression.fp16,
+                                 Compression.bf16, spelled="hvd.Compression")
         super().__init__(model, inner_optimizer, sync_every, "DiLoCo's inner optimizer")
         _broadcast_state(outer_optimizer, f"{self._prefix}.outer_has_state")
         self.outer_optimizer = outer_optimizer

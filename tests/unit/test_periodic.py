@@ -57,3 +57,27 @@ def test_more_fragments_than_parameters_are_refused():
         check_fragments(4, 3)
     with pytest.raises(ValueError, match="got True"):
         check_fragments(True, 3)
+
+
+def test_what_diloco_sends_its_changes_with_is_checked_as_each_binding_spells_it():
+    from hororing.compression import Compression
+    from hororing.torch.compression import Compression as TorchCompression
+    from hororing.periodic import check_sent
+
+    def sent(compression, int8=False, binding=Compression, **spelling):
+        return check_sent(compression, int8, binding.none, binding.fp16, binding.bf16,
+                          **spelling)
+
+    assert sent(None) is Compression.none
+    assert sent(Compression.bf16) is Compression.bf16
+    assert sent(Compression.none, int8=True) is Compression.none
+    assert sent(TorchCompression.fp16, binding=TorchCompression) is TorchCompression.fp16
+    with pytest.raises(ValueError, match=r"DiLoCo sends its changes with Compression\.none, "
+                                         r"\.fp16 or \.bf16; got 'topk'"):
+        sent("topk")
+    # one binding's Compression is not another's
+    with pytest.raises(ValueError, match=r"with hvd\.Compression\.none"):
+        sent(Compression.fp16, binding=TorchCompression, spelled="hvd.Compression")
+    with pytest.raises(ValueError, match=r"DiLoCoCallback's int8=True sends int8 rows: leave "
+                                         r"compression at hvd\.Compression\.none"):
+        sent(Compression.fp16, int8=True, who="DiLoCoCallback", spelled="hvd.Compression")

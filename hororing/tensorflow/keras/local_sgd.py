@@ -27,7 +27,7 @@ import numpy as np
 
 from ... import collectives, ops
 from ...compression import Compression as _ArrayCompression
-from ...periodic import Schedule, check_every, check_fragments, cut
+from ...periodic import Schedule, check_every, check_fragments, check_sent, cut
 from ...quantized import Int8Feedback, finish_average, start_average
 from ..compression import Compression
 from ._backend import keras
@@ -133,16 +133,12 @@ class DiLoCoCallback(_Periodic):
         if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"DiLoCoCallback's outer optimizer must be a Keras optimizer, "
                             f"got {type(outer_optimizer).__name__}")
+        compression = check_sent(compression, int8, Compression.none, Compression.fp16,
+                                 Compression.bf16, "DiLoCoCallback", "hvd.Compression")
         kinds = {Compression.none: "none", Compression.fp16: "fp16", Compression.bf16: "bf16"}
-        if (compression or Compression.none) not in kinds:
-            raise ValueError(f"DiLoCoCallback sends its changes with hvd.Compression.none, "
-                             f".fp16 or .bf16; got {compression!r}")
-        if int8 and (compression or Compression.none) is not Compression.none:
-            raise ValueError("DiLoCoCallback's int8=True sends int8 rows: leave compression "
-                             "at hvd.Compression.none")
         self._int8 = Int8Feedback() if int8 else None
         self.outer_optimizer = outer_optimizer
-        self.compression = getattr(_ArrayCompression, kinds[compression or Compression.none])
+        self.compression = getattr(_ArrayCompression, kinds[compression])
         self._fragments = fragments
         self.fragments = self.schedule = self._global = None
         self._loaded = None  # a state to go on from when training begins
