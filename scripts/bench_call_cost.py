@@ -16,6 +16,11 @@ reduces into a second buffer, as the out-of-place APIs do (by default it reduces
 buffer and name on both sides), as a loop that reduces a loss and its metrics calls;
 ``--shrink D``: tensor k of them holds the size's values divided by D**k (at least one: a
 loss and its metrics are seldom one size), the times the median over all of them.
+``--cpu``: also the CPU time one call of each side takes on every rank, summed over the
+ranks (the mean over calls of each process's CPU clock, every thread of it: the engine's
+thread, and a wait that spins or yields, count), and that sum over the side's time (the
+slowest rank's median) as the cores it kept busy: where it reaches the machine's cores,
+the calls are bound by the CPU work they do, not by waiting.
 Then the Python function calls one steady-state call makes in the calling thread (median
 over calls, a wait for the peers counted as one; the engine's background thread is not
 counted). With PYTHONPATH pointing at
@@ -65,25 +70,31 @@ def main():
             return mpi
         mpis = [mpi_on(buffer) for buffer in theirs]
         times = {"hororing": [], "mpi": []}
+        cpu = {"hororing": [], "mpi": []}  # --cpu: each call's process CPU time
         for index in range(args.warmup + args.calls):
             k = index % args.tensors
             order = (("hororing", libraries[k], ours[k]), ("mpi", mpis[k], theirs[k]))
             for name, run, buffer in (order if index % 2 else order[::-1]):
                 buffer[...] = 1.0
                 COMM.Barrier()
+                started_cpu = time.process_time() if args.cpu else 0.0
                 started = time.perf_counter()
                 run()
                 if index >= args.warmup:
                     times[name].append(time.perf_counter() - started)
+                    if args.cpu:
+                        cpu[name].append(time.process_time() - started_cpu)
         expected = 1.0 if op == hvd.Average else float(COMM.Get_size())
         results = ours if args.api in ("numpy", "torch-inplace") else \
             [np.asarray(library.result) for library in libraries]
         wrong = sum(int(np.count_nonzero(result != expected)) for result in results + theirs)
         median = {name: COMM.allreduce(statistics.median(values), op=MPI.MAX)
                   for name, values in times.items()}
+        cpu_sum = {name: COMM.allreduce(statistics.mean(values), op=MPI.SUM)
+                   for name, values in cpu.items() if values}
         calls = python_calls(libraries, ours)
         rows.append((nbytes, median["hororing"], median["mpi"], calls,
-                     COMM.allreduce(wrong)))
+                     COMM.allreduce(wrong), cpu_sum))
     if hvd.rank() == 0:
         unnamed = ", unnamed calls" if args.unnamed else ""
         placement = "out of place" if args.mpi_out_of_place else "in place"
@@ -93,11 +104,18 @@ def main():
         print(f"# {COMM.Get_size()} ranks, the {args.api} API, {args.op}{unnamed}{turns}, MPI "
               f"{placement}; hororing from "
               f"{hvd.__file__}")
+        cpu_heads = f" {'hororing CPU us':>16} {'cores':>6} {'MPI CPU us':>11} {'cores':>6}" \
+            if args.cpu else ""
         print(f"{'bytes':>9} {'hororing us':>12} {'MPI us':>8} {'MPI/hororing':>13} "
-              f"{'Python calls':>13}")
-        for nbytes, ours_s, mpi_s, calls, wrong in rows:
+              f"{'Python calls':>13}" + cpu_heads)
+        for nbytes, ours_s, mpi_s, calls, wrong, cpu_sum in rows:
+            cpu_cells = ""
+            if cpu_sum:  # CPU of every rank, and the cores it kept busy over the wall time
+                cpu_cells = (f" {cpu_sum['hororing'] * 1e6:>16.1f} "
+                             f"{cpu_sum['hororing'] / ours_s:>6.2f} "
+                             f"{cpu_sum['mpi'] * 1e6:>11.1f} {cpu_sum['mpi'] / mpi_s:>6.2f}")
             print(f"{nbytes:>9} {ours_s * 1e6:>12.1f} {mpi_s * 1e6:>8.1f} {mpi_s / ours_s:>13.2f} "
-                  f"{calls:>13.0f}" + (f"  WRONG {wrong}" if wrong else ""))
+                  f"{calls:>13.0f}" + cpu_cells + (f"  WRONG {wrong}" if wrong else ""))
     hvd.shutdown()
     return 1 if any(row[4] for row in rows) else 0
 
@@ -198,6 +216,9 @@ def parse_args():
     parser.add_argument("--shrink", type=int, default=1,
                         help="with --tensors: each tensor holds 1/SHRINK of the values of the "
                              "one before it (at least one)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also each side's CPU time a call, summed over the ranks, and the "
+                             "cores it kept busy")
     parser.add_argument("--unnamed", action="store_true",
                         help="calls without a name (each size's loop then shares one name)")
     return parser.parse_args()

@@ -247,23 +247,29 @@ def test_bench_step_phases_times_each_part_of_a_step_for_both_libraries():
     assert len(cycles) == 2 and all("r1]" in line for line in cycles), job.stdout
 
 
-@pytest.mark.parametrize("api, op, tensors, shrink", [("numpy", "sum", "1", "1"),
-                                                      ("torch", "average", "3", "16")])
-def test_bench_call_cost_times_both_sides_and_counts_the_calls(api, op, tensors, shrink):
+@pytest.mark.parametrize("api, op, tensors, shrink, cpu", [("numpy", "sum", "1", "1", True),
+                                                           ("torch", "average", "3", "16", False)])
+def test_bench_call_cost_times_both_sides_and_counts_the_calls(api, op, tensors, shrink, cpu):
     if api == "torch":
         pytest.importorskip("torch")
     job = run_under_mpi(3, "bench_call_cost.py", "--sizes", "4KiB,24KiB", "--calls", "20",
                         "--warmup", "5", "--api", api, "--op", op, "--tensors", tensors,
-                        "--shrink", shrink)
+                        "--shrink", shrink, *(["--cpu"] if cpu else []))
     rows = [line.split() for line in job.stdout.splitlines()
             if line.strip() and not line.startswith("#") and not line.lstrip().startswith("bytes")]
     assert [row[0] for row in rows] == ["4096", "24576"] and "WRONG" not in job.stdout
     assert (f"{tensors} tensors in turn" in job.stdout) == (tensors != "1")
     assert (f"each 1/{shrink} of the one before" in job.stdout) == (shrink != "1")
+    assert ("hororing CPU us" in job.stdout) == cpu
     for row in rows:
         # the Python calls: tests/mpi/test_call_budget.py holds their budget; here, that
         # the count counts (at least the door, the lane and the wait)
         assert float(row[1]) > 0 and float(row[2]) > 0 and 6 <= float(row[4]) < 1000
+        assert len(row) == (9 if cpu else 5)
+        if cpu:  # each side's CPU of the 3 ranks, and the cores: that CPU over its time
+            for time_us, cpu_us, cores in ((row[1], row[5], row[6]), (row[2], row[7], row[8])):
+                assert float(cpu_us) > 0
+                assert float(cores) == pytest.approx(float(cpu_us) / float(time_us), abs=0.02)
 
 
 def test_bench_fold_rows_times_both_exchanges_and_their_sums_are_right():
