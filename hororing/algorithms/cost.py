@@ -293,9 +293,13 @@ def choices(ranks, host, far, near=None, per_node=1, kinds=KINDS, small_bytes=No
 # placed by measurement, not priced: on a 2-core EPYC VM (docs/benchmarks.md, "The allreduce
 # through the node's shared memory") it beat the ring, Rabenseifner's and recursive doubling
 # from 64 KiB to 1 MiB at 3, 4 and 8 ranks (0.61-0.86 of the ring's time) and was level with
-# the ring at 2 ranks and 1 MiB; from 4 MiB the ring was faster (1.08-1.7x), its messages
-# copied once where the shared rows are copied in and out.
-SHARED_LARGEST_BYTES = 2 << 20
+# the ring at 2 ranks and 1 MiB. Through the library's whole path, against the compiled ring
+# (docs/benchmarks.md, "The shared allreduce up to 4 MiB"), it ran 2, 3 and 3.9 MiB in
+# 0.49-0.92 of the ring's time at 2, 3, 4, 8 and 16 ranks (level once, 1.05 at 4 ranks and
+# 3.9 MiB); from 4 MiB the two changed places from one half hour to the next (4 MiB
+# 0.54-1.05, 16 MiB 0.76-1.41 at 2-8 ranks), the ring's messages copied once where the
+# shared rows are copied in and out, so the ring keeps them.
+SHARED_LARGEST_BYTES = 4 << 20
 _MESSAGES = ("ring", "rabenseifner", "recursive_doubling")
 # Its segments (a row of its window each, two barriers each) are SHARED_SEGMENT_BYTES. Where
 # ranks crowd their cores (SHARED_CROWDED or more to a core), a barrier waits for every rank

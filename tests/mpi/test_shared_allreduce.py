@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 import hororing as hvd
 from hororing import faults
+from hororing.algorithms import cost
 from hororing.shared_window import SharedWindow
 from hororing.algorithms.shared import SharedMemory
 from hororing.context import current
@@ -242,9 +243,10 @@ def test_the_route_chooses_it_and_the_switch_takes_it_away():
 @pytest.mark.parametrize("in_place", [False, True])
 def test_a_bucket_of_large_members_reduced_where_they_lie(in_place):
     """A fused bucket whose large members are reduced in their own memory (the bucket laid
-    out in segments, engine/segments.py): below 2 MiB the shared allreduce goes through it
-    segment by segment; above, the ring or one reduction per segment."""
-    for lengths in ([150001, 7, 120003, 3], [300001, 5, 300003]):
+    out in segments, engine/segments.py): below ``cost.SHARED_LARGEST_BYTES`` the shared
+    allreduce goes through it segment by segment; above, the ring or one reduction per
+    segment."""
+    for lengths in ([150001, 7, 120003, 3], [300001, 5, 300003], [600001, 5, 600003]):
         inputs = [all_inputs(hvd.size(), (length,), "float32", length) for length in lengths]
         mine = [values[hvd.rank()].copy() for values in inputs]
         name = f"shared.members.{len(lengths)}.{in_place}"
@@ -263,7 +265,8 @@ def test_a_bucket_of_large_members_reduced_where_they_lie(in_place):
             _pipeline().observers.remove(observe)
         # members are large from the cost model's size, which grows with the rank count
         # (218 KB at 3 ranks, 764 KB at 8: there the first bucket is packed whole)
-        if 4 * sum(lengths) < 2 << 20 and 4 * max(lengths) >= _pipeline().route.member_bytes:
+        if 4 * sum(lengths) < cost.SHARED_LARGEST_BYTES and \
+                4 * max(lengths) >= _pipeline().route.member_bytes:
             assert laid_out == [("shared", "Segmented")], laid_out
         for result, values in zip(results, inputs):
             assert_close(result, reference_allreduce(values, hvd.Average))

@@ -112,12 +112,13 @@ def test_on_one_node_of_16_ranks_16_mib_goes_by_the_ring_and_256_kib_by_halving(
 
 def test_the_shared_memory_allreduce_takes_the_message_algorithms_sizes_below_its_largest():
     largest = cost.SHARED_LARGEST_BYTES
-    table = ((4096, "small"), (1 << 16, "recursive_doubling"), (3 << 20, "rabenseifner"),
+    beyond = largest + (1 << 20)  # a message algorithm's range that straddles the largest
+    table = ((4096, "small"), (1 << 16, "recursive_doubling"), (beyond, "rabenseifner"),
              (None, "ring"))
     shared = cost.with_shared(table)
-    assert shared == ((4096, "small"), (largest, "shared"), (3 << 20, "rabenseifner"),
+    assert shared == ((4096, "small"), (largest, "shared"), (beyond, "rabenseifner"),
                       (None, "ring"))
-    for nbytes in (1, 4095, 4096, 1 << 16, largest - 1, largest, 3 << 20, 1 << 30):
+    for nbytes in (1, 4095, 4096, 1 << 16, largest - 1, largest, beyond, 1 << 30):
         expected = cost.lookup(table, nbytes)
         if expected != "small" and nbytes < largest:
             expected = "shared"
