@@ -160,7 +160,7 @@ def test_bench_call_phases_splits_a_call_into_phases_that_add_up():
         assert all(value >= 0 for value in phases) and total > 0
         # the medians of the phases need not add up to the median total; their scale does
         assert sum(phases) < 3 * total
-    # 4 MiB takes the ring and never folds (on one node the fold takes up to 2 MiB): the
+    # 4 MiB takes the ring and never folds (on one node the fold takes below 4 MiB): the
     # algorithm phase is timed
     assert float(rows[1][5]) > 0
 
