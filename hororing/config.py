@@ -59,8 +59,9 @@ class Config:
     # at 2 ranks in 15.7 µs against 21.9 (docs/benchmarks.md). Off: always gathered.
     shared_fold: bool = True
     # Where every rank is on one node, allreduces the cost model gives a message algorithm,
-    # below 2 MiB, read each other's values in a shared-memory window of the node
-    # (algorithms/shared.py). Off: the ring and the halving algorithms, as across nodes.
+    # below 4 MiB (cost.SHARED_LARGEST_BYTES), read each other's values in a shared-memory
+    # window of the node (algorithms/shared.py). Off: the ring and the halving algorithms,
+    # as across nodes.
     shared_allreduce: bool = True
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 0.0  # 0: never end the job on a stall
