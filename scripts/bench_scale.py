@@ -8,14 +8,16 @@ Rabenseifner, recursive doubling and gathered path, on one node the allreduce th
 shared memory, and MPI_Allreduce; then the library's
 whole path, hvd.allreduce with the algorithm it chooses by default and with the ring forced
 (twice, as library_ring and library_ring_again: where the default chooses the ring itself,
-the three columns time the same code, and the two forced ones show the run-to-run spread).
+the three columns time the same code, and the two forced ones show the run-to-run spread),
+and on one node with the shared allreduce forced (library_shared: the route's choice
+between the two, with everything the library's path adds to each).
 A Barrier precedes every call, so each call starts with every rank present and the time is
 the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
 ranks). The library's calls after each change of algorithm (``--warmup`` of them, untimed)
 are its first ones: they make the new plan (rows, lanes), which the later calls reuse, so the
 library's columns time its steady state as the other columns do. Algorithms take turns in
---rounds rounds, sizes from --min-bytes to --max-bytes by factors of 4; the median over
-rounds is reported, and every result is checked against an exact reference (integer-valued
+--rounds rounds, sizes from --min-bytes to --max-bytes by factors of --factor (4); the median
+over rounds is reported, and every result is checked against an exact reference (integer-valued
 float32 inputs) on every rank.
 
 It also measures the host's constants the model needs: one Python step (an 8-byte
@@ -70,6 +72,8 @@ def main():
     # the ring forced twice, under two names: the two columns' spread is what the same code
     # gives from run to run, against which the default's against the ring's is read
     library = {"library": None, "library_ring": "ring", "library_ring_again": "ring"}
+    if shared is not None and pipeline.has("shared"):  # and the shared allreduce forced
+        library["library_shared"] = "shared"
     constants = host_constants(own)
     if rank == 0:
         print(machine_line(machine_info()))
@@ -118,7 +122,7 @@ def main():
             print(f"{count * 4:>10} " + " ".join(f"{row['time_us'][name]:>18.1f}"
                                                  for name in times) + f"  {chosen}"
                   + (f"  WRONG {wrong}" if wrong else ""), flush=True)
-        nbytes *= 4
+        nbytes *= args.factor
     if rank == 0 and args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
@@ -228,6 +232,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--min-bytes", type=int, default=4096)
     parser.add_argument("--max-bytes", type=int, default=16 << 20)
+    parser.add_argument("--factor", type=int, default=4,
+                        help="each size this many times the one before")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.05,
                         help="about how long one algorithm's block of calls takes")

@@ -177,7 +177,8 @@ def test_bench_scale_times_every_algorithm_and_the_model_fits_and_predicts(tmp_p
     # the 3 ranks share this machine: the allreduce through its shared memory is timed too
     assert set(report["rows"][0]["time_us"]) == {"ring", "rabenseifner", "recursive_doubling",
                                                  "small", "shared", "mpi", "library",
-                                                 "library_ring", "library_ring_again"}
+                                                 "library_ring", "library_ring_again",
+                                                 "library_shared"}
     fit = tmp_path / "fit.json"
     calibrated = subprocess.run([sys.executable, str(SCRIPTS / "simulate_scale.py"),
                                  "--calibrate", str(output), str(output), "--fit", str(fit)],
