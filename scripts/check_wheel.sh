@@ -99,9 +99,11 @@ import numpy as np
 import hororing as hvd
 from hororing.algorithms import compiled
 hvd.init()
-values = np.arange(1_000_000, dtype=np.float32) * (hvd.rank() + 1)
-result = hvd.allreduce(values, op=hvd.Sum, name="wheel.ring")  # 4 MB: the ring's size
-assert np.array_equal(result, np.arange(1_000_000, dtype=np.float32) * 3), result[:4]
+from hororing.algorithms.cost import SHARED_LARGEST_BYTES
+count = SHARED_LARGEST_BYTES // 4 + 1001  # past the shared allreduce's sizes: the ring's
+values = np.arange(count, dtype=np.float32) * (hvd.rank() + 1)
+result = hvd.allreduce(values, op=hvd.Sum, name="wheel.ring")
+assert np.array_equal(result, np.arange(count, dtype=np.float32) * 3), result[:4]
 expected = sys.argv[1]
 assert compiled.status().startswith(expected), (compiled.status(), expected)
 print(f"rank {hvd.rank()}: a ring from the installed wheel, steps: {compiled.status()}")

@@ -21,9 +21,11 @@ import hororing as hvd
 from hororing.algorithms import compiled
 hvd.init()
 assert hvd.__file__.startswith({package!r}), hvd.__file__
-values = np.arange(1_000_000, dtype=np.float32) * (hvd.rank() + 1)
+from hororing.algorithms.cost import SHARED_LARGEST_BYTES
+count = SHARED_LARGEST_BYTES // 4 + 1001  # past the shared allreduce's sizes: the ring's
+values = np.arange(count, dtype=np.float32) * (hvd.rank() + 1)
 result = hvd.allreduce(values, op=hvd.Sum, name="read-only")
-assert np.array_equal(result, np.arange(1_000_000, dtype=np.float32) * 3), result[:4]
+assert np.array_equal(result, np.arange(count, dtype=np.float32) * 3), result[:4]
 statuses = hvd.allgather_object(compiled.status())
 if hvd.rank() == 0:
     print(" ".join(statuses))
@@ -116,9 +118,11 @@ mpi_before = "mpi4py.MPI" in sys.modules
 import numpy as np
 import hororing as hvd
 hvd.init()
-values = np.arange(1_000_000, dtype=np.float32) * (hvd.rank() + 1)
+from hororing.algorithms.cost import SHARED_LARGEST_BYTES
+count = SHARED_LARGEST_BYTES // 4 + 1001  # past the shared allreduce's sizes: the ring's
+values = np.arange(count, dtype=np.float32) * (hvd.rank() + 1)
 result = hvd.allreduce(values, op=hvd.Sum, name="forked")
-assert np.array_equal(result, np.arange(1_000_000, dtype=np.float32) * 3), result[:4]
+assert np.array_equal(result, np.arange(count, dtype=np.float32) * 3), result[:4]
 seen = hvd.allgather_object(" ".join(["forked" if forked else "fresh", before,
                                        "mpi" if mpi_before else "no-mpi"]))
 if hvd.rank() == 0:
