@@ -44,6 +44,17 @@ NETWORK_SPIN_SCALE = 1
 # rows at 2 ranks woke its peer from Python often enough to cost 14 Python calls a call
 # instead of 11 (scripts/bench_call_cost.py); at eight times that, 11 in every run
 FLAG_SPIN_SCALE = 8 * SPIN_SCALE
+# Where the node's ranks outnumber its cores, the rows in its shared memory wake the peers
+# only at the last test before the sleep: there a barrier waits for every rank to be
+# scheduled in turn, long past the spin, and a wake-up then wakes each peer's engine
+# thread, which takes a core from the callers and the drive lock from the next call (which
+# then goes the usual way, with a vote cycle more). At 16 ranks on 2 cores a lone 1 MiB
+# call ran 4.6-6.4 ms so against 14.3-18.1 woken after the spin, 2 of 23 calls taking the
+# lane against 0-8; at 8 ranks 4 KiB 0.25-0.32 against 0.37-0.38 ms, 64 KiB 0.40-0.43
+# against 0.51-0.54, 1 MiB 1.21-1.26 against 1.84-1.88 (docs/benchmarks.md, "The wake-up
+# where ranks crowd the cores"). A peer whose caller does not come (its engine thread
+# drives an asynchronous call) is still woken, at the end of the yields, and its engine
+# thread polls on its own meanwhile.
 # the fields a plan sets, in the order ``_settings`` gives them (one numpy assignment a
 # change of plan: set one by one, with the chunk's bounds and view worked out again, a
 # change cost 5 us here, paid on every call of a loop reducing two tensors in turn)
@@ -82,6 +93,7 @@ class CompiledFold:
         self._backoff = -1  # the back-off's version the spin fields were set from
         # its tests a Python test's worth of spinning, and of testing before it wakes the peers
         self._scale = self._wake_scale = SPIN_SCALE
+        self._wake_last = False  # wake the peers at the last test before the sleep instead
         # rows reduced chunk by chunk (``shared``): the shared result row, this rank's place
         # among the rows, and its chunk of the result as the plan's dtype (what it finalizes)
         self._result, self._rank, self._chunk = None, 0, None
@@ -107,12 +119,13 @@ class CompiledFold:
         return compiled
 
     @classmethod
-    def shared(cls, sets, shared_window, result=None, rank=0):
+    def shared(cls, sets, shared_window, result=None, rank=0, crowded=False):
         """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
         ``shared_window`` (the SharedRows' ``shared_window.SharedWindow``), a barrier of its node
         the exchange: MPI's, or its flags where it has them. ``result``: the data of the
         window's result row (uint8) where the rows are reduced chunk by chunk
-        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in the node)."""
+        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in the node). ``crowded``:
+        the node's ranks outnumber its cores (the peers woken at the last yield, above)."""
         window = shared_window.window
         compiled = cls(sets, window)
         fields = compiled.fields
@@ -127,6 +140,7 @@ class CompiledFold:
         if result is not None:
             fields[F_RESULT], fields[F_RANK] = result.ctypes.data, rank
             compiled._result, compiled._rank = result, rank
+        compiled._wake_last = crowded
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake, activity, turn=None):
@@ -153,9 +167,10 @@ class CompiledFold:
             spin = backoff.spin_tests * self._scale
             yields = backoff.yield_tests - backoff.spin_tests + spin
             fields[F_SPIN], fields[F_YIELD] = spin, yields
-            # woken once, before the sleep (at the first test where there is no spin)
-            fields[F_WAKE] = max(1, min(max(backoff.spin_tests * self._wake_scale, spin),
-                                        yields))
+            # woken once, before the sleep (at the first test where there is no spin; where
+            # ranks crowd the node's cores, at the last)
+            fields[F_WAKE] = max(1, yields if self._wake_last else
+                                 min(max(backoff.spin_tests * self._wake_scale, spin), yields))
             self._backoff = backoff.version
         fields[F_STAGE] = 0
         if source.ndim != 1:

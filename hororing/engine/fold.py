@@ -203,14 +203,15 @@ class Fold:
         shared = shared_rows(width) if shared_rows is not None else None
         if shared is not None:
             self._exchange = shared
-            least = chunked_bytes(self._folding.contention)
-            chunked = shared if width - _HEAD >= least else None
+            contention = self._folding.contention
+            chunked = shared if width - _HEAD >= chunked_bytes(contention) else None
             rank = self._exchange_with.rank
             self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
             self._chunks = chunked is not None
             self._compiled = CompiledFold.shared(
                 [(rows[rank], rows) for rows in shared.sets], shared.window,
-                None if chunked is None else shared.result[_HEAD:], shared.rank)
+                None if chunked is None else shared.result[_HEAD:], shared.rank,
+                crowded=contention > 1.0)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)
