@@ -308,16 +308,18 @@ _MESSAGES = ("ring", "rabenseifner", "recursive_doubling")
 # the node's shared memory holds the window, and it takes every size a message algorithm
 # would. Measured (docs/benchmarks.md, "Fewer barriers where ranks crowd the cores"): on a
 # 2-core Xeon VM with a 105 MiB L3 it ran 16 MiB at 8 ranks in 0.89-0.94 of the ring's time
-# and at 16 ranks in 0.80, where with 1 MiB segments it was slower than the ring from 16 MiB;
-# on a 2-core EPYC VM with a 32 MiB L3, 16 MiB segments ran 16 MiB at 8 ranks in 1.3 times the
-# ring's. The cache is the one difference between the two measured that bears on it (the
-# ring's chunks pass through MPI's cells in the cache; the rows stream through memory); the
-# threshold lies between them, unmeasured there. At 2 and 4 ranks 1 MiB segments ran faster
+# and at 16 ranks in 0.80, where with 1 MiB segments it was slower than the ring from 16 MiB.
+# On a 2-core EPYC VM with a 32 MiB L3 the same segments lost to the ring (1.3 times its time
+# at 16 MiB, 8 ranks) while a barrier was MPI's; with the window's flags and a rank's own
+# chunk read where it lies they won there too (docs/benchmarks.md, "Large segments on a
+# 32 MiB cache"): forced through the library, 4 MiB at 8 and 16 ranks in 0.59-0.87 of the
+# ring's time, 16 MiB level to 0.72, 64 MiB level. No node with a smaller cache was measured.
+# At 2 and 4 ranks 1 MiB segments ran faster
 # than 4 or 16 MiB ones (a segment's rows stay in the caches).
 SHARED_SEGMENT_BYTES = 1 << 20
 SHARED_CROWDED = 4
 SHARED_CROWDED_SEGMENT_BYTES = 16 << 20
-SHARED_CROWDED_CACHE_BYTES = 64 << 20
+SHARED_CROWDED_CACHE_BYTES = 32 << 20
 
 
 def shared_segment_bytes(ranks, contention, window_budget, cache_bytes):

@@ -137,13 +137,15 @@ def test_where_ranks_crowd_the_cores_of_a_large_cache_the_shared_allreduce_takes
     # 4 ranks a core or more, with the room and the cache: the large segments
     assert cost.shared_segment_bytes(8, 4.0, room, cache) == crowded
     assert cost.shared_segment_bytes(16, 8.0, room, 105 << 20) == crowded
+    assert cost.shared_segment_bytes(8, 4.0, room, 32 << 20) == crowded
     # fewer to a core (a segment's rows stay in the caches), no room, or a smaller or
     # unknown cache: 1 MiB
     assert cost.shared_segment_bytes(8, 3.9, room, cache) == plain
     assert cost.shared_segment_bytes(2, 1.0, room, cache) == plain
     assert cost.shared_segment_bytes(16, 8.0, room - 1, cache) == plain
     assert cost.shared_segment_bytes(16, 8.0, 0, cache) == plain
-    assert cost.shared_segment_bytes(8, 4.0, room, 32 << 20) == plain
+    assert cost.shared_segment_bytes(8, 4.0, room, cache - 1) == plain
+    assert cost.shared_segment_bytes(8, 4.0, room, 16 << 20) == plain
     assert cost.shared_segment_bytes(8, 4.0, room, None) == plain
     assert cost.shared_largest(plain) == cost.SHARED_LARGEST_BYTES
     assert cost.shared_largest(crowded) is None
