@@ -160,10 +160,12 @@ def init(comm=None, process_sets=None, *, mode=None, num_servers=None, placement
             _State.context = Context(comm, config, reducer)
         else:
             _State.context = Context(user_comm.Dup(), config, origin=user_comm)
-        # where this node runs more ranks than it has cores, the waits barely spin
-        transport.set_backoff(config.spin_tests(_State.context.local_size,
-                                                _State.context.node_cores),
-                              config.wait_yield_tests, config.wait_max_sleep_us / 1e6)
+        # where this node runs more ranks than it has cores, the waits barely spin, and they
+        # wake the peers only before they sleep
+        local_size, node_cores = _State.context.local_size, _State.context.node_cores
+        transport.set_backoff(config.spin_tests(local_size, node_cores),
+                              config.wait_yield_tests, config.wait_max_sleep_us / 1e6,
+                              wake_late=local_size > node_cores)
         slurm.set_framework_threads(_State.context.local_size)
         slurm.set_blas_threads(_State.context.local_size)
         global_process_set.ranks = list(range(_State.context.size))

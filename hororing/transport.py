@@ -44,25 +44,31 @@ class _Backoff:
     spin_tests = 50
     yield_tests = 2000
     max_sleep_s = 0.001
+    wake_late = False  # the peers woken before the first sleep, not after the spin
     version = 0  # counts ``set_backoff``'s changes (a compiled wait copies the counts once)
 
 
 Backoff = _Backoff  # read by a compiled wait (``engine/compiled_fold.py``) without a call
 
 
-def set_backoff(spin_tests, yield_tests, max_sleep_s):
+def set_backoff(spin_tests, yield_tests, max_sleep_s, wake_late=False):
     """Set how every wait polls: ``spin_tests`` tests back to back, then tests separated by
     ``sched_yield`` up to ``yield_tests``, then sleeps doubling up to ``max_sleep_s``
-    (Config.wait_spin_tests, wait_yield_tests, wait_max_sleep_us)."""
+    (Config.wait_spin_tests, wait_yield_tests, wait_max_sleep_us). ``wake_late``: a wait
+    wakes the peers (``wait``'s ``unless_soon``) at the last test before its first sleep, not
+    at the end of the spin: where a node's ranks outnumber its cores, a woken engine thread
+    takes a core from the callers a wait is for."""
     _Backoff.spin_tests = int(spin_tests)
     _Backoff.yield_tests = int(yield_tests)
     _Backoff.max_sleep_s = float(max_sleep_s)
+    _Backoff.wake_late = bool(wake_late)
     _Backoff.version += 1
 
 
 def backoff():
-    """The waits' back-off in effect: (spin tests, yield tests, longest sleep in seconds)."""
-    return _Backoff.spin_tests, _Backoff.yield_tests, _Backoff.max_sleep_s
+    """The waits' back-off in effect: (spin tests, yield tests, longest sleep in seconds,
+    whether the peers are woken late), as ``set_backoff`` takes it."""
+    return _Backoff.spin_tests, _Backoff.yield_tests, _Backoff.max_sleep_s, _Backoff.wake_late
 
 
 def end_job(message):
@@ -244,7 +250,8 @@ def wait(request, deadline=None, unless_soon=None):
     Args:
         deadline: optional ``time.monotonic()`` value; past it, give up.
         unless_soon: optional callable, called once if the request has not completed by
-            the end of the spin phase (e.g. to wake peers that are not taking part yet).
+            the end of the spin phase (e.g. to wake peers that are not taking part yet);
+            with the back-off's ``wake_late``, by the last test before the first sleep.
 
     Returns:
         True when the request completed, False when the deadline passed first.
@@ -264,6 +271,8 @@ def wait_until(done, deadline=None, unless_soon=None, asleep=False):
     has spun and yielded already: the compiled ring's steps)."""
     spin_tests, yield_tests, max_sleep_s = (_Backoff.spin_tests, _Backoff.yield_tests,
                                             _Backoff.max_sleep_s)
+    # the test from which the peers are woken: the spin's end, or the yields' last
+    wake_at = max(spin_tests, yield_tests - 1) if _Backoff.wake_late else spin_tests
     tests = yield_tests if asleep else 0
     sleep_s = min(1e-5, max_sleep_s)
     registered = False
@@ -274,7 +283,7 @@ def wait_until(done, deadline=None, unless_soon=None, asleep=False):
                 return False
             if tests < spin_tests:
                 continue
-            if unless_soon is not None:  # once, at the end of the spin phase
+            if unless_soon is not None and tests >= wake_at:  # once
                 unless_soon()
                 unless_soon = None
             if tests < yield_tests:

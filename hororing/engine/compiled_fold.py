@@ -93,7 +93,6 @@ class CompiledFold:
         self._backoff = -1  # the back-off's version the spin fields were set from
         # its tests a Python test's worth of spinning, and of testing before it wakes the peers
         self._scale = self._wake_scale = SPIN_SCALE
-        self._wake_last = False  # wake the peers at the last test before the sleep instead
         # rows reduced chunk by chunk (``shared``): the shared result row, this rank's place
         # among the rows, and its chunk of the result as the plan's dtype (what it finalizes)
         self._result, self._rank, self._chunk = None, 0, None
@@ -119,13 +118,12 @@ class CompiledFold:
         return compiled
 
     @classmethod
-    def shared(cls, sets, shared_window, result=None, rank=0, crowded=False):
+    def shared(cls, sets, shared_window, result=None, rank=0):
         """The compiled cycle over ``sets`` of rows (as ``__init__`` takes them) in
         ``shared_window`` (the SharedRows' ``shared_window.SharedWindow``), a barrier of its node
         the exchange: MPI's, or its flags where it has them. ``result``: the data of the
         window's result row (uint8) where the rows are reduced chunk by chunk
-        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in the node). ``crowded``:
-        the node's ranks outnumber its cores (the peers woken at the last yield, above)."""
+        (``fold._Chunked``), ``rank`` this rank's chunk (its rank in the node)."""
         window = shared_window.window
         compiled = cls(sets, window)
         fields = compiled.fields
@@ -140,7 +138,6 @@ class CompiledFold:
         if result is not None:
             fields[F_RESULT], fields[F_RANK] = result.ctypes.data, rank
             compiled._result, compiled._rank = result, rank
-        compiled._wake_last = crowded
         return compiled
 
     def run(self, entry, source, output, plan, cache_id, wake, activity, turn=None):
@@ -168,8 +165,8 @@ class CompiledFold:
             yields = backoff.yield_tests - backoff.spin_tests + spin
             fields[F_SPIN], fields[F_YIELD] = spin, yields
             # woken once, before the sleep (at the first test where there is no spin; where
-            # ranks crowd the node's cores, at the last)
-            fields[F_WAKE] = max(1, yields if self._wake_last else
+            # the back-off wakes late, as where ranks crowd the node's cores, at the last)
+            fields[F_WAKE] = max(1, yields if backoff.wake_late else
                                  min(max(backoff.spin_tests * self._wake_scale, spin), yields))
             self._backoff = backoff.version
         fields[F_STAGE] = 0

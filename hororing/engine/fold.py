@@ -210,8 +210,7 @@ class Fold:
             self._chunks = chunked is not None
             self._compiled = CompiledFold.shared(
                 [(rows[rank], rows) for rows in shared.sets], shared.window,
-                None if chunked is None else shared.result[_HEAD:], shared.rank,
-                crowded=contention > 1.0)
+                None if chunked is None else shared.result[_HEAD:], shared.rank)
             return
         rows = np.empty((self.size, width), dtype=np.uint8)  # every rank's row, gathered
         row = np.zeros(width, dtype=np.uint8)

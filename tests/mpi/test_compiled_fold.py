@@ -394,9 +394,9 @@ def test_the_spin_lasts_as_long_as_pythons_and_the_wake_up_comes_as_late_for_eac
     compiled cycle spins that many times the tests; one across nodes costs what Python's
     does (the network's progress), so it spins Python's count there and then yields the
     core. Either way the peers are woken after as many tests as on the node, before the
-    sleep; where the node's shared rows serve ranks that outnumber its cores, at the last
-    test before the sleep. The multiples are the ones for where the rows go, as MPI places
-    the ranks."""
+    sleep; where the node's ranks outnumber its cores (the back-off's ``wake_late``), at
+    the last test before the sleep. The multiples are the ones for where the rows go, as MPI
+    places the ranks."""
     from hororing.algorithms.compiled.codes import F_LINES, F_SPIN, F_WAKE, F_YIELD
     from hororing.engine import compiled_fold
     from reference import every_rank_on_one_node
@@ -404,7 +404,7 @@ def test_the_spin_lasts_as_long_as_pythons_and_the_wake_up_comes_as_late_for_eac
     inputs = _inputs("float32", 8, hvd.Sum, length=length)
     _repeat("wait", f"cfold.spin.{length}", inputs, hvd.Sum, until_compiled=True)
     fields = current().engine.cycle._fold._compiled.fields
-    spin_tests, yield_tests, _ = transport.backoff()
+    spin_tests, yield_tests, _, wake_late = transport.backoff()
     wake = compiled_fold.SPIN_SCALE
     if not every_rank_on_one_node():
         spin = compiled_fold.NETWORK_SPIN_SCALE
@@ -414,8 +414,8 @@ def test_the_spin_lasts_as_long_as_pythons_and_the_wake_up_comes_as_late_for_eac
         spin = compiled_fold.SPIN_SCALE
     assert fields[F_SPIN] == spin_tests * spin
     assert fields[F_YIELD] == yield_tests - spin_tests + spin_tests * spin
-    shared_rows = every_rank_on_one_node() and current().engine.cycle._fold._turns is not None
-    if shared_rows and current().engine.allreduce.route.contention > 1.0:
+    assert wake_late == (current().local_size > current().node_cores)
+    if wake_late:
         assert fields[F_WAKE] == fields[F_YIELD]
     else:
         assert fields[F_WAKE] == spin_tests * wake <= fields[F_YIELD]

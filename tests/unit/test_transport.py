@@ -13,8 +13,7 @@ def phases(monkeypatch):
         seen["yields"] += 1
     monkeypatch.setattr(transport.os, "sched_yield", count_yield)
     monkeypatch.setattr(transport.time, "sleep", seen["sleeps"].append)
-    saved = (transport._Backoff.spin_tests, transport._Backoff.yield_tests,
-             transport._Backoff.max_sleep_s)
+    saved = transport.backoff()
     yield seen
     transport.set_backoff(*saved)
 
@@ -41,6 +40,32 @@ def test_each_failed_test_spins_yields_or_sleeps_by_its_number(phases, spin, yie
     assert len(phases["sleeps"]) == expected_sleeps
     # unless_soon runs once, when the spin phase ends without success (never if it succeeded)
     assert woken == ([1] if failures >= spin else [])
+
+
+@pytest.mark.parametrize("spin,yields,failures", [(1, 8, 20), (3, 8, 6), (1, 1, 5), (0, 0, 3)])
+def test_a_late_wake_comes_at_the_last_yield_before_the_first_sleep(phases, spin, yields,
+                                                                    failures):
+    transport.set_backoff(spin, yields, 0.004, wake_late=True)
+    assert transport.backoff()[3] is True
+    at = []  # the yields made when the peers are woken
+    done = done_after(failures)
+    assert transport.wait_until(done, unless_soon=lambda: at.append(phases["yields"]))
+    # the k-th failed test wakes where k reaches the last yield (yields - 1), or the spin's
+    # end where there are no yields; then that test yields (or sleeps)
+    wake_test = max(spin, yields - 1)
+    expected = [sum(1 for k in range(1, wake_test) if spin <= k < yields)] \
+        if failures >= wake_test else []
+    assert at == expected
+    assert phases["yields"] == sum(1 for k in range(1, failures + 1) if spin <= k < yields)
+
+
+def test_an_asleep_wait_wakes_at_its_first_failed_test_either_way(phases):
+    for late in (False, True):
+        transport.set_backoff(2, 50, 0.004, wake_late=late)
+        woken = []
+        transport.wait_until(done_after(1), unless_soon=lambda: woken.append(1), asleep=True)
+        assert woken == [1]
+        assert phases["yields"] == 0
 
 
 def test_sleeps_double_up_to_the_ceiling(phases):
