@@ -7,7 +7,8 @@ cgroup's CPU quota (``docker --cpus``, a Kubernetes CPU limit: ``cpu.max`` under
 says. A node's ranks may run on the union of their masks, at most the quota.
 
 Whether a node is oversubscribed (more ranks than cores) decides how its waits spin
-(``Config.spin_tests``) and how the cost model prices CPU work (``Route``'s contention);
+(``Config.spin_tests``) and when they wake their peers (``transport.set_backoff``'s
+``wake_late``), and how the cost model prices CPU work (``Route``'s contention);
 with the size of its last-level cache (``last_level_cache``), the segments of the allreduce
 through its shared memory (``cost.shared_segment_bytes``).
 """
