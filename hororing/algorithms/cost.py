@@ -312,10 +312,10 @@ _MESSAGES = ("ring", "rabenseifner", "recursive_doubling")
 # On a 2-core EPYC VM with a 32 MiB L3 the same segments lost to the ring (1.3 times its time
 # at 16 MiB, 8 ranks) while a barrier was MPI's; with the window's flags and a rank's own
 # chunk read where it lies they won there too (docs/benchmarks.md, "Large segments on a
-# 32 MiB cache"): forced through the library, 4 MiB at 8 and 16 ranks in 0.59-0.87 of the
-# ring's time, 16 MiB level to 0.72, 64 MiB level. No node with a smaller cache was measured.
-# At 2 and 4 ranks 1 MiB segments ran faster
-# than 4 or 16 MiB ones (a segment's rows stay in the caches).
+# 32 MiB cache"): forced through the library beside the forced ring, 4 MiB at 8 and 16 ranks
+# in 0.42-0.86 of its time, 16 MiB in 0.62-0.87, 64 MiB at 8 ranks in 0.94-1.06. No node with
+# a smaller cache was measured. At 2 and 4 ranks 1 MiB segments ran faster than 4 or 16 MiB
+# ones (a segment's rows stay in the caches).
 SHARED_SEGMENT_BYTES = 1 << 20
 SHARED_CROWDED = 4
 SHARED_CROWDED_SEGMENT_BYTES = 16 << 20
