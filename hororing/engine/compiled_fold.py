@@ -44,11 +44,11 @@ NETWORK_SPIN_SCALE = 1
 # rows at 2 ranks woke its peer from Python often enough to cost 14 Python calls a call
 # instead of 11 (scripts/bench_call_cost.py); at eight times that, 11 in every run
 FLAG_SPIN_SCALE = 8 * SPIN_SCALE
-# Where the node's ranks outnumber its cores, the rows in its shared memory wake the peers
-# only at the last test before the sleep: there a barrier waits for every rank to be
-# scheduled in turn, long past the spin, and a wake-up then wakes each peer's engine
-# thread, which takes a core from the callers and the drive lock from the next call (which
-# then goes the usual way, with a vote cycle more). At 16 ranks on 2 cores a lone 1 MiB
+# Where the node's ranks outnumber its cores (the back-off's ``wake_late``, which every wait
+# follows), the cycle wakes the peers only at the last test before the sleep: there a
+# barrier waits for every rank to be scheduled in turn, long past the spin, and a wake-up
+# then wakes each peer's engine thread, which takes a core from the callers and the drive
+# lock from the next call (which then goes the usual way, with a vote cycle more). At 16 ranks on 2 cores a lone 1 MiB
 # call ran 4.6-6.4 ms so against 14.3-18.1 woken after the spin, 2 of 23 calls taking the
 # lane against 0-8; at 8 ranks 4 KiB 0.25-0.32 against 0.37-0.38 ms, 64 KiB 0.40-0.43
 # against 0.51-0.54, 1 MiB 1.21-1.26 against 1.84-1.88 (docs/benchmarks.md, "The wake-up

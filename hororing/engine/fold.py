@@ -203,8 +203,8 @@ class Fold:
         shared = shared_rows(width) if shared_rows is not None else None
         if shared is not None:
             self._exchange = shared
-            contention = self._folding.contention
-            chunked = shared if width - _HEAD >= chunked_bytes(contention) else None
+            least = chunked_bytes(self._folding.contention)
+            chunked = shared if width - _HEAD >= least else None
             rank = self._exchange_with.rank
             self._turns = [self._views(rows[rank], rows, chunked) for rows in shared.sets]
             self._chunks = chunked is not None
