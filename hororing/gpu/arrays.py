@@ -7,8 +7,7 @@ views them in the library the engine runs on, and hands results back in the call
 
 import numpy as np
 
-from ..ops import SUPPORTED_NAMES, supported
-from .memory import torch_numpy_dtype
+from ..ops import SUPPORTED_NAMES, supported, torch_numpy_dtype
 
 
 def is_device_array(obj):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..ops import numpy_dtype
+from ..ops import numpy_dtype, torch_numpy_dtype
 
 
 class CupyMemory:

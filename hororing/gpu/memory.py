@@ -14,10 +14,7 @@ waited for through the events recorded at submission, never through the legacy d
 stream, so the place's copies and reductions can run beside the framework's kernels.
 """
 
-import functools
 import sys
-
-import numpy as np
 
 from .cupy_memory import CupyMemory
 from .numba_memory import NumbaMemory
@@ -36,9 +33,3 @@ def memory_for_device_arrays():
         except Exception:  # no cupy, or cupy without a driver
             pass
     return NumbaMemory()
-
-
-@functools.cache
-def torch_numpy_dtype(dtype):
-    """numpy's dtype for a torch dtype (bfloat16 never gets here: it travels as float32)."""
-    return np.dtype(str(dtype).rsplit(".", 1)[-1])
