@@ -217,8 +217,8 @@ def in_place(tensor, submit, bfloat16=False):
             and array.data_ptr() != tensor.data_ptr()):
         raise ValueError("an in-place collective needs a contiguous CUDA tensor; call "
                          ".contiguous() first or use the out-of-place form")
-    if tensor.dtype in _NUMPY_FREE and not ops.is_bfloat16(array.dtype):
-        # the float32 copy comes back into the bf16 tensor
+    if tensor.dtype in _NUMPY_FREE and not (bfloat16 and tensor.is_cpu):
+        # the float32 copy (a numpy array, or a CUDA tensor) comes back into the bf16 tensor
         def finish(result):
             tensor.data.copy_(to_torch(result, tensor))
             return tensor
