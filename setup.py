@@ -55,7 +55,7 @@ setup(
                        "platform_machine != 'x86_64'"],
         "cuda": ["cupy>=13", "numba>=0.59"],
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "hypothesis>=6",
-                 "scikit-learn>=1.0", "numba>=0.59"],
+                 "scikit-learn>=1.0", "numba>=0.59", "pyflakes>=3"],
         "bench": ["matplotlib>=3.5"],
     },
 )
