@@ -121,3 +121,20 @@ def test_the_kept_views_hold_no_more_than_view_bytes_of_dropped_tensors():
     del tensor, tensors
     assert alive[0]() is None
     assert alive[2]() is not None
+
+
+def test_in_place_copies_a_float32_copy_back_into_its_bfloat16_tensor_when_the_copy_is_a_tensor(
+        monkeypatch):
+    """On a GPU, ``as_numpy`` hands on a bfloat16 tensor's float32 copy as a torch tensor, not
+    a numpy array; ``in_place`` must still copy the result back into the bfloat16 tensor
+    (the copy stands in for the CUDA one here: what ``in_place`` decides depends on the
+    copy's type, not on the device)."""
+    tensor = torch.tensor([1.5, 2.5, -4.0], dtype=torch.bfloat16)
+    copy = tensor.float()
+    monkeypatch.setattr(bridge, "as_numpy", lambda t, argument="tensor", bfloat16=False: copy)
+    submitted = []
+    handle = bridge.in_place(tensor, lambda array: submitted.append(array) or "inner")
+    assert submitted == [copy] and handle.inner == "inner"
+    result = handle.finish(torch.tensor([3.0, 5.0, -8.0]))
+    assert result is tensor and tensor.dtype == torch.bfloat16
+    assert tensor.tolist() == [3.0, 5.0, -8.0]
