@@ -11,6 +11,8 @@ whole path, hvd.allreduce with the algorithm it chooses by default and with the 
 the three columns time the same code, and the two forced ones show the run-to-run spread),
 and on one node with the shared allreduce forced (library_shared: the route's choice
 between the two, with everything the library's path adds to each).
+``--shared-segments 4194304,16777216``: also the shared allreduce alone with those segments
+(the ``shared`` column's segments are ``cost.SHARED_SEGMENT_BYTES``).
 A Barrier precedes every call, so each call starts with every rank present and the time is
 the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
 ranks). The library's calls after each change of algorithm (``--warmup`` of them, untimed)
@@ -65,9 +67,16 @@ def main():
         "mpi": lambda buffer, op: own.Allreduce(MPI.IN_PLACE, buffer, MPI.SUM),
     }
     shared = None
+    windows = []  # the shared allreduces to free at the end
     if not across_nodes and size > 1:  # one node: the allreduce through its shared memory
         shared = SharedMemory(own.Split_type(MPI.COMM_TYPE_SHARED, key=rank))
         algorithms["shared"] = shared.allreduce
+        windows.append(shared)
+        for segment in args.shared_segments:  # and with other segments, a window each
+            other = SharedMemory(own.Split_type(MPI.COMM_TYPE_SHARED, key=rank),
+                                 segment_bytes=segment)
+            algorithms[f"shared_{segment >> 10}KiB"] = other.allreduce
+            windows.append(other)
     pipeline = hvd.context.current().engine.allreduce
     # the ring forced twice, under two names: the two columns' spread is what the same code
     # gives from run to run, against which the default's against the ring's is read
@@ -131,8 +140,8 @@ def main():
                        "host": socket.gethostname(),
                        "machine": machine_info(), "constants": constants, "rows": rows,
                        "date": time.strftime("%Y-%m-%d")}, handle, indent=1)
-    if shared is not None:
-        shared.free()
+    for window in windows:
+        window.free()
     own.Free()
     hvd.shutdown()
     return 1 if any(row["wrong"] for row in rows) else 0
@@ -244,6 +253,10 @@ def parse_args():
                         help="untimed library calls after each change of algorithm")
     parser.add_argument("--emulated", default="this host (no shaping)",
                         help="the link the ranks stand behind, for the JSON")
+    parser.add_argument("--shared-segments", default=[],
+                        type=lambda text: [int(part) for part in text.split(",")],
+                        help="on one node, also the shared allreduce with segments of these "
+                             "bytes (comma-separated), a column each (shared_<KiB>KiB)")
     parser.add_argument("--json", help="write the results here (rank 0)")
     return parser.parse_args()
 

@@ -7,6 +7,7 @@
 # run set up that way hung in a check that imports mpi4py and starts MPI, instead of failing.)
 # Usage: bash scripts/lent_machine.sh WHEELDIR OUTDIR [STEP ...]
 #   steps: scale (scripts/scale_checks.sh, CPU only), gpu (scripts/gpu_checks.sh),
+#          calls (scripts/call_cost_checks.sh: a call's cost against MPI's, CPU only),
 #          staged (the staged ring's copy size against the host ring, 8 and 64 MiB),
 #          hosts (bench_compression across HOSTS (default 4) emulated 1 Gbit/s hosts, CPU only, a core per
 #          rank: needs root, ip and tc on PATH; an image without iproute2 can be given a
@@ -84,6 +85,10 @@ for step in "${steps[@]}"; do
         say "scale checks"
         CUDA_VISIBLE_DEVICES= HORORING_SELECT_DEVICE=0 timeout 900 \
             bash scripts/scale_checks.sh "$out/scale" ${SCALE_RANKS:-} >> "$log" 2>&1 || say "scale: exit $?" ;;
+    calls)
+        say "call cost checks"
+        timeout 900 bash scripts/call_cost_checks.sh "$out/calls" >> "$log" 2>&1 \
+            || say "calls: exit $?" ;;
     gpu)
         say "gpu checks"
         timeout 900 bash scripts/gpu_checks.sh "$out/gpu" ${GPU_STEPS:-} >> "$log" 2>&1 || say "gpu: exit $?" ;;

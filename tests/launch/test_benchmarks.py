@@ -170,15 +170,16 @@ def test_bench_scale_times_every_algorithm_and_the_model_fits_and_predicts(tmp_p
     output and predicting from the fit the engine uses."""
     output = tmp_path / "scale.json"
     run_under_mpi(3, "bench_scale.py", "--max-bytes", "65536", "--rounds", "2",
-                  "--seconds", "0.01", "--json", str(output))
+                  "--seconds", "0.01", "--shared-segments", "16384", "--json", str(output))
     report = json.loads(output.read_text())
     assert [row["bytes"] for row in report["rows"]] == [4096, 16384, 65536]
     assert all(row["wrong"] == 0 for row in report["rows"])
-    # the 3 ranks share this machine: the allreduce through its shared memory is timed too
+    # the 3 ranks share this machine: the allreduce through its shared memory is timed too,
+    # also with 16 KiB segments (several a buffer from 64 KiB: its result checked as well)
     assert set(report["rows"][0]["time_us"]) == {"ring", "rabenseifner", "recursive_doubling",
-                                                 "small", "shared", "mpi", "library",
-                                                 "library_ring", "library_ring_again",
-                                                 "library_shared"}
+                                                 "small", "shared", "shared_16KiB", "mpi",
+                                                 "library", "library_ring",
+                                                 "library_ring_again", "library_shared"}
     fit = tmp_path / "fit.json"
     calibrated = subprocess.run([sys.executable, str(SCRIPTS / "simulate_scale.py"),
                                  "--calibrate", str(output), str(output), "--fit", str(fit)],
@@ -212,6 +213,22 @@ def test_scale_checks_runs_each_rank_count_the_cores_allow_and_calibrates(tmp_pa
     validation = json.loads((tmp_path / "scale_validation.json").read_text())
     assert validation and "worst measured/predicted" in log
 
+
+def test_call_cost_checks_runs_the_rank_counts_the_cores_allow(tmp_path):
+    """scripts/call_cost_checks.sh with few calls: its 2-rank tables, each rank count above
+    this machine's cores skipped, saying so, and no step failed."""
+    environment = dict(os.environ, CALLS="20", WARMUP="5", PATH=os.pathsep.join(
+        [os.path.dirname(sys.executable), os.path.dirname(mpiexec()), os.environ["PATH"]]))
+    job = subprocess.run(["bash", str(SCRIPTS / "call_cost_checks.sh"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, env=environment)
+    assert job.returncode == 0, job.stderr[-3000:]
+    log = (tmp_path / "call_cost_checks.log").read_text()
+    for api in ("numpy", "numpy-out", "torch"):
+        assert f"# 2 ranks, the {api} API" in log, log[-3000:]
+    assert "exit " not in log and "WRONG" not in log, log[-3000:]
+    cores = os.cpu_count()
+    for ranks in (8, 16):
+        assert (f"skipped {ranks} ranks: fewer cores" in log) == (ranks > cores), log[-3000:]
 
 def test_bench_compression_refuses_an_unknown_variant_naming_the_variants():
     job = subprocess.run([sys.executable, str(SCRIPTS / "bench_compression.py"), "--variants",
