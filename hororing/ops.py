@@ -54,12 +54,12 @@ def numpy_dtype(dtype):
     return np.dtype(dtype)
 
 
-
 @functools.cache
 def torch_numpy_dtype(dtype):
     """numpy's dtype for a torch dtype (bfloat16 never gets here on a device: it travels as
     float32)."""
     return np.dtype(str(dtype).rsplit(".", 1)[-1])
+
 
 def supported_dtypes():
     """Every dtype the collectives take, as numpy dtypes (loads bfloat16's)."""

@@ -230,6 +230,7 @@ def test_call_cost_checks_runs_the_rank_counts_the_cores_allow(tmp_path):
     for ranks in (8, 16):
         assert (f"skipped {ranks} ranks: fewer cores" in log) == (ranks > cores), log[-3000:]
 
+
 def test_bench_compression_refuses_an_unknown_variant_naming_the_variants():
     job = subprocess.run([sys.executable, str(SCRIPTS / "bench_compression.py"), "--variants",
                           "hororing:fp16"], capture_output=True, text=True, timeout=120)
