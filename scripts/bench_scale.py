@@ -13,6 +13,9 @@ and on one node with the shared allreduce forced (library_shared: the route's ch
 between the two, with everything the library's path adds to each).
 ``--shared-segments 4194304,16777216``: also the shared allreduce alone with those segments
 (the ``shared`` column's segments are ``cost.SHARED_SEGMENT_BYTES``).
+The gathered path (``small``) is not timed where it would hold more than half the node's
+memory (every rank's buffer on each of the node's ranks): its cell reads "-" and its JSON row
+has no time for it.
 A Barrier precedes every call, so each call starts with every rank present and the time is
 the slowest rank's, from the Barrier's end to its own return (taken as the maximum over
 ranks). The library's calls after each change of algorithm (``--warmup`` of them, untimed)
@@ -100,19 +103,23 @@ def main():
         count = max(1, nbytes // 4)
         inputs = np.arange(count, dtype=np.float32) % 7 + rank
         expected = (np.arange(count, dtype=np.float32) % 7) * size + size * (size - 1) / 2
-        times = {name: [] for name in list(algorithms) + list(library)}
         with pipeline.watch() as seen:
             check = hvd.allreduce(inputs, op=hvd.Sum, name=f"scale.check.{count}")
         chosen = seen[0][0] if seen else "?"
         wrong = int(np.count_nonzero(check != expected))
-        for run in algorithms.values():
+        # the gathered path holds every rank's buffer on every rank: where the node's ranks
+        # together would need more than half its memory for that, it is not timed ("-")
+        names = [name for name in algorithms
+                 if name != "small" or gathered_fits(count * 4, size, hvd.local_size())]
+        for run in (algorithms[name] for name in names):
             buffer = inputs.copy()
             run(buffer, "sum")
             wrong += int(np.count_nonzero(buffer != expected))
+        times = {name: [] for name in names + list(library)}
         calls = max(args.min_calls,
                     min(args.max_calls, int(args.seconds / max(nbytes * 4e-9, 1e-4))))
         for round_index in range(args.rounds):
-            names = list(algorithms) + list(library)
+            names = list(times)
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
                 if name in algorithms:
@@ -128,8 +135,9 @@ def main():
                                   for name, values in times.items()}}
         rows.append(row)
         if rank == 0:
-            print(f"{count * 4:>10} " + " ".join(f"{row['time_us'][name]:>18.1f}"
-                                                 for name in times) + f"  {chosen}"
+            cells = (f"{row['time_us'][name]:>18.1f}" if name in times else f"{'-':>18}"
+                     for name in list(algorithms) + list(library))
+            print(f"{count * 4:>10} " + " ".join(cells) + f"  {chosen}"
                   + (f"  WRONG {wrong}" if wrong else ""), flush=True)
         nbytes *= args.factor
     if rank == 0 and args.json:
@@ -145,6 +153,13 @@ def main():
     own.Free()
     hvd.shutdown()
     return 1 if any(row["wrong"] for row in rows) else 0
+
+
+def gathered_fits(nbytes, size, local_size):
+    """Whether the gathered path's rows (every rank's ``nbytes`` on each of the node's
+    ``local_size`` ranks) take at most half the node's memory."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return local_size * size * nbytes <= memory // 2
 
 
 def timed(run, inputs, calls, warmup=0):
