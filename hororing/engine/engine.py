@@ -327,8 +327,11 @@ class Engine:
                     if delay > 0:  # cut short when a submission is awaited
                         self._submissions.urgent.wait(delay)
                     self._submissions.urgent.clear()
-                elif drivers and time.monotonic() < self._watch.next_stall_check:
-                    continue  # a caller is driving cycles: polling too would only contend
+                elif self._submissions.drivers \
+                        and time.monotonic() < self._watch.next_stall_check:
+                    # a caller is driving cycles now (read again: the wait may have outlasted
+                    # the one read above): polling too would only contend
+                    continue
                 with self._drive_lock:
                     if self._stopped:
                         return
