@@ -11,8 +11,6 @@ chunks into every rank's vector, in place. The bindings (``torch/sharded.py``, `
 keep the vectors and the wrapped optimizer.
 """
 
-import numpy as np
-
 from . import faults, transport
 from ._mpi import MPI
 from .algorithms.plan import chunk_bounds

@@ -236,12 +236,12 @@ def main():
           f"median {compared['median']:.2f}x, 90th percentile {compared['p90']:.2f}x "
           f"({percentile(during_steps, 90):.3f} against {percentile(quiet_steps, 90):.3f} s)")
     if later_steps:
-        print(f"the first step after each call (it waits for the copy): "
+        print("the first step after each call (it waits for the copy): "
               + ", ".join(f"{value / quiet_step:.2f}x" for value in first_steps)
               + f"; the later steps: median {statistics.median(later_steps) / quiet_step:.2f}x, "
               f"90th percentile {percentile(later_steps, 90) / percentile(quiet_steps, 90):.2f}x"
               f" of the quiet ones'")
-    print(f"files: " + ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in files)
+    print("files: " + ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in files)
           + f"; largest {max(size for _, size in files) / total:.0%} of {total / 2**20:.0f} MiB")
 
 
