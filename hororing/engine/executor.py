@@ -63,10 +63,20 @@ class Executor:
         # shared memory holds them (the same on every rank: the smallest asked for)
         shared = 0
         if not across_nodes and self.size > 1 and config.shared_allreduce:
+            cache = cores.last_level_cache()
             shared = comm.allreduce(cost.shared_segment_bytes(
-                self.size, contention, shm_quarter() or 0, cores.last_level_cache()),
-                op=MPI.MIN)
-            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()), shared)
+                self.size, contention, shm_quarter() or 0, cache), op=MPI.MIN)
+            # segments whose rows would outgrow the cache go around the node, above what the
+            # fold's rows take ((2 size + 1) rows of a call) and the gathered path: the route
+            # may move the latter, so it is read at each call
+            cache = comm.allreduce(cache or 0, op=MPI.MIN)
+            folded = self.rows_budget // (2 * self.size + 1)
+
+            def around_above():
+                return cost.shared_around_above(self.size, cache, folded,
+                                                self.allreduce.route.small_bytes)
+            algorithms["shared"] = SharedMemory(faults.track(layout[0].Dup()), shared,
+                                                around_above=around_above if cache else None)
         hierarchical = None
         if reducer is not None:  # PS mode: every bucket goes through the parameter servers
             algorithms["ps"] = reducer

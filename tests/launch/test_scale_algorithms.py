@@ -6,7 +6,8 @@ algorithms for mid sizes; with its compiled steps (the default where numba is in
 ring. On this one host the allreduce through shared memory takes the sizes below 4 MiB that
 the model gives those (``cost.with_shared``): it is switched off for the model's own choice,
 and on in a job of its own; where ranks crowd the cores (8 on 2) of a node with a large cache
-it takes every size, in large segments (``cost.shared_segment_bytes``)."""
+it takes every size, in large segments (``cost.shared_segment_bytes``), the largest of which
+goes around the node where 8 rows of it outgrow the last-level cache."""
 
 import os
 
@@ -64,6 +65,10 @@ def allreduce_every_way():
     report["shared"] = pipeline.route.shared
     report["contention"] = pipeline.route.contention
     report["compiled_ring"] = pipeline.route.compiled_ring
+    shared = pipeline.host.algorithms.get("shared")
+    report["around_above"] = None if shared is None or shared.around_above is None \
+        else shared.around_above()
+    report["around_segments"] = 0 if shared is None else shared.around_segments
     hvd.shutdown()
     return report
 
@@ -104,6 +109,12 @@ def test_the_default_follows_the_model_and_every_rank_agrees_bitwise(ranks, step
         assert first["contention"] >= cost.SHARED_CROWDED
         assert kinds == {"small", "shared"}, first["table"]
         assert seen == {"small", "shared"}
+        # the largest buffer's one segment went around the node (algorithms/shared.py)
+        # exactly where 8 rows of it outgrow the last-level cache
+        largest = COUNTS[-1] * 8
+        around = first["around_above"] is not None and largest > first["around_above"]
+        assert (first["around_segments"] > 0) == around, (first["around_above"],
+                                                          first["around_segments"])
     elif shared == "1":  # the model's ring below 4 MiB goes through shared memory
         assert first["shared"] == cost.SHARED_SEGMENT_BYTES
         assert kinds == {"small", "shared", "ring"}, first["table"]
