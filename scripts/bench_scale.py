@@ -12,7 +12,9 @@ the three columns time the same code, and the two forced ones show the run-to-ru
 and on one node with the shared allreduce forced (library_shared: the route's choice
 between the two, with everything the library's path adds to each).
 ``--shared-segments 4194304,16777216``: also the shared allreduce alone with those segments
-(the ``shared`` column's segments are ``cost.SHARED_SEGMENT_BYTES``).
+(the ``shared`` column's segments are ``cost.SHARED_SEGMENT_BYTES``); these columns reduce
+through the rows only, while ``library_shared`` goes around the node where the route's rule
+says (``algorithms/shared.py``).
 The gathered path (``small``) is not timed where it would hold more than half the node's
 memory (every rank's buffer on each of the node's ranks): its cell reads "-" and its JSON row
 has no time for it.
